@@ -1,0 +1,54 @@
+"""A corpus: train / dev (/ test) splits of one task, plus what the task is and how it is scored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import datasets
+
+TaskType = Literal["classification", "regression", "token_classification"]
+
+
+@dataclass
+class Corpus:
+    """Splits are `datasets.Dataset`s with the text column(s) and a ``label`` column.
+
+    Classification labels are ints in ``range(num_classes)``, regression labels floats; token classification
+    corpora have a ``tokens`` column (list of words) and ``tags`` (list of ints into ``label_names``).
+    """
+
+    name: str
+    train: datasets.Dataset
+    dev: datasets.Dataset
+    text_columns: tuple[str, ...]
+    task_type: TaskType
+    metrics: tuple[str, ...]
+    main_metric: str
+    label_names: tuple[str, ...] = ()
+    test: datasets.Dataset | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_classes(self) -> int:
+        """Output size of the head: the number of labels, or 1 for regression."""
+        return 1 if self.task_type == "regression" else len(self.label_names)
+
+    @property
+    def is_sentence_pair(self) -> bool:
+        return len(self.text_columns) == 2
+
+    def splits(self) -> dict[str, datasets.Dataset]:
+        named = {"train": self.train, "dev": self.dev, "test": self.test}
+        return {k: v for k, v in named.items() if v is not None}
+
+    def __str__(self) -> str:
+        sizes = ", ".join(f"{k} {len(v):,}" for k, v in self.splits().items())
+        labels = f"labels {list(self.label_names)}" if self.label_names else "regression target"
+        lines = [
+            f"Corpus {self.name!r} ({self.task_type}): {sizes}",
+            f"  text: {', '.join(self.text_columns)}; {labels}",
+            f"  metrics: {', '.join(self.metrics)} (model selection by {self.main_metric})",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
