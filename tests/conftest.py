@@ -1,0 +1,44 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from layertune.testing import TINY_CONFIGS, make_tiny_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+ARCHITECTURES = list(TINY_CONFIGS)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
+    """One tiny random encoder per architecture, saved in Hugging Face layout."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {arch: make_tiny_model(root / arch, arch) for arch in ARCHITECTURES}
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tiny_model_dirs) -> Path:
+    return tiny_model_dirs["bert"]
+
+
+@pytest.fixture(scope="session")
+def data_mirror() -> Path:
+    """The real-data mirror (../shared/data). In CI its absence is a failure, never a silent skip."""
+    path = os.environ.get("LAYERTUNE_DATA_MIRROR")
+    if not path or not Path(path).is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"LAYERTUNE_DATA_MIRROR={path!r} is not a folder; .ci/run must point it at ../shared/data")
+        pytest.skip("set LAYERTUNE_DATA_MIRROR=../shared/data to run tests on the real data")
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def minilm_l3(data_mirror) -> Path:
+    """The real 3-layer paraphrase-MiniLM-L3-v2 encoder that ships beside the data mirror."""
+    path = Path(os.environ.get("LAYERTUNE_SHARED_MODELS", data_mirror.parent / "models")) / "paraphrase-MiniLM-L3-v2"
+    if not path.is_dir():
+        pytest.fail(f"real model folder {path} is missing")
+    return path
