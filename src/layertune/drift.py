@@ -1,0 +1,50 @@
+"""Parameter drift: how far each weight tensor moved from where training started."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from torch import nn
+
+
+def parameter_drift(model: nn.Module, reference: dict[str, torch.Tensor]) -> pd.DataFrame:
+    """One row per parameter tensor: mean absolute change and relative L2 change against ``reference``.
+
+    ``reference`` is a state dict taken before training (pretrained encoder weights, initial head).
+    Frozen tensors come out at exactly 0.0. The L2 norms are kept so `layer_drift` can aggregate exactly.
+    """
+    parts = model.parameter_parts() if hasattr(model, "parameter_parts") else {}
+    rows = []
+    for name, parameter in model.named_parameters():
+        before = reference[name].to(torch.float64)
+        after = parameter.detach().cpu().to(torch.float64)
+        change = after - before
+        delta_l2, reference_l2 = change.norm().item(), before.norm().item()
+        rows.append({
+            "parameter": name,
+            "part": parts.get(name, "other"),
+            "trainable": parameter.requires_grad,
+            "numel": parameter.numel(),
+            "mean_abs_change": change.abs().mean().item(),
+            "relative_l2": delta_l2 / reference_l2 if reference_l2 > 0 else delta_l2,
+            "delta_l2": delta_l2,
+            "reference_l2": reference_l2,
+        })
+    return pd.DataFrame(rows)
+
+
+def layer_drift(table: pd.DataFrame) -> pd.DataFrame:
+    """Per-part aggregate of `parameter_drift`: element-weighted mean absolute change, pooled relative L2."""
+    def aggregate(group: pd.DataFrame) -> pd.Series:
+        reference = (group["reference_l2"] ** 2).sum() ** 0.5
+        delta = (group["delta_l2"] ** 2).sum() ** 0.5
+        return pd.Series({
+            "numel": group["numel"].sum(),
+            "mean_abs_change": (group["mean_abs_change"] * group["numel"]).sum() / group["numel"].sum(),
+            "relative_l2": delta / reference if reference > 0 else delta,
+        })
+
+    keys = [c for c in ("run", "part") if c in table.columns]
+    return table.groupby(keys, sort=False)[["numel", "mean_abs_change", "delta_l2", "reference_l2"]].apply(
+        aggregate
+    ).reset_index()

@@ -1,0 +1,196 @@
+"""The frozen-prefix cache: compute the frozen bottom of the network once, train the top from its output.
+
+With the embeddings and the bottom L-K layers frozen and in eval mode, the hidden states entering layer L-K are a
+fixed function of the tokenized example. We store them once (unpadded, one flat array + offsets per boundary) and
+train and evaluate the top K layers and the head from them: an epoch then costs ~3K units instead of L + 2K.
+
+An entry is keyed by the frozen weights, the tokenized data, the boundary layer and the dtype, written atomically
+with a checksum, and verified on load: a corrupt or partial entry is rebuilt, never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+import xxhash
+from tqdm.auto import tqdm
+
+from layertune.batching import Examples, make_loader
+from layertune.io import atomic_directory, write_json
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_FORMAT_VERSION = 1
+
+
+def default_cache_root() -> Path:
+    return Path(os.environ.get("LAYERTUNE_CACHE", Path.home() / ".cache" / "layertune"))
+
+
+def cache_decision(encoder, setting: bool | str) -> tuple[bool, str]:
+    """Whether the cached path is exact for this encoder, and why (recorded in the run's metadata)."""
+    if setting is False:
+        return False, "disabled by frozen_prefix_cache=False"
+    if encoder.frozen_prefix_layers is None:
+        reason = "every layer trains (tunable_layers='all'): nothing is frozen"
+    elif encoder.frozen_dropout:
+        reason = "frozen layers keep train-mode dropout (frozen_dropout=True), so their output changes each step"
+    else:
+        return True, f"embeddings and the bottom {encoder.frozen_prefix_layers} layers computed once"
+    if setting is True:
+        raise ValueError(f"frozen_prefix_cache=True cannot be honoured: {reason}. Use 'auto' or False.")
+    return False, reason
+
+
+class BoundaryStates(Sequence):
+    """Per-example hidden states (tokens, hidden) stored as one flat (total tokens, hidden) array."""
+
+    def __init__(self, flat: torch.Tensor | np.memmap, offsets: np.ndarray, dtype: str) -> None:
+        self.flat, self.offsets, self.dtype = flat, offsets, dtype
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        rows = self.flat[self.offsets[index] : self.offsets[index + 1]]
+        if isinstance(rows, np.ndarray):  # memory-mapped: copy just these rows off the disk
+            rows = torch.from_numpy(np.array(rows))
+            if self.dtype == "bfloat16":
+                rows = rows.view(torch.bfloat16)
+        return rows.float()
+
+
+class FrozenPrefixCache:
+    """On-disk store of boundary states; ``memory_budget_mb`` decides what is loaded into RAM vs memory-mapped."""
+
+    def __init__(self, root: str | Path | None = None, dtype: str = "float32", memory_budget_mb: float = 4096,
+                 batch_size: int = 64, progress: bool = True) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"Unknown cache dtype {dtype!r}. Valid choices: {', '.join(DTYPES)}.")
+        self.root = Path(root) if root else default_cache_root() / "frozen_prefix"
+        self.dtype = dtype
+        self.memory_budget_mb = memory_budget_mb
+        self.batch_size = batch_size
+        self.progress = progress
+
+    def states(self, encoder, tokenized: datasets.Dataset, boundary: int, *,
+               device: torch.device | str = "cpu") -> tuple[BoundaryStates, str]:
+        """The states entering layer ``boundary`` for every example, built on a miss; and the entry's name."""
+        key = self.key(encoder, tokenized, boundary)
+        loaded = self._load(key)
+        if loaded is None:
+            self.build(encoder, tokenized, [boundary], device=device)
+            loaded = self._load(key)
+        return loaded, key
+
+    def build(self, encoder, tokenized: datasets.Dataset, boundaries: Iterable[int], *,
+              device: torch.device | str = "cpu") -> list[str]:
+        """One forward pass that fills every missing boundary in ``boundaries``; returns all their keys."""
+        keys = {b: self.key(encoder, tokenized, b) for b in sorted(set(boundaries))}
+        missing = [b for b, key in keys.items() if self._load(key, check_only=True) is None]
+        if missing:
+            self._compute(encoder, tokenized, missing, {b: keys[b] for b in missing}, torch.device(device))
+        return list(keys.values())
+
+    # ----------------------------------------------------------------------------------------------------------
+
+    def key(self, encoder, tokenized: datasets.Dataset, boundary: int) -> str:
+        """Hash of what the states depend on: frozen weights below ``boundary``, config, data, dtype."""
+        digest = xxhash.xxh3_128()
+        digest.update(f"v{_FORMAT_VERSION}|{boundary}|{self.dtype}|".encode())
+        digest.update(encoder.model.config.to_json_string(use_diff=False).encode())
+        parts = encoder.parameter_parts()
+        for name, parameter in encoder.named_parameters():
+            part = parts[name]
+            if part in ("embeddings", "other") or (part.startswith("layer.") and int(part[6:]) < boundary):
+                digest.update(name.encode())
+                digest.update(parameter.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        for column in ("input_ids", "token_type_ids", "attention_mask"):
+            if column in tokenized.column_names:
+                for values in tokenized.with_format("numpy")[column]:
+                    digest.update(np.asarray(values, dtype=np.int64).tobytes() + b"|")
+        return digest.hexdigest()
+
+    def _load(self, key: str, check_only: bool = False) -> BoundaryStates | bool | None:
+        folder = self.root / key
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+            offsets = np.load(folder / "offsets.npy")
+            path = folder / "states.npy"
+            if path.stat().st_size != meta["states_bytes"] or _file_checksum(path) != meta["checksum"]:
+                raise ValueError("size or checksum mismatch")
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, json.JSONDecodeError) as error:
+            logger.warning("Frozen-prefix cache entry %s is corrupt (%s); rebuilding it.", folder, error)
+            return None
+        if check_only:
+            return True
+        flat = np.load(path, mmap_mode="r")
+        if meta["states_bytes"] <= self.memory_budget_mb * 2**20:
+            flat = torch.from_numpy(np.array(flat))
+            if meta["dtype"] == "bfloat16":
+                flat = flat.view(torch.bfloat16)
+        return BoundaryStates(flat, offsets, meta["dtype"])
+
+    @torch.no_grad()
+    def _compute(self, encoder, tokenized, boundaries: list[int], keys: dict[int, str], device) -> None:
+        examples = Examples(tokenized)
+        offsets = np.concatenate([[0], np.cumsum(examples.lengths)]).astype(np.int64)
+        hidden = encoder.hidden_size
+        storage_dtype = np.uint16 if self.dtype == "bfloat16" else np.dtype(self.dtype)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as stack:  # every boundary's folder appears at once, or none does
+            folders = {keys[b]: stack.enter_context(atomic_directory(self.root / keys[b])) for b in boundaries}
+            arrays = {
+                b: np.lib.format.open_memmap(folders[keys[b]] / "states.npy", mode="w+", dtype=storage_dtype,
+                                             shape=(int(offsets[-1]), hidden))
+                for b in boundaries
+            }
+            original_device = next(encoder.parameters()).device
+            encoder.to(device)
+            order = np.argsort(examples.lengths, kind="stable")  # similar lengths together: little padding
+            batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+            loader = make_loader(examples, self.batch_size, encoder.tokenizer.pad_token_id or 0)
+            description = f"caching layers < {max(boundaries)} ({len(examples):,} examples)"
+            for indices in tqdm(batches, desc=description, disable=not self.progress, leave=False):
+                batch = loader.collate_fn([examples[i] for i in indices])
+                batch = {k: v.to(device) for k, v in batch.items()}
+                captured = encoder.boundary_states(batch, boundaries)
+                for b, states in captured.items():
+                    states = states.to("cpu", DTYPES[self.dtype])
+                    if self.dtype == "bfloat16":
+                        states = states.view(torch.int16)
+                    for row, index in enumerate(indices):
+                        start, end = offsets[index], offsets[index + 1]
+                        arrays[b][start:end] = states[row, : end - start].numpy()
+            encoder.to(original_device)
+            for b in boundaries:
+                arrays[b].flush()
+                folder = folders[keys[b]]
+                np.save(folder / "offsets.npy", offsets)
+                path = folder / "states.npy"
+                write_json(folder / "meta.json", {
+                    "boundary": b, "dtype": self.dtype, "examples": len(examples), "tokens": int(offsets[-1]),
+                    "hidden_size": hidden, "model": encoder.name, "states_bytes": path.stat().st_size,
+                    "checksum": _file_checksum(path), "format_version": _FORMAT_VERSION,
+                })
+        total = sum((self.root / keys[b] / "states.npy").stat().st_size for b in boundaries) / 2**20
+        logger.info("Cached boundaries %s of %s: %.1f MiB in %s", boundaries, encoder.name, total, self.root)
+
+
+def _file_checksum(path: Path) -> str:
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(2**24):
+            digest.update(chunk)
+    return digest.hexdigest()

