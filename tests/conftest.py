@@ -1,13 +1,15 @@
 import os
 from pathlib import Path
 
-import pytest
-
-from layertune.testing import TINY_CONFIGS, make_tiny_model
-
+# Before any Hugging Face import: their offline switches are read once, at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+
+import pytest  # noqa: E402
+
+from layertune.testing import TINY_CONFIGS, make_tiny_model  # noqa: E402
 
 ARCHITECTURES = list(TINY_CONFIGS)
 

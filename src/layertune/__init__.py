@@ -1,23 +1,21 @@
 """layertune: how many layers of a pretrained language model do you need to fine-tune?"""
 
-from layertune.corpora import (
-    GLUE_COLA,
-    GLUE_MRPC,
-    GLUE_RTE,
-    GLUE_SST2,
-    GLUE_STSB,
-    IMDB,
-    TASKS,
-    load_corpus,
-)
-from layertune.corpus import Corpus
-from layertune.drift import layer_drift, parameter_drift
-from layertune.heads import TaskModel, TextClassifier, TextRegressor
-from layertune.language_model import LanguageModel, encoder_layers
-from layertune.trainer import ModelTrainer, TrainingResult
+import importlib
 
-__all__ = [
-    "GLUE_COLA", "GLUE_MRPC", "GLUE_RTE", "GLUE_SST2", "GLUE_STSB", "IMDB", "TASKS", "load_corpus",
-    "Corpus", "LanguageModel", "encoder_layers", "TaskModel", "TextClassifier", "TextRegressor",
-    "ModelTrainer", "TrainingResult", "parameter_drift", "layer_drift",
-]
+# Public names → defining module. Loaded on first use, so `import layertune` stays cheap (no torch import).
+_EXPORTS = {
+    "GLUE_COLA": "corpora", "GLUE_MRPC": "corpora", "GLUE_RTE": "corpora", "GLUE_SST2": "corpora",
+    "GLUE_STSB": "corpora", "IMDB": "corpora", "TASKS": "corpora", "load_corpus": "corpora",
+    "Corpus": "corpus",
+    "LanguageModel": "language_model", "encoder_layers": "language_model",
+    "TaskModel": "heads", "TextClassifier": "heads", "TextRegressor": "heads",
+    "ModelTrainer": "trainer", "TrainingResult": "trainer",
+    "parameter_drift": "drift", "layer_drift": "drift",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'layertune' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"layertune.{_EXPORTS[name]}"), name)

