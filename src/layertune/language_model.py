@@ -60,20 +60,21 @@ def _find_layer_stack(model: nn.Module) -> tuple[str, int]:
     return max(candidates, key=lambda c: (c[1], -c[0].count(".")))
 
 
-def _embeddings_module(model: nn.Module) -> nn.Module:
-    """The module that holds the input embeddings (word + position + type + norm), whatever it is called."""
+def _embeddings_name(model: nn.Module) -> str:
+    """Name of the module holding the input embeddings (word + position + type + norm), whatever it is called."""
     word_embeddings = model.get_input_embeddings()
     for name, module in model.named_modules():
         if any(child is word_embeddings for child in module.children()):
-            return module
-    return word_embeddings
+            return name
+    raise ValueError(f"Cannot find the input embeddings of {type(model).__name__}.")
 
 
 class LanguageModel(nn.Module):
     """A pretrained encoder whose top ``tunable_layers`` transformer layers train; the rest is frozen.
 
     ``tunable_layers="all"`` trains everything, embeddings included (unless ``freeze_embeddings``);
-    an int K trains the top K layers plus the pooler (when K >= 1); 0 leaves only the task head to train.
+    an int K trains the top K layers (plus the pooler, with ``pooling="pooler"`` and K >= 1); 0 leaves only the
+    task head to train.
     ``frozen_layers=N`` is the other common spelling: the bottom N layers frozen, i.e. K = L - N.
 
     Frozen layers are constants, so by default they run in eval mode (no dropout) even while training.
@@ -154,17 +155,24 @@ class LanguageModel(nn.Module):
     # Structure and freezing
 
     def _init_structure(self) -> None:
-        stack_name, self.num_layers = _find_layer_stack(self.model)
-        owner_name, _, self._stack_attribute = stack_name.rpartition(".")
-        self._stack_owner = self.model.get_submodule(owner_name)
-        self.embeddings = _embeddings_module(self.model)
-        self.pooler = getattr(self.model, "pooler", None)
+        # Submodules are remembered by name: keeping them as attributes would register them twice.
+        self._stack_name, self.num_layers = _find_layer_stack(self.model)
+        self._embeddings_name = _embeddings_name(self.model)
+        self._has_pooler = getattr(self.model, "pooler", None) is not None
         accepted = inspect.signature(self.model.forward).parameters
         self._model_inputs = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids") if k in accepted)
 
     @property
     def layers(self) -> nn.ModuleList:
-        return getattr(self._stack_owner, self._stack_attribute)
+        return self.model.get_submodule(self._stack_name)
+
+    @property
+    def embeddings(self) -> nn.Module:
+        return self.model.get_submodule(self._embeddings_name)
+
+    @property
+    def pooler(self) -> nn.Module | None:
+        return self.model.pooler if self._has_pooler else None
 
     @property
     def hidden_size(self) -> int:
@@ -193,25 +201,22 @@ class LanguageModel(nn.Module):
         return tunable_layers
 
     def _apply_freezing(self) -> None:
-        if self.tunable_layers == "all":
-            self.model.requires_grad_(True)
-            if self.freeze_embeddings:
-                self.embeddings.requires_grad_(False)
-            return
-        self.model.requires_grad_(False)
-        for layer in self.layers[self.num_layers - self.tunable_layers :]:
-            layer.requires_grad_(True)
-        if self.pooler is not None and self.tunable_layers > 0:
-            self.pooler.requires_grad_(True)
+        everything = self.tunable_layers == "all"
+        self.model.requires_grad_(everything)
+        if everything and self.freeze_embeddings:
+            self.embeddings.requires_grad_(False)
+        if not everything:
+            for layer in self.layers[self.num_layers - self.tunable_layers :]:
+                layer.requires_grad_(True)
+        if self.pooler is not None:
+            # An unused pooler stays frozen so that trainable-parameter counts mean what they say.
+            self.pooler.requires_grad_(self.pooling == "pooler" and (everything or self.tunable_layers > 0))
 
     def frozen_modules(self) -> list[nn.Module]:
         """Modules whose parameters never change: run them as constants (eval mode) while training."""
         if self.tunable_layers == "all":
             return [self.embeddings] if self.freeze_embeddings else []
-        frozen = [self.embeddings, *self.layers[: self.frozen_prefix_layers]]
-        if self.pooler is not None and self.tunable_layers == 0:
-            frozen.append(self.pooler)
-        return frozen
+        return [self.embeddings, *self.layers[: self.frozen_prefix_layers]]
 
     def train(self, mode: bool = True) -> LanguageModel:
         super().train(mode)
@@ -323,13 +328,15 @@ class LanguageModel(nn.Module):
                 return (states, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": states}
 
+        owner_name, _, attribute = self._stack_name.rpartition(".")
+        owner = self.model.get_submodule(owner_name)
         handle = full_stack[index].register_forward_pre_hook(feed_cached_states, with_kwargs=True)
-        setattr(self._stack_owner, self._stack_attribute, nn.ModuleList(full_stack[index:]))
+        setattr(owner, attribute, nn.ModuleList(full_stack[index:]))
         try:
             yield
         finally:
             handle.remove()
-            setattr(self._stack_owner, self._stack_attribute, full_stack)
+            setattr(owner, attribute, full_stack)
 
     @torch.no_grad()
     def boundary_states(self, batch: dict, boundaries: list[int]) -> dict[int, torch.Tensor]:
