@@ -44,3 +44,36 @@ def minilm_l3(data_mirror) -> Path:
     if not path.is_dir():
         pytest.fail(f"real model folder {path} is missing")
     return path
+
+
+def toy_sentiment_corpus(train_size: int = 64, dev_size: int = 32, regression: bool = False):
+    """A small in-memory corpus whose label is readable from the last word, so a tiny model can learn it."""
+    import random
+
+    import datasets
+
+    from layertune.corpus import Corpus
+
+    rng = random.Random(0)
+    filler = "the movie was a film plot story actor fun really quite so".split()
+
+    def split(n: int) -> datasets.Dataset:
+        rows = []
+        for i in range(n):
+            label = i % 2
+            words = [rng.choice(filler) for _ in range(rng.randint(2, 10))]
+            rows.append({"sentence": " ".join([*words, "great" if label else "awful"]),
+                         "label": float(label) * 5 if regression else label})
+        return datasets.Dataset.from_list(rows)
+
+    if regression:
+        return Corpus(name="toy-score", train=split(train_size), dev=split(dev_size), text_columns=("sentence",),
+                      task_type="regression", metrics=("spearmanr", "pearsonr"), main_metric="spearmanr")
+    return Corpus(name="toy", train=split(train_size), dev=split(dev_size), text_columns=("sentence",),
+                  task_type="classification", metrics=("accuracy",), main_metric="accuracy",
+                  label_names=("negative", "positive"))
+
+
+@pytest.fixture
+def toy_corpus():
+    return toy_sentiment_corpus()
