@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,6 +29,8 @@ class Corpus:
     label_names: tuple[str, ...] = ()
     test: datasets.Dataset | None = None
     notes: list[str] = field(default_factory=list)
+    # Default truncation length for tokenization; None lets the tokenizer decide (see layertune.tokenization).
+    max_length: int | None = None
 
     @property
     def num_classes(self) -> int:
@@ -37,6 +40,12 @@ class Corpus:
     @property
     def is_sentence_pair(self) -> bool:
         return len(self.text_columns) == 2
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the name and every split's ``datasets`` fingerprint: equal for identical loads."""
+        parts = [self.name] + [f"{k}={v._fingerprint}" for k, v in self.splits().items()]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
     def splits(self) -> dict[str, datasets.Dataset]:
         named = {"train": self.train, "dev": self.dev, "test": self.test}

@@ -1,0 +1,658 @@
+"""Benchmark corpora: GLUE tasks and IMDb from a local mirror or the Hugging Face hub, any hub dataset, or local files.
+
+The mirror comes first: ``data_mirror=`` or ``$LAYERTUNE_DATA_MIRROR`` names a folder laid out as
+
+    glue/{CoLA,SST-2,MRPC,RTE,STS-B}/{train,dev}.tsv   the official GLUE TSVs
+    imdb/{train,test}.parquet                           columns text, label (0 = neg, 1 = pos)
+
+A task missing from the mirror is fetched from the hub; offline, the error says how to point at a mirror.
+Every corpus comes out the same way: the text column(s) plus ``label`` (ints ``0..C-1`` in ``label_names`` order for
+classification, float for regression), and the same arguments always give the same rows in the same order.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow.parquet as pq
+from datasets.table import InMemoryTable
+
+from layertune.corpus import Corpus, TaskType
+from layertune.errors import choices_hint, unknown_choice
+
+logger = logging.getLogger(__name__)
+
+MIRROR_ENV = "LAYERTUNE_DATA_MIRROR"
+MIRROR_LAYOUT = "glue/{CoLA,SST-2,MRPC,RTE,STS-B}/{train,dev}.tsv and imdb/{train,test}.parquet"
+DEV_FRACTION = 0.1  # share of train carved off as dev when a dataset has no validation split
+SPLIT_ALIASES = {"train": "train", "dev": "dev", "validation": "dev", "valid": "dev", "val": "dev", "test": "test"}
+FILE_TYPES = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+# Tried in order when text_columns is not given; the first set fully present wins.
+TEXT_COLUMN_GUESSES = (
+    ("sentence1", "sentence2"), ("premise", "hypothesis"), ("question1", "question2"), ("question", "sentence"),
+    ("text",), ("sentence",), ("review",), ("content",), ("document",),
+)
+LABEL_COLUMN_GUESSES = ("label", "labels", "score", "target", "class")
+
+
+class DataUnavailableError(ConnectionError):
+    """The data is neither in the mirror nor reachable on the Hugging Face hub."""
+
+
+@dataclass(frozen=True)
+class TsvLayout:
+    """Where an official GLUE TSV keeps text and label: header names, or positions when it has no header."""
+
+    header: tuple[str, ...] | None
+    text: tuple[str | int, ...]
+    label: str | int
+    num_fields: int
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A registry entry: where a task lives (mirror and hub) and how it is scored."""
+
+    name: str
+    hub_path: str
+    hub_config: str | None
+    text_columns: tuple[str, ...]
+    task_type: TaskType
+    label_names: tuple[str, ...]
+    metrics: tuple[str, ...]
+    main_metric: str
+    max_length: int
+    mirror_files: Mapping[str, str]  # our split name -> file path relative to the mirror root
+    hub_splits: Mapping[str, str] = field(default_factory=lambda: {"train": "train", "dev": "validation"})
+    tsv_layout: TsvLayout | None = None
+    balanced: bool = False
+    notes: tuple[str, ...] = ()
+
+    def features(self) -> datasets.Features:
+        label = (datasets.Value("float32") if self.task_type == "regression"
+                 else datasets.ClassLabel(names=list(self.label_names)))
+        return datasets.Features({**{c: datasets.Value("string") for c in self.text_columns}, "label": label})
+
+
+def _glue(name: str, folder: str, layout: TsvLayout, text_columns: tuple[str, ...], label_names: tuple[str, ...],
+          metrics: tuple[str, ...], task_type: TaskType = "classification") -> TaskSpec:
+    # GLUE test labels are hidden, so a GLUE corpus has train and dev only.
+    return TaskSpec(name=name, hub_path="nyu-mll/glue", hub_config=name, text_columns=text_columns,
+                    task_type=task_type, label_names=label_names, metrics=metrics, main_metric=metrics[0],
+                    max_length=128, mirror_files={s: f"glue/{folder}/{s}.tsv" for s in ("train", "dev")},
+                    tsv_layout=layout)
+
+
+_STSB_HEADER = ("index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2",
+                "score")
+_PAIR = ("sentence1", "sentence2")
+
+TASKS: dict[str, TaskSpec] = {
+    "cola": _glue("cola", "CoLA", TsvLayout(None, (3,), 1, 4), ("sentence",),
+                  ("unacceptable", "acceptable"), ("matthews_correlation",)),
+    "sst2": _glue("sst2", "SST-2", TsvLayout(("sentence", "label"), ("sentence",), "label", 2), ("sentence",),
+                  ("negative", "positive"), ("accuracy",)),
+    "mrpc": _glue("mrpc", "MRPC", TsvLayout(("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"),
+                                            ("#1 String", "#2 String"), "Quality", 5), _PAIR,
+                  ("not_equivalent", "equivalent"), ("f1", "accuracy")),
+    "rte": _glue("rte", "RTE", TsvLayout(("index", *_PAIR, "label"), _PAIR, "label", 4), _PAIR,
+                 ("entailment", "not_entailment"), ("accuracy",)),
+    "stsb": _glue("stsb", "STS-B", TsvLayout(_STSB_HEADER, _PAIR, "score", 10), _PAIR, (),
+                  ("spearmanr", "pearsonr"), task_type="regression"),
+    "imdb": TaskSpec(
+        name="imdb", hub_path="stanfordnlp/imdb", hub_config="plain_text", text_columns=("text",),
+        task_type="classification", label_names=("neg", "pos"), metrics=("accuracy", "f1"), main_metric="f1",
+        max_length=512, mirror_files={"train": "imdb/train.parquet", "dev": "imdb/test.parquet"},
+        hub_splits={"train": "train", "dev": "test"}, balanced=True,
+        notes=("IMDb has no validation split: dev is drawn from the official test reviews (no separate test set).",),
+    ),
+}
+GLUE_CONFIGS = tuple(k for k, spec in TASKS.items() if spec.hub_path == "nyu-mll/glue")
+
+
+# ---------------------------------------------------------------------------------------------------- public API
+
+
+def GLUE_COLA(**options) -> Corpus:
+    """CoLA: grammatical acceptability, scored by Matthews correlation. ``options`` go to :func:`load_corpus`."""
+    return load_corpus("cola", **options)
+
+
+def GLUE_SST2(**options) -> Corpus:
+    """SST-2: binary sentiment of movie-review phrases, scored by accuracy."""
+    return load_corpus("sst2", **options)
+
+
+def GLUE_MRPC(**options) -> Corpus:
+    """MRPC: paraphrase detection on sentence pairs, scored by F1 (and accuracy)."""
+    return load_corpus("mrpc", **options)
+
+
+def GLUE_RTE(**options) -> Corpus:
+    """RTE: textual entailment on sentence pairs, scored by accuracy."""
+    return load_corpus("rte", **options)
+
+
+def GLUE_STSB(**options) -> Corpus:
+    """STS-B: sentence-pair similarity regression (0..5), scored by Spearman (and Pearson) correlation."""
+    return load_corpus("stsb", **options)
+
+
+def IMDB(train_size: int | None = None, test_size: int | None = None, seed: int = 42, **options) -> Corpus:
+    """IMDb reviews, balanced seeded subsamples (e.g. 8000/2000); dev is drawn from the official test split."""
+    return load_corpus("imdb", train_size=train_size, dev_size=test_size, seed=seed, **options)
+
+
+def load_corpus(
+    name: str,
+    config: str | None = None,
+    *,
+    data_mirror: str | os.PathLike | None = None,
+    train_size: int | None = None,
+    dev_size: int | None = None,
+    seed: int = 42,
+    text_columns: tuple[str, ...] | list[str] | None = None,
+    label_column: str = "label",
+    data_files: str | os.PathLike | Mapping[str, str | os.PathLike] | None = None,
+    balanced: bool | None = None,
+) -> Corpus:
+    """Load a corpus by registry name (``"cola"``, ``"glue"`` + ``"mrpc"``, ``"imdb"``), hub id, or local files.
+
+    * Registry tasks (:data:`TASKS`) are read from the mirror (``data_mirror`` or ``$LAYERTUNE_DATA_MIRROR``), else
+      from the hub. Any other hub dataset needs its full id (``"owner/name"``, optional ``config``).
+    * Local data: ``name`` is a file or folder path, or ``data_files`` is a path or ``{split: path}``
+      (csv/tsv/json/jsonl/parquet; ``validation``/``valid``/``val`` mean dev). Official GLUE TSVs are recognised
+      by their layout, or read as task ``name`` when it is a registry task.
+    * ``text_columns`` / ``label_column`` are guessed when not given for data outside the registry.
+    * ``train_size`` / ``dev_size``: seeded subsample keeping class proportions, or equal classes when
+      ``balanced`` (default: the task's own setting, True for IMDb). Without a dev split one is carved from train.
+    """
+    _check_size("train_size", train_size)
+    _check_size("dev_size", dev_size)
+    registry = _is_registry_name(name)  # a registry name wins over a same-named folder in the working directory
+    if data_files is None and not registry and _is_local_path(name):
+        data_files = name
+    spec = _resolve_task(name, config) if registry or data_files is None else None
+    if spec is not None and balanced and spec.task_type != "classification":
+        raise ValueError(f"balanced=True needs a classification task; {spec.name!r} is {spec.task_type}.")
+    if data_files is not None:
+        loaded = _load_local(name, data_files, spec, text_columns, label_column)
+    elif spec is not None:
+        loaded = _load_registry_task(spec, _mirror_root(data_mirror))
+    else:
+        loaded = _load_hub_dataset(name, config, text_columns, label_column)
+    return _finish(loaded, train_size=train_size, dev_size=dev_size, seed=seed, balanced=balanced)
+
+
+# ------------------------------------------------------------------------------------------- resolving the name
+
+
+def _check_size(arg: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{arg} must be a positive int or None, not {value!r}.")
+
+
+def _is_local_path(name: str | os.PathLike) -> bool:
+    return isinstance(name, os.PathLike) or Path(name).expanduser().exists()
+
+
+def _task_key(name: str) -> str:
+    # "SST-2", "STS-B", "CoLA" (the GLUE folder names) resolve to the registry keys.
+    return str(name).lower().replace("-", "").replace("_", "")
+
+
+def _is_registry_name(name: object) -> bool:
+    """True for a registry task, ``glue`` (with a config) or a registry task's hub id."""
+    if not isinstance(name, str):
+        return False
+    return _task_key(name) in (*TASKS, "glue") or name in {spec.hub_path for spec in TASKS.values()}
+
+
+def _resolve_task(name: str, config: str | None) -> TaskSpec | None:
+    """The registry spec for ``name`` (+ ``config``), None for a hub id outside the registry."""
+    key = _task_key(name)
+    if key in TASKS:
+        spec = TASKS[key]
+        if config is not None and config not in (spec.hub_config, spec.name):
+            raise unknown_choice(f"{spec.name} config", config, [spec.hub_config])
+        return spec
+    if key == "glue" or name == "nyu-mll/glue":
+        if config is None:
+            hint = choices_hint("", GLUE_CONFIGS)
+            raise ValueError(f"{name!r} needs a config, e.g. load_corpus('glue', 'mrpc').{hint}")
+        if _task_key(config) not in GLUE_CONFIGS:
+            raise unknown_choice("GLUE config", config, GLUE_CONFIGS)
+        return TASKS[_task_key(config)]
+    for spec in TASKS.values():
+        if name == spec.hub_path:
+            return _resolve_task(spec.name, config)
+    if "/" in name:
+        return None
+    error = unknown_choice("task", name, TASKS)
+    raise ValueError(f"{error} Any other Hugging Face dataset needs its full id ('owner/name'); "
+                     f"local files need a path that exists or data_files=.")
+
+
+def _mirror_root(data_mirror: str | os.PathLike | None) -> Path | None:
+    origin = "data_mirror" if data_mirror is not None else MIRROR_ENV
+    root = data_mirror if data_mirror is not None else os.environ.get(MIRROR_ENV)
+    if not root:
+        return None
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"{origin}={str(root)!r} is not a folder; it should hold {MIRROR_LAYOUT}.")
+    return root
+
+
+# ----------------------------------------------------------------------------------------------------- loading
+
+
+@dataclass
+class _Loaded:
+    """Normalised splits plus what the task is, before carving and subsampling."""
+
+    name: str
+    splits: dict[str, datasets.Dataset]
+    text_columns: tuple[str, ...]
+    task_type: TaskType
+    label_names: tuple[str, ...]
+    metrics: tuple[str, ...]
+    main_metric: str
+    max_length: int | None = None
+    balanced: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_spec(cls, spec: TaskSpec, splits: dict[str, datasets.Dataset], source: str,
+                  official: bool = True) -> _Loaded:
+        """``official``: the splits are the task's own, so its notes about them apply."""
+        notes = [source, *spec.notes] if official else [source]
+        return cls(spec.name, splits, spec.text_columns, spec.task_type, spec.label_names, spec.metrics,
+                   spec.main_metric, spec.max_length, spec.balanced, notes)
+
+
+def _load_registry_task(spec: TaskSpec, mirror: Path | None) -> _Loaded:
+    files = {split: mirror / rel for split, rel in spec.mirror_files.items()} if mirror else {}
+    if files and all(path.is_file() for path in files.values()):
+        splits = {split: _read_spec_file(path, spec) for split, path in files.items()}
+        shown = ", ".join(spec.mirror_files.values())
+        return _Loaded.from_spec(spec, splits, f"Loaded from the data mirror {mirror} ({shown}).")
+    if mirror:
+        logger.info("%s is not in the data mirror %s; trying the Hugging Face hub", spec.name, mirror)
+    try:
+        hub = datasets.load_dataset(spec.hub_path, spec.hub_config)
+    except OSError as err:  # ConnectionError (offline) and DatasetNotFoundError are both OSErrors
+        raise DataUnavailableError(_mirror_hint(spec, mirror, err)) from err
+    splits = {split: _conform(hub[hub_split], spec) for split, hub_split in spec.hub_splits.items()}
+    return _Loaded.from_spec(spec, splits, f"Loaded from the Hugging Face hub: {spec.hub_path} ({spec.hub_config}).")
+
+
+def _mirror_hint(spec: TaskSpec, mirror: Path | None, err: Exception) -> str:
+    wanted = ", ".join(spec.mirror_files.values())
+    where = f"The data mirror {mirror} has no {wanted}. " if mirror else "No data mirror is set. "
+    return (f"Could not load task {spec.name!r} from the Hugging Face hub ({spec.hub_path}, {spec.hub_config}): "
+            f"{type(err).__name__}: {err}. {where}To work offline, point at a local copy: set "
+            f"{MIRROR_ENV}=/path/to/data (or pass data_mirror=) to a folder holding {wanted} "
+            f"(full layout: {MIRROR_LAYOUT}).")
+
+
+def _load_hub_dataset(name: str, config: str | None, text_columns, label_column: str) -> _Loaded:
+    try:
+        if config is not None:
+            configs = datasets.get_dataset_config_names(name)
+            if config not in configs:
+                raise unknown_choice(f"{name} config", config, configs)
+        hub = datasets.load_dataset(name, config)
+    except OSError as err:
+        raise DataUnavailableError(
+            f"Could not load {name!r} from the Hugging Face hub: {type(err).__name__}: {err}. Offline, download "
+            f"it elsewhere and pass the files: load_corpus({name!r}, data_files={{'train': ..., 'dev': ...}})."
+        ) from err
+    splits, notes = _canonical_splits(dict(hub), f"hub dataset {name!r}")
+    label = f"{name}:{config}" if config else name
+    return _generic(label, splits, text_columns, label_column,
+                    [f"Loaded from the Hugging Face hub: {name}" + (f" ({config})." if config else "."), *notes])
+
+
+def _canonical_splits(splits: Mapping[str, datasets.Dataset], what: str) -> tuple[dict, list[str]]:
+    """Rename validation/valid/val to dev and drop splits we do not use (noted)."""
+    out, notes = {}, []
+    for split, ds in splits.items():
+        ours = SPLIT_ALIASES.get(split.lower())
+        if ours is None or ours in out:
+            notes.append(f"Split {split!r} of {what} is not used.")
+        else:
+            out[ours] = ds
+    if "train" not in out:
+        raise ValueError(f"{what} has no train split; its splits are {', '.join(splits)}.")
+    return out, notes
+
+
+def _load_local(name, source, spec: TaskSpec | None, text_columns, label_column: str) -> _Loaded:
+    files = _split_files(source)
+    spec = spec or _detect_layout(files)
+    shown = ", ".join(f"{split}={path}" for split, path in files.items())
+    if spec is not None:
+        splits = {split: _read_spec_file(path, spec) for split, path in files.items()}
+        return _Loaded.from_spec(spec, splits, f"Loaded from local files ({spec.name} layout): {shown}.",
+                                 official=False)
+    splits = {split: _read_table_file(path) for split, path in files.items()}
+    label = name if not _is_local_path(name) else Path(name).stem
+    return _generic(str(label), splits, text_columns, label_column, [f"Loaded from local files: {shown}."])
+
+
+def _split_files(source) -> dict[str, Path]:
+    """``{split: path}`` from a file (train only), a folder (``train.csv``, ``dev.tsv``, ...), or a mapping."""
+    if isinstance(source, Mapping):
+        files = {}
+        for split, path in source.items():
+            if str(split).lower() not in SPLIT_ALIASES:
+                raise unknown_choice("split", split, SPLIT_ALIASES)
+            files[SPLIT_ALIASES[str(split).lower()]] = Path(path).expanduser()
+    elif Path(source).expanduser().is_dir():
+        folder = Path(source).expanduser()
+        files = {SPLIT_ALIASES[p.stem.lower()]: p for p in sorted(folder.iterdir())
+                 if p.stem.lower() in SPLIT_ALIASES and p.suffix.lower() in FILE_TYPES}
+        if "train" not in files:
+            found = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
+            raise FileNotFoundError(f"No train file (train.csv/.tsv/.json/.jsonl/.parquet) in {folder}; found {found}.")
+    else:
+        files = {"train": Path(source).expanduser()}
+    for path in files.values():
+        if not path.is_file():
+            raise FileNotFoundError(f"Data file {path} does not exist.")
+        if path.suffix.lower() not in FILE_TYPES:
+            raise unknown_choice("file type", path.suffix or path.name, FILE_TYPES)
+    if "train" not in files:
+        raise ValueError(f"data_files needs a 'train' file; got {', '.join(files)}.")
+    return files
+
+
+def _detect_layout(files: Mapping[str, Path]) -> TaskSpec | None:
+    """The GLUE task whose official TSV layout every file has, if any."""
+    found = {_glue_layout_of(path) for path in files.values()}
+    return TASKS[found.pop()] if len(found) == 1 and None not in found else None
+
+
+def _glue_layout_of(path: Path) -> str | None:
+    if path.suffix.lower() != ".tsv":
+        return None
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        first = f.readline().rstrip("\r\n").split("\t")
+    for spec in TASKS.values():
+        layout = spec.tsv_layout
+        if layout is None:
+            continue
+        if layout.header is not None and tuple(first) == layout.header:
+            return spec.name
+        if layout.header is None and len(first) == layout.num_fields and first[layout.label] in ("0", "1"):
+            return spec.name
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ file readers
+
+
+def _read_spec_file(path: Path, spec: TaskSpec) -> datasets.Dataset:
+    if spec.tsv_layout is not None and path.suffix.lower() == ".tsv":
+        return _read_glue_tsv(path, spec)
+    if path.suffix.lower() == ".parquet":
+        # Read into memory so mirror data is not copied into the datasets cache.
+        table = pq.read_table(path)
+        return _conform(datasets.Dataset(InMemoryTable(table)), spec, str(path))
+    return _conform(_read_table_file(path), spec, str(path))
+
+
+def _read_glue_tsv(path: Path, spec: TaskSpec) -> datasets.Dataset:
+    """An official GLUE TSV: no quoting (QUOTE_NONE), MRPC's UTF-8 BOM dropped, headerless CoLA by position."""
+    layout = spec.tsv_layout
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        rows = []
+        for row in reader:
+            if row and len(row) != layout.num_fields:
+                raise ValueError(f"{path}:{reader.line_num}: expected {layout.num_fields} tab-separated fields "
+                                 f"({spec.name} layout), found {len(row)}.")
+            if row:
+                rows.append(row)
+    if layout.header is not None:
+        if tuple(rows[0]) != layout.header:
+            raise ValueError(f"{path}: header {rows[0]} is not the {spec.name} layout {list(layout.header)}.")
+        column_at = {name: i for i, name in enumerate(rows.pop(0))}
+    else:
+        column_at = {i: i for i in range(layout.num_fields)}
+    columns = {col: [r[column_at[src]] for r in rows] for col, src in zip(spec.text_columns, layout.text)}
+    parse = _label_parser(spec, path)
+    columns["label"] = [parse(r[column_at[layout.label]]) for r in rows]
+    return datasets.Dataset.from_dict(columns, features=spec.features())
+
+
+def _label_parser(spec: TaskSpec, path: Path):
+    if spec.task_type == "regression":
+        return float
+    ids = {name: i for i, name in enumerate(spec.label_names)} | {str(i): i for i in range(len(spec.label_names))}
+
+    def parse(value: str) -> int:
+        if value not in ids:
+            raise ValueError(f"{path}: label {value!r} is not one of {list(spec.label_names)} (or their indices).")
+        return ids[value]
+
+    return parse
+
+
+def _read_table_file(path: Path) -> datasets.Dataset:
+    builder = FILE_TYPES[path.suffix.lower()]
+    # Plain TSVs follow the GLUE convention: a quote character is just text.
+    options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if path.suffix.lower() == ".tsv" else {}
+    return datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+
+
+def _conform(ds: datasets.Dataset, spec: TaskSpec, where: str = "") -> datasets.Dataset:
+    """Keep the spec's text columns and label, with labels mapped to the spec's label ids."""
+    where = where or f"{spec.hub_path} ({spec.hub_config})"
+    _require_columns(ds, [*spec.text_columns, "label"], where)
+    ds = ds.select_columns([*spec.text_columns, "label"])
+    if spec.task_type == "classification" and not isinstance(ds.features["label"], datasets.ClassLabel):
+        ds = _encode_labels(ds, spec.label_names, where)
+    return ds if ds.features == spec.features() else ds.cast(spec.features())
+
+
+def _require_columns(ds: datasets.Dataset, wanted, where: str) -> None:
+    missing = [c for c in wanted if c not in ds.column_names]
+    if missing:
+        raise ValueError(f"{where} has no column {', '.join(map(repr, missing))}; "
+                         f"its columns are {', '.join(ds.column_names)}.")
+
+
+def _encode_labels(ds: datasets.Dataset, names: tuple[str, ...], where: str) -> datasets.Dataset:
+    """String labels by name, integer labels by index (both checked), to ClassLabel ids."""
+    values = set(ds.unique("label"))
+    ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
+    allowed = set(range(len(names))) if ints else set(names)
+    if not values <= allowed:
+        bad = sorted(map(str, values - allowed))[:5]
+        raise ValueError(f"{where}: labels {bad} are not among {sorted(map(str, allowed))}.")
+    if ints:
+        return ds.cast_column("label", datasets.ClassLabel(names=list(names)))
+    as_text = ds.cast_column("label", datasets.Value("string"))
+    return as_text.cast_column("label", datasets.ClassLabel(names=list(names)))
+
+
+# ------------------------------------------------------------------------------- datasets outside the registry
+
+
+def _generic(name: str, splits: dict[str, datasets.Dataset], text_columns, label_column: str,
+             notes: list[str]) -> _Loaded:
+    train = splits["train"]
+    label_column = _find_label_column(train, label_column, name)
+    text_columns = _find_text_columns(train, text_columns, label_column, name)
+    splits, notes = _drop_unlabelled_test(splits, label_column, notes)
+    for split, ds in splits.items():
+        _require_columns(ds, [*text_columns, label_column], f"{split} split of {name!r}")
+    splits = {s: ds.select_columns([*text_columns, label_column]) for s, ds in splits.items()}
+    if label_column != "label":
+        splits = {s: ds.rename_column(label_column, "label") for s, ds in splits.items()}
+    splits, task_type, label_names = _normalize_labels(splits, name)
+    if task_type == "regression":
+        metrics = ("spearmanr", "pearsonr")
+    else:
+        metrics = ("accuracy", "f1") if len(label_names) == 2 else ("accuracy",)
+    return _Loaded(name, splits, text_columns, task_type, label_names, metrics, metrics[0], notes=notes)
+
+
+def _find_label_column(ds: datasets.Dataset, label_column: str, name: str) -> str:
+    if label_column in ds.column_names:
+        return label_column
+    guesses = [c for c in LABEL_COLUMN_GUESSES if c in ds.column_names] if label_column == "label" else []
+    if len(guesses) == 1:
+        return guesses[0]
+    raise ValueError(f"{name!r} has no label column {label_column!r}; its columns are "
+                     f"{', '.join(ds.column_names)}. Pass label_column=.")
+
+
+def _find_text_columns(ds: datasets.Dataset, text_columns, label_column: str, name: str) -> tuple[str, ...]:
+    columns = ds.column_names
+    if text_columns is not None:
+        text_columns = (text_columns,) if isinstance(text_columns, str) else tuple(text_columns)
+        _require_columns(ds, text_columns, repr(name))
+        return text_columns
+    for guess in TEXT_COLUMN_GUESSES:
+        if all(c in columns for c in guess):
+            return guess
+    strings = [c for c, f in ds.features.items()
+               if c != label_column and isinstance(f, datasets.Value) and f.dtype in ("string", "large_string")]
+    if len(strings) == 1:
+        return (strings[0],)
+    described = ", ".join(f"{c} ({getattr(f, 'dtype', type(f).__name__)})" for c, f in ds.features.items())
+    raise ValueError(f"Cannot guess the text column(s) of {name!r}; its columns are {described}. "
+                     f"Pass text_columns=('a',) or ('a', 'b') for sentence pairs.")
+
+
+def _drop_unlabelled_test(splits: dict, label_column: str, notes: list[str]) -> tuple[dict, list[str]]:
+    """Hub test splits often hide their labels (-1 or null); such a split cannot be scored."""
+    test = splits.get("test")
+    if test is None or label_column not in test.column_names:
+        return splits, notes
+    if set(test.unique(label_column)) <= {-1, None}:
+        splits = {s: ds for s, ds in splits.items() if s != "test"}
+        notes = [*notes, "The test split has no labels and was dropped."]
+    return splits, notes
+
+
+def _normalize_labels(splits: dict[str, datasets.Dataset], name: str) -> tuple[dict, TaskType, tuple[str, ...]]:
+    feature = splits["train"].features["label"]
+    if isinstance(feature, datasets.ClassLabel):
+        names = tuple(feature.names)
+        return {s: _encode_labels(ds, names, f"{s} split of {name!r}") if ds.features["label"] != feature else ds
+                for s, ds in splits.items()}, "classification", names
+    if isinstance(feature, datasets.Value) and feature.dtype.startswith("float"):
+        return {s: ds.cast_column("label", datasets.Value("float32")) for s, ds in splits.items()}, "regression", ()
+    values = sorted(set().union(*(ds.unique("label") for ds in splits.values())) - {None}, key=_label_sort_key)
+    names = tuple(str(v) for v in values)
+    as_text = {s: ds.cast_column("label", datasets.Value("string")) for s, ds in splits.items()}
+    encoded = {s: _encode_labels(ds, names, f"{s} split of {name!r}") for s, ds in as_text.items()}
+    return encoded, "classification", names
+
+
+def _label_sort_key(value) -> tuple:
+    # Numbers in numeric order (2 before 10), then strings alphabetically.
+    return (0, value, "") if isinstance(value, (int, float, np.number)) else (1, 0, str(value))
+
+
+# -------------------------------------------------------------------------------------- carving and subsampling
+
+
+def _finish(loaded: _Loaded, *, train_size: int | None, dev_size: int | None, seed: int,
+            balanced: bool | None) -> Corpus:
+    classify = loaded.task_type == "classification"
+    balanced = loaded.balanced if balanced is None else balanced
+    if balanced and not classify:
+        raise ValueError(f"balanced=True needs a classification task; {loaded.name!r} is {loaded.task_type}.")
+    splits, notes = dict(loaded.splits), list(loaded.notes)
+    if "dev" not in splits:
+        splits["train"], splits["dev"], note = _carve_dev(splits["train"], dev_size, seed, classify)
+        notes.append(note)
+    for split, size in (("train", train_size), ("dev", dev_size)):
+        splits[split], note = _subsample(splits[split], size, seed=seed, balanced=balanced,
+                                         label_names=loaded.label_names, split=split)
+        notes += [note] if note else []
+    return Corpus(name=loaded.name, train=splits["train"], dev=splits["dev"], text_columns=loaded.text_columns,
+                  task_type=loaded.task_type, metrics=loaded.metrics, main_metric=loaded.main_metric,
+                  label_names=loaded.label_names, test=splits.get("test"), notes=notes,
+                  max_length=loaded.max_length)
+
+
+def _carve_dev(train: datasets.Dataset, dev_size: int | None, seed: int, stratify: bool):
+    size = max(dev_size or 0, round(DEV_FRACTION * len(train)), 1)
+    if size >= len(train):
+        raise ValueError(f"Cannot carve a dev split of {size:,} from a train split of {len(train):,} examples.")
+    parts = train.train_test_split(test_size=size, seed=seed, stratify_by_column="label" if stratify else None)
+    how = "stratified by label, " if stratify else ""
+    note = (f"No validation split: dev is {size:,} examples carved from train ({how}seed {seed}); "
+            f"train keeps the other {len(parts['train']):,}.")
+    return parts["train"], parts["test"], note
+
+
+def _subsample(ds: datasets.Dataset, size: int | None, *, seed: int, balanced: bool,
+               label_names: tuple[str, ...], split: str) -> tuple[datasets.Dataset, str | None]:
+    """Seeded subsample of ``size`` rows kept in their original order; stratified by class when classifying."""
+    if size is None and not balanced:
+        return ds, None
+    if size is not None and size > len(ds):
+        raise ValueError(f"{split}_size={size:,} but the {split} split has only {len(ds):,} examples.")
+    rng = np.random.default_rng(seed)
+    if not label_names:  # regression: no classes to stratify by
+        if size == len(ds):
+            return ds, None
+        keep = np.sort(rng.choice(len(ds), size=size, replace=False))
+        return ds.select(keep), f"{split}: random subsample of {size:,} of {len(ds):,} examples (seed {seed})."
+    labels = np.asarray(ds["label"])
+    counts = np.bincount(labels, minlength=len(label_names))
+    if balanced:
+        quotas = _balanced_quotas(counts, size, label_names, split)
+        size = int(quotas.sum())
+    else:
+        quotas = _proportional_quotas(counts, size)
+    if size == len(ds):
+        return ds, None
+    keep = np.sort(np.concatenate([
+        rng.choice(np.flatnonzero(labels == c), size=q, replace=False) for c, q in enumerate(quotas)
+    ]))
+    kind = "balanced (equal classes)" if balanced else "stratified"
+    shown = ", ".join(f"{n} {q:,}" for n, q in zip(label_names, quotas))
+    return ds.select(keep), f"{split}: {kind} subsample of {size:,} of {len(ds):,} examples ({shown}; seed {seed})."
+
+
+def _proportional_quotas(counts: np.ndarray, size: int) -> np.ndarray:
+    """Rows per class in proportion to ``counts``, rounded by largest remainder so they sum to ``size``."""
+    exact = counts * size / counts.sum()
+    quotas = np.floor(exact).astype(int)
+    order = np.argsort(-(exact - quotas), kind="stable")
+    quotas[order[: size - quotas.sum()]] += 1
+    return quotas
+
+
+def _balanced_quotas(counts: np.ndarray, size: int | None, label_names: tuple[str, ...], split: str) -> np.ndarray:
+    """Equal rows per class (any remainder to the first classes); ``size=None``: as many as the rarest class has."""
+    for name, count in zip(label_names, counts):
+        if count == 0:
+            raise ValueError(f"Class {name!r} would have no examples after balancing: the {split} split has no "
+                             f"{name!r} examples (classes: {', '.join(label_names)}).")
+    size = int(counts.min()) * len(counts) if size is None else size
+    quotas = np.full(len(counts), size // len(counts))
+    quotas[: size % len(counts)] += 1
+    for name, count, quota in zip(label_names, counts, quotas):
+        if quota == 0:
+            raise ValueError(f"Class {name!r} would have no examples after balancing: {split}_size={size} is "
+                             f"smaller than the {len(counts)} classes ({', '.join(label_names)}).")
+        if quota > count:
+            raise ValueError(f"Class {name!r} has only {count:,} {split} examples; a balanced subsample of "
+                             f"{size:,} needs {quota:,} per class.")
+    return quotas

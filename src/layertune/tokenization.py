@@ -1,0 +1,179 @@
+"""Tokenize a corpus once, cache it on disk, and pad each batch dynamically.
+
+``tokenize_corpus`` truncates but never pads: every example keeps its own length, stored in a ``length`` column
+(usable for length-grouped batching, e.g. the Trainer's ``group_by_length``). Padding happens per batch in
+:func:`collate`, a thin wrapper around ``tokenizer.pad`` that pads to the longest example in the batch and drops
+``length``, which models do not accept. ``transformers.DataCollatorWithPadding`` would keep ``length`` in the batch.
+
+Cache: one folder per split under ``cache_dir`` (default ``$LAYERTUNE_CACHE/tokenized``, else
+``~/.cache/layertune/tokenized``), named by :func:`cache_key` of the split's ``datasets`` fingerprint, the tokenizer's
+identity (:func:`tokenizer_fingerprint`), ``max_length`` and the text columns. A folder is written under a temporary
+name and renamed when complete, so an interrupted run never leaves a half-written cache behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+import datasets
+from transformers import BatchEncoding, PreTrainedTokenizerBase
+from transformers.data.data_collator import pad_without_fast_tokenizer_warning
+
+from layertune.corpora import TASKS
+from layertune.corpus import Corpus
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "LAYERTUNE_CACHE"
+CACHE_FORMAT = 1  # bump when the tokenized columns change, so older caches are not reused
+META_FILE = "layertune_tokenized.json"
+FALLBACK_MAX_LENGTH = 512
+
+
+def tokenize_corpus(corpus: Corpus, tokenizer: PreTrainedTokenizerBase, max_length: int | None = None,
+                    cache_dir: str | os.PathLike | None = None) -> dict[str, datasets.Dataset]:
+    """``{split: Dataset}`` with ``input_ids``, ``attention_mask`` (+ ``token_type_ids`` if the tokenizer makes
+    them), ``labels`` and ``length``; truncated to ``max_length`` (default: the task's), not padded, cached on disk."""
+    if corpus.task_type == "token_classification":
+        raise ValueError(f"tokenize_corpus handles sentence(-pair) tasks; {corpus.name!r} is token classification, "
+                         "whose labels must be aligned to word pieces.")
+    max_length = resolve_max_length(corpus, tokenizer, max_length)
+    root = cache_root(cache_dir)
+    identity = tokenizer_fingerprint(tokenizer)
+    return {split: _tokenized_split(corpus, split, ds, tokenizer, identity, max_length, root)
+            for split, ds in corpus.splits().items()}
+
+
+def collate(batch_features: list[dict], tokenizer: PreTrainedTokenizerBase,
+            pad_to_multiple_of: int | None = None) -> BatchEncoding:
+    """Pad a list of tokenized examples to the batch's longest one; PyTorch tensors, ``length`` dropped.
+
+    For a DataLoader: ``collate_fn=functools.partial(collate, tokenizer=tokenizer)``.
+    """
+    features = [{k: v for k, v in f.items() if k != "length"} for f in batch_features]
+    return pad_without_fast_tokenizer_warning(tokenizer, features, padding=True,
+                                              pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
+
+
+def resolve_max_length(corpus: Corpus, tokenizer: PreTrainedTokenizerBase, max_length: int | None = None) -> int:
+    """``max_length`` if given, else the corpus/task default capped at what the tokenizer's model accepts."""
+    if max_length is not None:
+        if max_length < 1:
+            raise ValueError(f"max_length must be positive, not {max_length}.")
+        if max_length > tokenizer.model_max_length:
+            logger.warning("max_length=%d exceeds %s's model_max_length=%d", max_length, tokenizer.name_or_path,
+                           tokenizer.model_max_length)
+        return max_length
+    spec = TASKS.get(corpus.name)
+    default = corpus.max_length or (spec.max_length if spec else FALLBACK_MAX_LENGTH)
+    return min(default, tokenizer.model_max_length)
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser() / "tokenized"
+    return Path.home() / ".cache" / "layertune" / "tokenized"
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """``name_or_path@hash`` where the hash covers everything that changes the token ids.
+
+    For fast tokenizers that is the serialised backend (vocab, normalizer, special-token template) minus its
+    truncation/padding state, which every call rewrites; slow tokenizers hash their vocab and init arguments.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        state = json.loads(backend.to_str())
+        state.pop("truncation", None)
+        state.pop("padding", None)
+    else:
+        state = {"vocab": sorted(tokenizer.get_vocab().items()), "init": tokenizer.init_kwargs}
+    state.update(cls=type(tokenizer).__name__, inputs=list(tokenizer.model_input_names),
+                 truncation_side=tokenizer.truncation_side)
+    digest = hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"{tokenizer.name_or_path}@{digest}"
+
+
+def cache_key(dataset_fingerprint: str, tokenizer_id: str, max_length: int, text_columns) -> str:
+    payload = {"format": CACHE_FORMAT, "data": dataset_fingerprint, "tokenizer": tokenizer_id,
+               "max_length": max_length, "text_columns": list(text_columns)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _tokenized_split(corpus: Corpus, split: str, ds: datasets.Dataset, tokenizer, identity: str, max_length: int,
+                     root: Path) -> datasets.Dataset:
+    key = cache_key(ds._fingerprint, identity, max_length, corpus.text_columns)
+    path = root / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', corpus.name)}-{split}-{key}"
+    if (path / META_FILE).is_file():
+        meta = json.loads((path / META_FILE).read_text())
+        _report_truncation(corpus.name, split, meta["num_truncated"], meta["num_examples"], max_length, cached=True)
+        return datasets.load_from_disk(path)
+    tokenized, num_truncated = _tokenize(ds, tokenizer, corpus.text_columns, max_length, key)
+    _report_truncation(corpus.name, split, num_truncated, len(tokenized), max_length, cached=False)
+    meta = {"corpus": corpus.name, "split": split, "tokenizer": identity, "max_length": max_length,
+            "num_examples": len(tokenized), "num_truncated": num_truncated, "key": key}
+    _save_atomically(tokenized, path, meta)
+    return datasets.load_from_disk(path)
+
+
+def _tokenize(ds: datasets.Dataset, tokenizer, text_columns, max_length: int, fingerprint: str):
+    tokenized = ds.map(
+        _encode_batch, batched=True, remove_columns=ds.column_names, keep_in_memory=True,
+        fn_kwargs={"tokenizer": tokenizer, "text_columns": tuple(text_columns), "max_length": max_length},
+        new_fingerprint=fingerprint,  # the cache key already identifies the result; hashing a tokenizer is slow
+        desc="Tokenizing",
+    )
+    num_truncated = int(sum(tokenized["truncated"]))
+    tokenized = tokenized.remove_columns("truncated").cast_column("labels", ds.features["label"])
+    return tokenized, num_truncated
+
+
+def _encode_batch(batch: dict, tokenizer, text_columns: tuple[str, ...], max_length: int) -> dict:
+    texts = [batch[c] for c in text_columns]
+    encoded = tokenizer(*texts, truncation=False, verbose=False)
+    too_long = [i for i, ids in enumerate(encoded["input_ids"]) if len(ids) > max_length]
+    if too_long:
+        # Only the long examples are encoded again, with truncation: one truncating pass cannot tell which were cut.
+        cut = tokenizer(*[[column[i] for i in too_long] for column in texts], truncation=True, max_length=max_length)
+        for name in encoded:
+            for j, i in enumerate(too_long):
+                encoded[name][i] = cut[name][j]
+    out = {name: encoded[name] for name in tokenizer.model_input_names if name in encoded}
+    out["labels"] = batch["label"]
+    out["length"] = [len(ids) for ids in out["input_ids"]]
+    truncated = set(too_long)
+    out["truncated"] = [i in truncated for i in range(len(out["input_ids"]))]
+    return out
+
+
+def _save_atomically(ds: datasets.Dataset, path: Path, meta: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir()
+    try:
+        ds.save_to_disk(tmp)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1))  # written last: marks the folder complete
+        try:
+            os.rename(tmp, path)  # atomic on one filesystem
+        except OSError:
+            if not (path / META_FILE).is_file():  # not another process finishing first: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _report_truncation(name: str, split: str, num_truncated: int, num_examples: int, max_length: int,
+                       cached: bool) -> None:
+    if num_truncated:
+        logger.warning("%s/%s: %d of %d examples (%.1f%%) truncated to max_length=%d tokens%s", name, split,
+                       num_truncated, num_examples, 100 * num_truncated / max(num_examples, 1), max_length,
+                       " (cached)" if cached else "")
