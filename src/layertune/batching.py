@@ -20,11 +20,13 @@ class Examples(Dataset):
     Converting the Arrow columns once up front keeps `__getitem__` cheap inside the training loop.
     """
 
-    def __init__(self, tokenized: datasets.Dataset, boundary_states: Sequence[torch.Tensor] | None = None) -> None:
+    def __init__(self, tokenized: datasets.Dataset, pad_token_id: int,
+                 boundary_states: Sequence[torch.Tensor] | None = None) -> None:
         columns = [c for c in (*TOKEN_FEATURES, "labels") if c in tokenized.column_names]
         self.columns = {c: [torch.as_tensor(v) for v in tokenized[c]] for c in columns}
         self.lengths = [len(ids) for ids in self.columns["input_ids"]]
         self.boundary_states = boundary_states
+        self.collate = PadCollator(pad_token_id)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -54,10 +56,12 @@ class PadCollator:
 
 
 def make_loader(
-    examples: Examples, batch_size: int, pad_token_id: int, *, shuffle: bool = False, seed: int = 0,
-    group_by_length: bool = False,
+    examples: Dataset, batch_size: int, *, shuffle: bool = False, seed: int = 0, group_by_length: bool = False,
 ) -> DataLoader:
-    """A seeded loader: same seed → same batches. ``group_by_length`` buckets similar lengths to cut padding."""
+    """A seeded loader: same seed → same batches. ``group_by_length`` buckets similar lengths to cut padding.
+
+    ``examples`` brings its own ``collate`` (how to pad its features) and ``lengths`` (tokens per example).
+    """
     generator = torch.Generator().manual_seed(seed)
     if shuffle and group_by_length:
         sampler = LengthGroupedSampler(batch_size, lengths=examples.lengths, generator=generator)
@@ -65,4 +69,4 @@ def make_loader(
         sampler = RandomSampler(examples, generator=generator)
     else:
         sampler = SequentialSampler(examples)
-    return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=PadCollator(pad_token_id))
+    return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=examples.collate)

@@ -23,7 +23,7 @@ import torch
 import xxhash
 from tqdm.auto import tqdm
 
-from layertune.batching import Examples, make_loader
+from layertune.batching import Examples
 from layertune.io import atomic_directory, write_json
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class FrozenPrefixCache:
 
     @torch.no_grad()
     def _compute(self, encoder, tokenized, boundaries: list[int], keys: dict[int, str], device) -> None:
-        examples = Examples(tokenized)
+        examples = Examples(tokenized, encoder.tokenizer.pad_token_id or 0)
         offsets = np.concatenate([[0], np.cumsum(examples.lengths)]).astype(np.int64)
         hidden = encoder.hidden_size
         storage_dtype = np.uint16 if self.dtype == "bfloat16" else np.dtype(self.dtype)
@@ -160,10 +160,9 @@ class FrozenPrefixCache:
             encoder.to(device)
             order = np.argsort(examples.lengths, kind="stable")  # similar lengths together: little padding
             batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-            loader = make_loader(examples, self.batch_size, encoder.tokenizer.pad_token_id or 0)
             description = f"caching layers < {max(boundaries)} ({len(examples):,} examples)"
             for indices in tqdm(batches, desc=description, disable=not self.progress, leave=False):
-                batch = loader.collate_fn([examples[i] for i in indices])
+                batch = examples.collate([examples[i] for i in indices])
                 batch = {k: v.to(device) for k, v in batch.items()}
                 captured = encoder.boundary_states(batch, boundaries)
                 for b, states in captured.items():

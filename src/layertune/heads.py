@@ -53,6 +53,10 @@ class TaskModel(nn.Module):
     def predictions(self, outputs: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def metric_inputs(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[list, list]:
+        """Predictions and references of a batch in the form the task's metrics take."""
+        return self.predictions(outputs).tolist(), labels.tolist()
+
     def parameter_parts(self) -> dict[str, str]:
         """Every parameter name → the part it belongs to (``head``, ``embeddings``, ``layer.3`` …)."""
         parts = {f"encoder.{name}": part for name, part in self.encoder.parameter_parts().items()}

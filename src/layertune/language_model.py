@@ -15,7 +15,10 @@ import torch
 import transformers
 from torch import nn
 
+from layertune.batching import Examples
 from layertune.errors import choices_hint
+from layertune.frozen_prefix import FrozenPrefixCache, cache_decision
+from layertune.tokenization import tokenize_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -281,6 +284,29 @@ class LanguageModel(nn.Module):
             {"params": [p for p in trainable if p.dim() < 2], "lr": learning_rate, "weight_decay": 0.0},
         ]
         return [g for g in groups if g["params"]]
+
+    def prepare_examples(self, corpus, *, max_length: int | None = None, cache_dir=None,
+                         frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
+                         device: torch.device | str = "cpu") -> tuple[Examples, Examples, dict]:
+        """Tokenized train/dev examples, with cached frozen-prefix states where that is exact and enabled.
+
+        Returns the two splits and what ran (recorded in the run's metadata).
+        """
+        tokenized = tokenize_corpus(corpus, self.tokenizer, max_length=max_length,
+                                    cache_dir=cache_dir and Path(cache_dir) / "tokenized")
+        pad_id = self.tokenizer.pad_token_id or 0
+        use_cache, reason = cache_decision(self, frozen_prefix_cache)
+        info = {"used": use_cache, "reason": reason}
+        if not use_cache:
+            return Examples(tokenized["train"], pad_id), Examples(tokenized["dev"], pad_id), info
+        cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype)
+        splits = {}
+        for split in ("train", "dev"):
+            states, entry = cache.states(self, tokenized[split], self.frozen_prefix_layers, device=device)
+            splits[split] = Examples(tokenized[split], pad_id, states)
+            info[f"{split}_entry"] = entry
+        info.update(boundary=self.frozen_prefix_layers, dtype=cache_dtype)
+        return splits["train"], splits["dev"], info
 
     def model_inputs(self, batch: dict) -> dict:
         """The tokenizer outputs this architecture accepts (DistilBERT takes no token_type_ids, say)."""

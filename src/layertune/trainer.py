@@ -17,14 +17,12 @@ from accelerate import Accelerator
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 from tqdm.auto import tqdm
 
-from layertune.batching import Examples, make_loader
+from layertune.batching import make_loader
 from layertune.corpus import Corpus
 from layertune.drift import parameter_drift
-from layertune.frozen_prefix import FrozenPrefixCache, cache_decision
 from layertune.heads import TaskModel
 from layertune.io import atomic_directory, write_json
 from layertune.metrics import compute_metrics
-from layertune.tokenization import tokenize_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -120,10 +118,13 @@ class ModelTrainer:
         accelerator = Accelerator(mixed_precision=_mixed_precision(args.mixed_precision))
         transformers.set_seed(args.seed)
 
-        train_data, dev_data, cache_info = self._examples(args, accelerator.device)
-        train_loader = make_loader(train_data, args.batch_size, self._pad_id, shuffle=args.shuffle_data,
-                                   seed=args.seed, group_by_length=args.group_by_length)
-        dev_loader = make_loader(dev_data, args.eval_batch_size or args.batch_size, self._pad_id)
+        train_data, dev_data, cache_info = model.encoder.prepare_examples(
+            self.corpus, max_length=args.max_length, cache_dir=self.cache_dir,
+            frozen_prefix_cache=args.frozen_prefix_cache, cache_dtype=args.cache_dtype, device=accelerator.device,
+        )
+        train_loader = make_loader(train_data, args.batch_size, shuffle=args.shuffle_data, seed=args.seed,
+                                   group_by_length=args.group_by_length)
+        dev_loader = make_loader(dev_data, args.eval_batch_size or args.batch_size)
 
         optimizer = torch.optim.AdamW(self._parameter_groups(args))
         total_steps = args.epochs * len(train_loader)
@@ -196,35 +197,13 @@ class ModelTrainer:
             with accelerator.autocast():
                 outputs = model(batch)
                 total_loss += model.loss(outputs, batch["labels"]).item() * len(batch["labels"])
-            predictions += model.predictions(outputs.float()).tolist()
-            references += batch["labels"].tolist()
+            batch_predictions, batch_references = model.metric_inputs(outputs.float(), batch["labels"])
+            predictions += batch_predictions
+            references += batch_references
         scores = compute_metrics(self.corpus.metrics, predictions, references)
         return {"eval_loss": total_loss / len(references), **{f"eval_{k}": v for k, v in scores.items()}}
 
     # ----------------------------------------------------------------------------------------------------------
-
-    @property
-    def _pad_id(self) -> int:
-        return self.model.encoder.tokenizer.pad_token_id or 0
-
-    def _examples(self, args: TrainingArguments, device: torch.device) -> tuple[Examples, Examples, dict]:
-        """Tokenized train/dev examples, with cached frozen-prefix states when that is exact and enabled."""
-        encoder = self.model.encoder
-        tokenized = tokenize_corpus(self.corpus, encoder.tokenizer, max_length=args.max_length or None,
-                                    cache_dir=self.cache_dir and self.cache_dir / "tokenized")
-        use_cache, reason = cache_decision(encoder, args.frozen_prefix_cache)
-        info = {"used": use_cache, "reason": reason}
-        if not use_cache:
-            return Examples(tokenized["train"]), Examples(tokenized["dev"]), info
-        cache = FrozenPrefixCache(self.cache_dir and self.cache_dir / "frozen_prefix", dtype=args.cache_dtype)
-        boundary = encoder.frozen_prefix_layers
-        splits = {}
-        for split in ("train", "dev"):
-            states, entry = cache.states(encoder, tokenized[split], boundary, device=device)
-            splits[split] = Examples(tokenized[split], states)
-            info[f"{split}_entry"] = entry
-        info.update(boundary=boundary, dtype=args.cache_dtype)
-        return splits["train"], splits["dev"], info
 
     def _parameter_groups(self, args: TrainingArguments) -> list[dict]:
         groups = self.model.encoder.optimizer_groups(args.learning_rate, args.weight_decay)
