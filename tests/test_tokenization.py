@@ -1,4 +1,3 @@
-import functools
 import logging
 
 import datasets
@@ -9,8 +8,9 @@ from transformers import AutoTokenizer
 from layertune.corpora import GLUE_RTE
 from layertune.corpus import Corpus
 from layertune.testing import build_tokenizer
+from layertune.batching import Examples, make_loader
 from layertune.tokenization import (
-    META_FILE, cache_root, collate, resolve_max_length, tokenize_corpus, tokenizer_fingerprint,
+    META_FILE, cache_root, resolve_max_length, tokenize_corpus, tokenizer_fingerprint,
 )
 
 WORDS = "the movie was good . bad plot but great actor and fun story".split()
@@ -116,19 +116,20 @@ def test_interrupted_write_leaves_no_cache(tokenizer, tmp_path, monkeypatch):
     assert len(out["train"]) == 12 and len(list(tmp_path.glob(f"pairs-*/{META_FILE}"))) == 2
 
 
-def test_collate_pads_each_batch_to_its_longest_example(tokenizer, tmp_path):
+def test_batches_pad_to_their_longest_example(tokenizer, tmp_path):
     out = tokenize_corpus(pair_corpus(), tokenizer, max_length=10, cache_dir=tmp_path)["train"]
-    features = [out[i] for i in range(3)]
-    batch = collate(features, tokenizer)
-    longest = max(f["length"] for f in features)
+    examples = Examples(out, tokenizer.pad_token_id)
+    features = [examples[i] for i in range(3)]
+    batch = examples.collate(features)
+    longest = max(out[i]["length"] for i in range(3))
     assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels"}
     assert batch["input_ids"].shape == (3, longest) and batch["labels"].dtype == torch.long
-    assert batch["attention_mask"].sum(1).tolist() == [f["length"] for f in features]
-    loader = torch.utils.data.DataLoader(out, batch_size=4, collate_fn=functools.partial(collate, tokenizer=tokenizer))
-    assert [b["input_ids"].shape[0] for b in loader] == [4, 4, 4]
+    assert batch["attention_mask"].sum(1).tolist() == [out[i]["length"] for i in range(3)]
+    assert [b["input_ids"].shape[0] for b in make_loader(examples, batch_size=4)] == [4, 4, 4]
 
     regression = tokenize_corpus(pair_corpus(regression=True), tokenizer, cache_dir=tmp_path)["train"]
-    labels = collate([regression[i] for i in range(4)], tokenizer)["labels"]
+    regression_examples = Examples(regression, tokenizer.pad_token_id)
+    labels = regression_examples.collate([regression_examples[i] for i in range(4)])["labels"]
     assert labels.dtype == torch.float32 and labels.tolist() == [0.0, 0.5, 1.0, 1.5]
 
 

@@ -1,9 +1,7 @@
 """Tokenize a corpus once, cache it on disk, and pad each batch dynamically.
 
 ``tokenize_corpus`` truncates but never pads: every example keeps its own length, stored in a ``length`` column
-(usable for length-grouped batching, e.g. the Trainer's ``group_by_length``). Padding happens per batch in
-:func:`collate`, a thin wrapper around ``tokenizer.pad`` that pads to the longest example in the batch and drops
-``length``, which models do not accept. ``transformers.DataCollatorWithPadding`` would keep ``length`` in the batch.
+(usable for length-grouped batching). Padding happens per batch, in `layertune.batching`.
 
 Cache: one folder per split under ``cache_dir`` (default ``$LAYERTUNE_CACHE/tokenized``, else
 ``~/.cache/layertune/tokenized``), named by :func:`cache_key` of the split's ``datasets`` fingerprint, the tokenizer's
@@ -23,8 +21,7 @@ import uuid
 from pathlib import Path
 
 import datasets
-from transformers import BatchEncoding, PreTrainedTokenizerBase
-from transformers.data.data_collator import pad_without_fast_tokenizer_warning
+from transformers import PreTrainedTokenizerBase
 
 from layertune.corpora import TASKS
 from layertune.corpus import Corpus
@@ -49,17 +46,6 @@ def tokenize_corpus(corpus: Corpus, tokenizer: PreTrainedTokenizerBase, max_leng
     identity = tokenizer_fingerprint(tokenizer)
     return {split: _tokenized_split(corpus, split, ds, tokenizer, identity, max_length, root)
             for split, ds in corpus.splits().items()}
-
-
-def collate(batch_features: list[dict], tokenizer: PreTrainedTokenizerBase,
-            pad_to_multiple_of: int | None = None) -> BatchEncoding:
-    """Pad a list of tokenized examples to the batch's longest one; PyTorch tensors, ``length`` dropped.
-
-    For a DataLoader: ``collate_fn=functools.partial(collate, tokenizer=tokenizer)``.
-    """
-    features = [{k: v for k, v in f.items() if k != "length"} for f in batch_features]
-    return pad_without_fast_tokenizer_warning(tokenizer, features, padding=True,
-                                              pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
 
 
 def resolve_max_length(corpus: Corpus, tokenizer: PreTrainedTokenizerBase, max_length: int | None = None) -> int:
