@@ -47,10 +47,14 @@ def build_tokenizer(directory: str | Path, extra_words: tuple[str, ...] = ()) ->
     return tokenizer
 
 
-def make_tiny_model(directory: str | Path, architecture: str = "bert", seed: int = 0, **overrides) -> Path:
-    """Save a tiny random ``architecture`` encoder plus tokenizer to ``directory``; load it by that path."""
+def make_tiny_model(directory: str | Path, architecture: str = "bert", seed: int = 0, *,
+                    extra_words: tuple[str, ...] = (), **overrides) -> Path:
+    """Save a tiny random ``architecture`` encoder plus tokenizer to ``directory``; load it by that path.
+
+    ``extra_words`` grow the vocabulary, e.g. to give two test encoders different vocabularies.
+    """
     directory = Path(directory)
-    tokenizer = build_tokenizer(directory)
+    tokenizer = build_tokenizer(directory, extra_words)
     settings = {**TINY_CONFIGS[architecture], **overrides}
     config = transformers.AutoConfig.for_model(
         **settings, vocab_size=len(tokenizer), max_position_embeddings=128, type_vocab_size=2
