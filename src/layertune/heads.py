@@ -64,7 +64,9 @@ class TaskModel(nn.Module):
 
     def head_parameters(self) -> list[nn.Parameter]:
         """Parameters that are not the encoder's: these get the head learning rate."""
-        return list(self.head.parameters())
+        # A MultiEncoder's combination layer (dme projections + attention) is new and task-specific like the head.
+        combination = getattr(self.encoder, "combination_parameters", None)
+        return list(self.head.parameters()) + (combination() if combination else [])
 
     # ----------------------------------------------------------------------------------------------------------
 
@@ -82,6 +84,21 @@ class TaskModel(nn.Module):
 
     def decode(self, predictions: torch.Tensor) -> list:
         return predictions.tolist()
+
+    def predict_with_attention(self, sentences: list[str] | list[tuple[str, str]],
+                               batch_size: int = 32) -> tuple[list, list[list[float]]]:
+        """Predictions, and per example the weight a dme `MultiEncoder` gave each encoder (each row sums to 1)."""
+        method = getattr(self.encoder, "combine_method", None)
+        if method != "dme":
+            why = (f"this model's MultiEncoder uses combine_method={method!r}, which has no attention" if method
+                   else f"this model's encoder is a single {type(self.encoder).__name__}, with nothing to weigh")
+            raise ValueError(f"predict_with_attention needs a MultiEncoder with combine_method='dme'; {why}.")
+        predictions, attention = [], []
+        for start in range(0, len(sentences), batch_size):
+            chunk = sentences[start : start + batch_size]
+            predictions += self.predict(chunk, batch_size=len(chunk))
+            attention += self.encoder.last_attention.float().tolist()
+        return predictions, attention
 
     # ----------------------------------------------------------------------------------------------------------
     # Persistence: safetensors for weights, JSON for settings; never pickle.
