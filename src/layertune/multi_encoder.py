@@ -1,0 +1,290 @@
+"""`MultiEncoder`: several language models tuned together, their pooled vectors concatenated or mixed by DME.
+
+Each `LanguageModel` keeps its own tokenizer, ``tunable_layers``, ``hidden_dropout_prob`` and learning rate. A text
+is tokenized once per encoder (each with its own tokenization and frozen-prefix cache); a batch holds every encoder's
+features under an ``lm<i>.`` prefix, so the training loop and `TaskModel.predict` see one flat dict of tensors.
+
+Combination:
+
+- ``concat``: the pooled vectors side by side (width = sum of the encoders' hidden sizes); no parameters.
+- ``dme``: dynamic meta-embeddings (Kiela, Wang & Cho, 2018): each pooled vector is projected to a common size,
+  scored by one shared linear attention, the scores are soft-maxed over encoders per example, and the projections
+  are summed with those weights. The last weights stay in `last_attention` for inspection.
+
+The combination layer is new, task-specific weights like the head, so it trains at the head's learning rate: it is
+left out of `optimizer_groups` (the encoders' rates) and handed to the trainer by `combination_parameters`, which
+`TaskModel.head_parameters` includes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from layertune.batching import Examples
+from layertune.errors import choices_hint
+from layertune.language_model import LanguageModel
+
+CombineMethod = Literal["concat", "dme"]
+COMBINE_METHODS = ("concat", "dme")
+
+
+class Concatenation(nn.Module):
+    """The pooled vectors side by side. No weights, so no attention either."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        super().__init__()
+        self.output_size = sum(sizes)
+
+    def forward(self, vectors: list[torch.Tensor]) -> tuple[torch.Tensor, None]:
+        return torch.cat(vectors, dim=-1), None
+
+
+class DynamicMetaEmbedding(nn.Module):
+    """Project each vector to ``output_size``, weigh the projections by a softmax over encoders, sum them."""
+
+    def __init__(self, sizes: list[int], output_size: int) -> None:
+        super().__init__()
+        self.output_size = output_size
+        self.projections = nn.ModuleList(nn.Linear(size, output_size) for size in sizes)
+        # One scorer shared by all encoders, as in the paper. No bias: a bias shared by every score cancels in the
+        # softmax, so it would never receive a gradient.
+        self.attention = nn.Linear(output_size, 1, bias=False)
+
+    def forward(self, vectors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        projected = torch.stack([p(v) for p, v in zip(self.projections, vectors)], dim=1)  # (batch, encoders, size)
+        weights = torch.softmax(self.attention(projected).squeeze(-1), dim=-1)  # (batch, encoders)
+        return (weights.unsqueeze(-1) * projected).sum(dim=1), weights
+
+
+class MultiExamples(Dataset):
+    """The same examples tokenized once per encoder; `collate` pads each encoder's part with its own pad id."""
+
+    def __init__(self, parts: list[Examples], prefixes: list[str]) -> None:
+        _check_aligned(parts)
+        self.parts, self.prefixes = parts, prefixes
+        # Batch cost follows the longest tokenization, so length grouping goes by that.
+        self.lengths = [max(lengths) for lengths in zip(*(part.lengths for part in parts))]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> list[dict]:
+        return [part[index] for part in self.parts]
+
+    def collate(self, examples: list[list[dict]]) -> dict:
+        batch = {}
+        for position, (part, prefix) in enumerate(zip(self.parts, self.prefixes)):
+            padded = part.collate([example[position] for example in examples])
+            labels = padded.pop("labels", None)  # identical in every part (checked in __init__)
+            batch.update({f"{prefix}{key}": value for key, value in padded.items()})
+        if labels is not None:
+            batch["labels"] = labels
+        return batch
+
+
+def _check_aligned(parts: list[Examples]) -> None:
+    """Every encoder must see the same examples in the same order; the labels prove it cheaply."""
+    sizes = {len(part) for part in parts}
+    if len(sizes) != 1:
+        raise ValueError(f"The encoders' tokenized splits differ in size: {[len(part) for part in parts]}.")
+    labels = [part.columns.get("labels") for part in parts]
+    if labels[0] is not None and any(not torch.equal(torch.stack(labels[0]), torch.stack(other)) for other in labels[1:]):
+        raise ValueError("The encoders' tokenized splits hold different labels: their examples are not aligned.")
+
+
+class MultiEncoder(nn.Module):
+    """Several `LanguageModel` s as one encoder: ``TextClassifier(MultiEncoder([lm_a, lm_b], "dme"), 2)``.
+
+    ``dropout`` applies to the combined vector. ``projection_size`` (dme only) is the common size the pooled vectors
+    are projected to; by default the largest encoder hidden size.
+    """
+
+    def __init__(self, language_models: list[LanguageModel], combine_method: CombineMethod = "concat",
+                 dropout: float = 0.0, projection_size: int | None = None) -> None:
+        super().__init__()
+        _check_language_models(language_models)
+        _check_combination(combine_method, dropout, projection_size)
+        self.language_models = nn.ModuleList(language_models)
+        self.combine_method = combine_method
+        sizes = [lm.hidden_size for lm in language_models]
+        if combine_method == "dme":
+            self.projection_size = projection_size or max(sizes)
+            self.combine = DynamicMetaEmbedding(sizes, self.projection_size)
+        else:
+            self.projection_size = None
+            self.combine = Concatenation(sizes)
+        self.dropout = nn.Dropout(dropout)
+        self.last_attention: torch.Tensor | None = None
+
+    @property
+    def prefixes(self) -> list[str]:
+        """Batch-key prefix of each encoder's features: ``lm0.``, ``lm1.`` …"""
+        return [f"lm{index}." for index in range(len(self.language_models))]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.combine.output_size
+
+    @property
+    def tokenizers(self) -> list:
+        """One tokenizer per encoder (there is no single ``tokenizer``: vocabularies differ)."""
+        return [lm.tokenizer for lm in self.language_models]
+
+    @property
+    def frozen_prefix_layers(self) -> list[int | None]:
+        return [lm.frozen_prefix_layers for lm in self.language_models]
+
+    def __repr__(self) -> str:
+        inner = ",\n  ".join(repr(lm) for lm in self.language_models)
+        size = f", projection_size={self.projection_size}" if self.projection_size else ""
+        return f"MultiEncoder([\n  {inner}\n], combine_method={self.combine_method!r}{size}, dropout={self.dropout.p})"
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Forward
+
+    def tokenize(self, texts: list[str] | list[tuple[str, str]], max_length: int | None = None) -> dict:
+        """Padded inputs of every encoder for raw sentences or pairs, keys prefixed per encoder."""
+        batch = {}
+        for prefix, lm in zip(self.prefixes, self.language_models):
+            batch.update({f"{prefix}{key}": value for key, value in lm.tokenize(texts, max_length).items()})
+        return batch
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """One combined vector per example (batch, hidden_size); dme weights are kept in `last_attention`."""
+        vectors = [lm(_features(batch, prefix)) for prefix, lm in zip(self.prefixes, self.language_models)]
+        combined, weights = self.combine(vectors)
+        self.last_attention = None if weights is None else weights.detach()
+        return self.dropout(combined)
+
+    def prepare_examples(self, corpus, *, max_length: int | None = None, cache_dir=None,
+                         frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
+                         device: torch.device | str = "cpu") -> tuple[MultiExamples, MultiExamples, dict]:
+        """Each encoder prepares its own examples (tokenization and frozen-prefix cache); they are zipped.
+
+        The returned info has ``used`` (any encoder uses the cache), ``reason``, and each encoder's own info
+        under ``lm0``, ``lm1`` ….
+        """
+        splits, info = [], {}
+        for prefix, lm in zip(self.prefixes, self.language_models):
+            try:
+                train, dev, info[prefix[:-1]] = lm.prepare_examples(
+                    corpus, max_length=max_length, cache_dir=cache_dir, frozen_prefix_cache=frozen_prefix_cache,
+                    cache_dtype=cache_dtype, device=device)
+            except ValueError as error:
+                raise ValueError(f"{prefix[:-1]} ({lm.name}): {error}") from None
+            splits.append((train, dev))
+        info["used"] = any(info[p[:-1]]["used"] for p in self.prefixes)
+        info["reason"] = "; ".join(f"{p[:-1]}: {info[p[:-1]]['reason']}" for p in self.prefixes)
+        train, dev = ([split[i] for split in splits] for i in (0, 1))
+        return MultiExamples(train, self.prefixes), MultiExamples(dev, self.prefixes), info
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Training
+
+    def optimizer_groups(self, learning_rate: float | list[float], weight_decay: float) -> list[dict]:
+        """Each encoder's AdamW groups at its own rate: a list of one rate per encoder, or one float for all.
+
+        The combination layer is not here: it trains at the head's rate (see `combination_parameters`).
+        """
+        rates = self._per_encoder_rates(learning_rate)
+        return [group for lm, rate in zip(self.language_models, rates)
+                for group in lm.optimizer_groups(rate, weight_decay)]
+
+    def combination_parameters(self) -> list[nn.Parameter]:
+        """The projections and attention of dme (none for concat): new weights, trained at the head's rate."""
+        return list(self.combine.parameters())
+
+    def _per_encoder_rates(self, learning_rate: float | list[float]) -> list[float]:
+        count = len(self.language_models)
+        if not isinstance(learning_rate, (list, tuple)):
+            return [learning_rate] * count
+        if len(learning_rate) != count:
+            names = ", ".join(lm.name for lm in self.language_models)
+            raise ValueError(
+                f"Got {len(learning_rate)} learning rates {list(learning_rate)} for {count} language models "
+                f"({names}): give one rate per language model, in the same order, or a single float for all."
+            )
+        return list(learning_rate)
+
+    def parameter_parts(self) -> dict[str, str]:
+        """Parameter name → part: ``lm0/embeddings``, ``lm1/layer.3`` … and ``combine`` for dme's own weights."""
+        parts = {}
+        for index, lm in enumerate(self.language_models):
+            parts.update({f"language_models.{index}.{name}": f"lm{index}/{part}"
+                          for name, part in lm.parameter_parts().items()})
+        return {name: parts.get(name, "combine") for name, _ in self.named_parameters()}
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Persistence: each encoder's HF config + tokenizer in its own subfolder lm0/, lm1/ …
+
+    def settings(self) -> dict:
+        return {
+            "language_models": [lm.settings() for lm in self.language_models],
+            "combine_method": self.combine_method,
+            "dropout": self.dropout.p,
+            "projection_size": self.projection_size,
+        }
+
+    def save_config(self, directory: str | Path) -> None:
+        for prefix, lm in zip(self.prefixes, self.language_models):
+            lm.save_config(Path(directory) / prefix[:-1])
+
+    @classmethod
+    def from_config(cls, directory: str | Path, settings: dict) -> MultiEncoder:
+        """Rebuild from `save_config`'s folders and `settings`, with random weights (a state dict is loaded next)."""
+        language_models = [LanguageModel.from_config(Path(directory) / f"lm{index}", lm_settings)
+                           for index, lm_settings in enumerate(settings["language_models"])]
+        return cls(language_models, settings["combine_method"], settings["dropout"], settings["projection_size"])
+
+
+def _features(batch: dict, prefix: str) -> dict:
+    """One encoder's share of a multi-encoder batch, prefix removed."""
+    return {key[len(prefix):]: value for key, value in batch.items() if key.startswith(prefix)}
+
+
+def _check_language_models(language_models) -> None:
+    if not isinstance(language_models, (list, tuple)):
+        raise TypeError(f"language_models must be a list of LanguageModel; got {type(language_models).__name__}.")
+    if len(language_models) < 2:
+        raise ValueError(
+            f"A MultiEncoder combines at least two language models; got {len(language_models)}. For one encoder, "
+            "use the LanguageModel itself: TextClassifier(encoder=LanguageModel(...), num_classes=...)."
+        )
+    for index, lm in enumerate(language_models):
+        if not isinstance(lm, LanguageModel):
+            raise TypeError(
+                f"language_models[{index}] is a {type(lm).__name__}, not a LanguageModel: a MultiEncoder combines "
+                "LanguageModel instances (nested MultiEncoders are not supported; list all the encoders instead)."
+            )
+    _check_no_shared_weights(language_models)
+
+
+def _check_no_shared_weights(language_models: list[LanguageModel]) -> None:
+    """A weight in two encoders would get two learning rates and be stepped twice: ask for separate copies."""
+    owner = {}
+    for index, lm in enumerate(language_models):
+        for parameter in lm.parameters():
+            first = owner.setdefault(id(parameter), index)
+            if first != index:
+                raise ValueError(
+                    f"language_models[{first}] and language_models[{index}] share weights (the same LanguageModel "
+                    "object twice?). Create a separate LanguageModel for each position, even of one checkpoint."
+                )
+
+
+def _check_combination(combine_method: str, dropout: float, projection_size: int | None) -> None:
+    if combine_method not in COMBINE_METHODS:
+        raise ValueError(f"Unknown combine_method {combine_method!r}.{choices_hint(combine_method, COMBINE_METHODS)}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a probability in [0, 1); got {dropout!r}.")
+    if projection_size is None:
+        return
+    if combine_method != "dme":
+        raise ValueError(f"projection_size applies to combine_method='dme' only; {combine_method!r} does not project.")
+    if isinstance(projection_size, bool) or not isinstance(projection_size, int) or projection_size < 1:
+        raise ValueError(f"projection_size must be a positive int; got {projection_size!r}.")
