@@ -1,13 +1,17 @@
-"""Benchmark corpora: GLUE tasks and IMDb from a local mirror or the Hugging Face hub, any hub dataset, or local files.
+"""Benchmark corpora: GLUE, IMDb and CoNLL-2003 from a local mirror or the Hugging Face hub, any hub dataset, or
+local files.
 
 The mirror comes first: ``data_mirror=`` or ``$LAYERTUNE_DATA_MIRROR`` names a folder laid out as
 
     glue/{CoLA,SST-2,MRPC,RTE,STS-B}/{train,dev}.tsv   the official GLUE TSVs
     imdb/{train,test}.parquet                           columns text, label (0 = neg, 1 = pos)
+    ner/conll2003/{train,dev,test}.txt                  the CoNLL-2003 shared-task files (word POS chunk NER)
 
 A task missing from the mirror is fetched from the hub; offline, the error says how to point at a mirror.
 Every corpus comes out the same way: the text column(s) plus ``label`` (ints ``0..C-1`` in ``label_names`` order for
 classification, float for regression), and the same arguments always give the same rows in the same order.
+Token-classification corpora instead have ``tokens`` (the words of a sentence) and ``tags`` (IOB2 ids into
+``label_names``), from CoNLL column files (see `layertune.conll`) or any dataset with such columns.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ import numpy as np
 import pyarrow.parquet as pq
 from datasets.table import InMemoryTable
 
+from layertune.conll import conll_dataset, entity_types_of, iob1_to_iob2, iob2_label_names, read_conll, token_features
 from layertune.corpus import Corpus, TaskType
 from layertune.errors import choices_hint, unknown_choice
 
 logger = logging.getLogger(__name__)
 
 MIRROR_ENV = "LAYERTUNE_DATA_MIRROR"
-MIRROR_LAYOUT = "glue/{CoLA,SST-2,MRPC,RTE,STS-B}/{train,dev}.tsv and imdb/{train,test}.parquet"
+MIRROR_LAYOUT = ("glue/{CoLA,SST-2,MRPC,RTE,STS-B}/{train,dev}.tsv, imdb/{train,test}.parquet and "
+                 "ner/conll2003/{train,dev,test}.txt")
 DEV_FRACTION = 0.1  # share of train carved off as dev when a dataset has no validation split
 SPLIT_ALIASES = {"train": "train", "dev": "dev", "validation": "dev", "valid": "dev", "val": "dev", "test": "test"}
 FILE_TYPES = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -40,6 +46,10 @@ TEXT_COLUMN_GUESSES = (
     ("text",), ("sentence",), ("review",), ("content",), ("document",),
 )
 LABEL_COLUMN_GUESSES = ("label", "labels", "score", "target", "class")
+# CoNLL column files: one token per line, blank line between sentences. A .txt file counts when it has columns.
+CONLL_SUFFIXES = (".conll", ".iob", ".bio")
+TOKEN_COLUMN = "tokens"
+TAG_COLUMN_GUESSES = ("tags", "ner_tags", "labels", "label")
 
 
 class DataUnavailableError(ConnectionError):
@@ -74,8 +84,13 @@ class TaskSpec:
     tsv_layout: TsvLayout | None = None
     balanced: bool = False
     notes: tuple[str, ...] = ()
+    hub_revision: str | None = None
+    hub_columns: Mapping[str, str] = field(default_factory=dict)  # hub column -> ours, e.g. ner_tags -> tags
+    conll_columns: int | None = None  # columns per line of the task's CoNLL files
 
     def features(self) -> datasets.Features:
+        if self.task_type == "token_classification":
+            return token_features(self.label_names)
         label = (datasets.Value("float32") if self.task_type == "regression"
                  else datasets.ClassLabel(names=list(self.label_names)))
         return datasets.Features({**{c: datasets.Value("string") for c in self.text_columns}, "label": label})
@@ -114,6 +129,18 @@ TASKS: dict[str, TaskSpec] = {
         notes=("IMDb has no validation split: dev is drawn from the official test reviews (no separate test set).",),
     ),
 }
+TASKS["conll2003"] = TaskSpec(
+    name="conll2003", hub_path="eriktks/conll2003", hub_config=None, text_columns=(TOKEN_COLUMN,),
+    task_type="token_classification",
+    # The Hugging Face order of the tags, so hub ids and ours agree.
+    label_names=iob2_label_names(("PER", "ORG", "LOC", "MISC")), metrics=("seqeval",), main_metric="f1",
+    max_length=256, mirror_files={s: f"ner/conll2003/{s}.txt" for s in ("train", "dev", "test")},
+    hub_splits={"train": "train", "dev": "validation", "test": "test"},
+    # The hub repository's main branch is a loading script, which datasets>=4 no longer runs; the hub's own
+    # parquet conversion of it loads.
+    hub_revision="refs/convert/parquet", hub_columns={"ner_tags": "tags"}, conll_columns=4,
+    notes=("Tags are read as IOB1 (the original files) and converted to IOB2; entity spans are unchanged.",),
+)
 GLUE_CONFIGS = tuple(k for k, spec in TASKS.items() if spec.hub_path == "nyu-mll/glue")
 
 
@@ -150,6 +177,15 @@ def IMDB(train_size: int | None = None, test_size: int | None = None, seed: int 
     return load_corpus("imdb", train_size=train_size, dev_size=test_size, seed=seed, **options)
 
 
+def CONLL_03(train_size: int | None = None, seed: int = 42, **options) -> Corpus:
+    """CoNLL-2003 English NER (PER, ORG, LOC, MISC), IOB2 tags, scored by entity-level F1 (seqeval).
+
+    ``train_size``: a seeded random subsample of training sentences, kept in file order; dev and test stay whole
+    unless ``dev_size`` is given.
+    """
+    return load_corpus("conll2003", train_size=train_size, seed=seed, **options)
+
+
 def load_corpus(
     name: str,
     config: str | None = None,
@@ -169,7 +205,10 @@ def load_corpus(
       from the hub. Any other hub dataset needs its full id (``"owner/name"``, optional ``config``).
     * Local data: ``name`` is a file or folder path, or ``data_files`` is a path or ``{split: path}``
       (csv/tsv/json/jsonl/parquet; ``validation``/``valid``/``val`` mean dev). Official GLUE TSVs are recognised
-      by their layout, or read as task ``name`` when it is a registry task.
+      by their layout, or read as task ``name`` when it is a registry task. CoNLL column files (.txt, .conll,
+      .iob, .bio; last column IOB1 or IOB2 tags) load as token classification.
+    * A dataset with a ``tokens`` column (lists of words) and a list-valued tags column (``tags``, ``ner_tags``,
+      ``labels`` or ``label_column``) loads as token classification.
     * ``text_columns`` / ``label_column`` are guessed when not given for data outside the registry.
     * ``train_size`` / ``dev_size``: seeded subsample keeping class proportions, or equal classes when
       ``balanced`` (default: the task's own setting, True for IMDb). Without a dev split one is carved from train.
@@ -287,9 +326,11 @@ def _load_registry_task(spec: TaskSpec, mirror: Path | None) -> _Loaded:
     if mirror:
         logger.info("%s is not in the data mirror %s; trying the Hugging Face hub", spec.name, mirror)
     try:
-        hub = datasets.load_dataset(spec.hub_path, spec.hub_config)
+        hub = datasets.load_dataset(spec.hub_path, spec.hub_config, revision=spec.hub_revision)
     except OSError as err:  # ConnectionError (offline) and DatasetNotFoundError are both OSErrors
         raise DataUnavailableError(_mirror_hint(spec, mirror, err)) from err
+    hub = {split: ds.rename_columns({k: v for k, v in spec.hub_columns.items() if k in ds.column_names})
+           for split, ds in hub.items()}
     splits = {split: _conform(hub[hub_split], spec) for split, hub_split in spec.hub_splits.items()}
     return _Loaded.from_spec(spec, splits, f"Loaded from the Hugging Face hub: {spec.hub_path} ({spec.hub_config}).")
 
@@ -343,8 +384,10 @@ def _load_local(name, source, spec: TaskSpec | None, text_columns, label_column:
         splits = {split: _read_spec_file(path, spec) for split, path in files.items()}
         return _Loaded.from_spec(spec, splits, f"Loaded from local files ({spec.name} layout): {shown}.",
                                  official=False)
-    splits = {split: _read_table_file(path) for split, path in files.items()}
     label = name if not _is_local_path(name) else Path(name).stem
+    if all(_is_conll_file(path) for path in files.values()):
+        return _generic_conll(str(label), files, f"Loaded from local CoNLL files: {shown}.")
+    splits = {split: _read_table_file(path) for split, path in files.items()}
     return _generic(str(label), splits, text_columns, label_column, [f"Loaded from local files: {shown}."])
 
 
@@ -359,7 +402,7 @@ def _split_files(source) -> dict[str, Path]:
     elif Path(source).expanduser().is_dir():
         folder = Path(source).expanduser()
         files = {SPLIT_ALIASES[p.stem.lower()]: p for p in sorted(folder.iterdir())
-                 if p.stem.lower() in SPLIT_ALIASES and p.suffix.lower() in FILE_TYPES}
+                 if p.stem.lower() in SPLIT_ALIASES and p.suffix.lower() in (*FILE_TYPES, *CONLL_SUFFIXES, ".txt")}
         if "train" not in files:
             found = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
             raise FileNotFoundError(f"No train file (train.csv/.tsv/.json/.jsonl/.parquet) in {folder}; found {found}.")
@@ -368,8 +411,12 @@ def _split_files(source) -> dict[str, Path]:
     for path in files.values():
         if not path.is_file():
             raise FileNotFoundError(f"Data file {path} does not exist.")
-        if path.suffix.lower() not in FILE_TYPES:
-            raise unknown_choice("file type", path.suffix or path.name, FILE_TYPES)
+        if path.suffix.lower() not in FILE_TYPES and not _is_conll_file(path):
+            error = unknown_choice("file type", path.suffix or path.name, (*FILE_TYPES, *CONLL_SUFFIXES))
+            if path.suffix.lower() == ".txt":
+                error = ValueError(f"{error} A .txt file is read as CoNLL columns (word ... tag), but the first line "
+                                   f"of {path} has fewer than 2 columns.")
+            raise error
     if "train" not in files:
         raise ValueError(f"data_files needs a 'train' file; got {', '.join(files)}.")
     return files
@@ -401,6 +448,10 @@ def _glue_layout_of(path: Path) -> str | None:
 
 
 def _read_spec_file(path: Path, spec: TaskSpec) -> datasets.Dataset:
+    if spec.task_type == "token_classification" and path.suffix.lower() not in FILE_TYPES:
+        return conll_dataset(path, spec.label_names, num_columns=spec.conll_columns)
+    if _is_conll_file(path):
+        raise ValueError(f"{path} is a CoNLL column file, but {spec.name!r} is a {spec.task_type} task.")
     if spec.tsv_layout is not None and path.suffix.lower() == ".tsv":
         return _read_glue_tsv(path, spec)
     if path.suffix.lower() == ".parquet":
@@ -408,6 +459,16 @@ def _read_spec_file(path: Path, spec: TaskSpec) -> datasets.Dataset:
         table = pq.read_table(path)
         return _conform(datasets.Dataset(InMemoryTable(table)), spec, str(path))
     return _conform(_read_table_file(path), spec, str(path))
+
+
+def _is_conll_file(path: Path) -> bool:
+    if path.suffix.lower() in CONLL_SUFFIXES:
+        return True
+    if path.suffix.lower() != ".txt":
+        return False
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        first = next((line for line in lines if line.strip()), "")
+    return len(first.split()) >= 2
 
 
 def _read_glue_tsv(path: Path, spec: TaskSpec) -> datasets.Dataset:
@@ -457,6 +518,8 @@ def _read_table_file(path: Path) -> datasets.Dataset:
 def _conform(ds: datasets.Dataset, spec: TaskSpec, where: str = "") -> datasets.Dataset:
     """Keep the spec's text columns and label, with labels mapped to the spec's label ids."""
     where = where or f"{spec.hub_path} ({spec.hub_config})"
+    if spec.task_type == "token_classification":
+        return _conform_tokens(ds, spec.label_names, where)
     _require_columns(ds, [*spec.text_columns, "label"], where)
     ds = ds.select_columns([*spec.text_columns, "label"])
     if spec.task_type == "classification" and not isinstance(ds.features["label"], datasets.ClassLabel):
@@ -490,6 +553,9 @@ def _encode_labels(ds: datasets.Dataset, names: tuple[str, ...], where: str) -> 
 
 def _generic(name: str, splits: dict[str, datasets.Dataset], text_columns, label_column: str,
              notes: list[str]) -> _Loaded:
+    token_columns = _token_columns(splits["train"], text_columns, label_column, name)
+    if token_columns is not None:
+        return _generic_tokens(name, splits, *token_columns, notes)
     train = splits["train"]
     label_column = _find_label_column(train, label_column, name)
     text_columns = _find_text_columns(train, text_columns, label_column, name)
@@ -566,6 +632,95 @@ def _label_sort_key(value) -> tuple:
     return (0, value, "") if isinstance(value, (int, float, np.number)) else (1, 0, str(value))
 
 
+# ------------------------------------------------------------------------------------------ token classification
+
+
+def _generic_conll(name: str, files: Mapping[str, Path], source: str) -> _Loaded:
+    """CoNLL column files with their own tag set: the entity types found in any split, tags as IOB2."""
+    types = sorted(set().union(*(entity_types_of(read_conll(path), path) for path in files.values())))
+    label_names = iob2_label_names(types)
+    splits = {split: conll_dataset(path, label_names) for split, path in files.items()}
+    return _token_loaded(name, splits, label_names, [source])
+
+
+def _token_loaded(name: str, splits: dict[str, datasets.Dataset], label_names: tuple[str, ...],
+                  notes: list[str]) -> _Loaded:
+    return _Loaded(name, splits, (TOKEN_COLUMN,), "token_classification", label_names, ("seqeval",), "f1",
+                   notes=notes)
+
+
+def _is_list_of(feature, kinds: tuple[type, ...]) -> bool:
+    return isinstance(feature, (datasets.List, datasets.Sequence)) and isinstance(feature.feature, kinds)
+
+
+def _token_columns(ds: datasets.Dataset, text_columns, label_column: str, name: str) -> tuple[str, str] | None:
+    """(words column, tags column) when ``ds`` is token classification data, else None."""
+    if text_columns is not None:
+        text_columns = (text_columns,) if isinstance(text_columns, str) else tuple(text_columns)
+    words = text_columns[0] if text_columns and len(text_columns) == 1 else TOKEN_COLUMN
+    if words not in ds.column_names or not _is_list_of(ds.features[words], (datasets.Value,)):
+        return None
+    guesses = (label_column,) if label_column != "label" else TAG_COLUMN_GUESSES
+    for column in guesses:
+        if column in ds.column_names and _is_list_of(ds.features[column], (datasets.Value, datasets.ClassLabel)):
+            return words, column
+    raise ValueError(f"{name!r} has a word-list column {words!r} but no list-valued tags column "
+                     f"({', '.join(guesses)}); its columns are {', '.join(ds.column_names)}. Pass label_column=.")
+
+
+def _generic_tokens(name: str, splits: dict[str, datasets.Dataset], words: str, tags: str,
+                    notes: list[str]) -> _Loaded:
+    """Token classification from a dataset's own columns: class-labelled tags kept, string tags made IOB2."""
+    for split, ds in splits.items():
+        _require_columns(ds, [words, tags], f"{split} split of {name!r}")
+    splits = {s: ds.select_columns([words, tags]).rename_columns({words: TOKEN_COLUMN, tags: "tags"})
+              for s, ds in splits.items()}
+    feature = splits["train"].features["tags"].feature
+    if isinstance(feature, datasets.ClassLabel):
+        label_names = tuple(feature.names)
+    elif feature.dtype in ("string", "large_string"):
+        found = set().union(*(set().union(*map(set, ds["tags"])) for ds in splits.values()))
+        label_names = iob2_label_names(sorted({t[2:] for t in found if t != "O"}))
+        if not found <= set(label_names):
+            bad = sorted(found - set(label_names))[:5]
+            raise ValueError(f"{name!r}: tags {bad} are not IOB (O, B-TYPE or I-TYPE).")
+    else:
+        raise ValueError(f"{name!r}: the tags of column {tags!r} are {feature.dtype} without names; give them as "
+                         f"strings or as a ClassLabel list so they can be scored as entities.")
+    splits = {s: _conform_tokens(ds, label_names, f"{s} split of {name!r}") for s, ds in splits.items()}
+    return _token_loaded(name, splits, label_names, notes)
+
+
+def _conform_tokens(ds: datasets.Dataset, label_names: tuple[str, ...], where: str) -> datasets.Dataset:
+    """``tokens`` and ``tags`` (ClassLabel ids in ``label_names`` order); string tags converted IOB1 → IOB2."""
+    _require_columns(ds, [TOKEN_COLUMN, "tags"], where)
+    ds = ds.select_columns([TOKEN_COLUMN, "tags"])
+    feature = ds.features["tags"].feature
+    if isinstance(feature, datasets.ClassLabel):
+        if tuple(feature.names) != tuple(label_names):
+            ids = {n: i for i, n in enumerate(label_names)}
+            if unknown := sorted(set(feature.names) - set(ids)):
+                raise ValueError(f"{where}: tags {unknown} are not in the label set {list(label_names)}.")
+            remap = [ids[n] for n in feature.names]
+            return ds.map(lambda row: {"tags": [remap[t] for t in row["tags"]]}, features=token_features(label_names))
+        return ds if ds.features == token_features(label_names) else ds.cast(token_features(label_names))
+    if feature.dtype in ("string", "large_string"):
+        ids = {n: i for i, n in enumerate(label_names)}
+
+        def encode(row):
+            converted = iob1_to_iob2(row["tags"])
+            if unknown := sorted(set(converted) - set(ids)):
+                raise ValueError(f"{where}: tags {unknown} are not in the label set {list(label_names)}.")
+            return {"tags": [ids[t] for t in converted]}
+
+        return ds.map(encode, features=token_features(label_names))
+    values = set().union(*map(set, ds["tags"]))
+    if not values <= set(range(len(label_names))):
+        raise ValueError(f"{where}: tag ids {sorted(values - set(range(len(label_names))))[:5]} are outside "
+                         f"0..{len(label_names) - 1} ({list(label_names)}).")
+    return ds.cast(token_features(label_names))
+
+
 # -------------------------------------------------------------------------------------- carving and subsampling
 
 
@@ -580,8 +735,9 @@ def _finish(loaded: _Loaded, *, train_size: int | None, dev_size: int | None, se
         splits["train"], splits["dev"], note = _carve_dev(splits["train"], dev_size, seed, classify)
         notes.append(note)
     for split, size in (("train", train_size), ("dev", dev_size)):
+        # Only sentence labels can be stratified by; token-classification sentences are sampled at random.
         splits[split], note = _subsample(splits[split], size, seed=seed, balanced=balanced,
-                                         label_names=loaded.label_names, split=split)
+                                         label_names=loaded.label_names if classify else (), split=split)
         notes += [note] if note else []
     return Corpus(name=loaded.name, train=splits["train"], dev=splits["dev"], text_columns=loaded.text_columns,
                   task_type=loaded.task_type, metrics=loaded.metrics, main_metric=loaded.main_metric,

@@ -3,6 +3,10 @@
 ``tokenize_corpus`` truncates but never pads: every example keeps its own length, stored in a ``length`` column
 (usable for length-grouped batching). Padding happens per batch, in `layertune.batching`.
 
+Token classification (``tokens`` + ``tags`` columns) is tokenized from the words, and each word's tag goes on its
+first word piece; later pieces and special tokens get -100, which the loss and the metrics skip. ``word_ids`` keeps
+the word index of every piece (-1 for special tokens).
+
 Cache: one folder per split under ``cache_dir`` (default ``$LAYERTUNE_CACHE/tokenized``, else
 ``~/.cache/layertune/tokenized``), named by :func:`cache_key` of the split's ``datasets`` fingerprint, the tokenizer's
 identity (:func:`tokenizer_fingerprint`), ``max_length`` and the text columns. A folder is written under a temporary
@@ -23,6 +27,7 @@ from pathlib import Path
 import datasets
 from transformers import PreTrainedTokenizerBase
 
+from layertune.batching import IGNORE_INDEX
 from layertune.corpora import TASKS
 from layertune.corpus import Corpus
 
@@ -39,8 +44,7 @@ def tokenize_corpus(corpus: Corpus, tokenizer: PreTrainedTokenizerBase, max_leng
     """``{split: Dataset}`` with ``input_ids``, ``attention_mask`` (+ ``token_type_ids`` if the tokenizer makes
     them), ``labels`` and ``length``; truncated to ``max_length`` (default: the task's), not padded, cached on disk."""
     if corpus.task_type == "token_classification":
-        raise ValueError(f"tokenize_corpus handles sentence(-pair) tasks; {corpus.name!r} is token classification, "
-                         "whose labels must be aligned to word pieces.")
+        _check_token_corpus(corpus, tokenizer)
     max_length = resolve_max_length(corpus, tokenizer, max_length)
     root = cache_root(cache_dir)
     identity = tokenizer_fingerprint(tokenizer)
@@ -89,24 +93,37 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return f"{tokenizer.name_or_path}@{digest}"
 
 
-def cache_key(dataset_fingerprint: str, tokenizer_id: str, max_length: int, text_columns) -> str:
+def cache_key(dataset_fingerprint: str, tokenizer_id: str, max_length: int, text_columns,
+              word_labels: bool = False) -> str:
+    """``word_labels``: labels aligned to first word pieces (token classification); keys of other tasks unchanged."""
     payload = {"format": CACHE_FORMAT, "data": dataset_fingerprint, "tokenizer": tokenizer_id,
                "max_length": max_length, "text_columns": list(text_columns)}
+    if word_labels:
+        payload["labels"] = "first-word-piece"
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def _tokenized_split(corpus: Corpus, split: str, ds: datasets.Dataset, tokenizer, identity: str, max_length: int,
                      root: Path) -> datasets.Dataset:
-    key = cache_key(ds._fingerprint, identity, max_length, corpus.text_columns)
+    words = corpus.task_type == "token_classification"
+    key = cache_key(ds._fingerprint, identity, max_length, corpus.text_columns, word_labels=words)
     path = root / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', corpus.name)}-{split}-{key}"
     if (path / META_FILE).is_file():
         meta = json.loads((path / META_FILE).read_text())
         _report_truncation(corpus.name, split, meta["num_truncated"], meta["num_examples"], max_length, cached=True)
+        _report_unscored_words(corpus.name, split, meta.get("num_unscored_words", 0), cached=True)
         return datasets.load_from_disk(path)
-    tokenized, num_truncated = _tokenize(ds, tokenizer, corpus.text_columns, max_length, key)
+    if words:
+        tokenized, num_truncated, num_unscored = _tokenize_words(ds, tokenizer, max_length, key)
+    else:
+        tokenized, num_truncated = _tokenize(ds, tokenizer, corpus.text_columns, max_length, key)
+        num_unscored = 0
     _report_truncation(corpus.name, split, num_truncated, len(tokenized), max_length, cached=False)
+    _report_unscored_words(corpus.name, split, num_unscored, cached=False)
     meta = {"corpus": corpus.name, "split": split, "tokenizer": identity, "max_length": max_length,
             "num_examples": len(tokenized), "num_truncated": num_truncated, "key": key}
+    if words:
+        meta["num_unscored_words"] = num_unscored
     _save_atomically(tokenized, path, meta)
     return datasets.load_from_disk(path)
 
@@ -141,6 +158,51 @@ def _encode_batch(batch: dict, tokenizer, text_columns: tuple[str, ...], max_len
     return out
 
 
+def _check_token_corpus(corpus: Corpus, tokenizer) -> None:
+    missing = [c for c in ("tokens", "tags") if c not in corpus.train.column_names]
+    if missing:
+        raise ValueError(f"{corpus.name!r} is token classification, but its splits have no {' or '.join(missing)} "
+                         f"column (words and their tag ids); they have {', '.join(corpus.train.column_names)}.")
+    if not tokenizer.is_fast:
+        raise ValueError(f"Token classification needs a fast tokenizer to map word pieces to words; "
+                         f"{tokenizer.name_or_path} has only a slow ({type(tokenizer).__name__}) one.")
+
+
+def _tokenize_words(ds: datasets.Dataset, tokenizer, max_length: int, fingerprint: str):
+    tokenized = ds.map(
+        _encode_words, batched=True, remove_columns=ds.column_names, keep_in_memory=True,
+        fn_kwargs={"tokenizer": tokenizer, "max_length": max_length}, new_fingerprint=fingerprint,
+        desc="Tokenizing words",
+    )
+    num_truncated, num_unscored = int(sum(tokenized["truncated"])), int(sum(tokenized["unscored_words"]))
+    return tokenized.remove_columns(["truncated", "unscored_words"]), num_truncated, num_unscored
+
+
+def _encode_words(batch: dict, tokenizer, max_length: int) -> dict:
+    """Word pieces of pre-split sentences, each word's tag on its first piece (-100 elsewhere)."""
+    encoded = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length)
+    full_lengths = [len(ids) for ids in tokenizer(batch["tokens"], is_split_into_words=True)["input_ids"]]
+    out = {name: encoded[name] for name in tokenizer.model_input_names if name in encoded}
+    out["labels"], out["word_ids"], out["unscored_words"] = [], [], []
+    for i, tags in enumerate(batch["tags"]):
+        word_ids = encoded.word_ids(i)
+        out["labels"].append(first_piece_labels(word_ids, tags))
+        out["word_ids"].append([-1 if w is None else w for w in word_ids])
+        out["unscored_words"].append(len(tags) - len({w for w in word_ids if w is not None}))
+    out["length"] = [len(ids) for ids in out["input_ids"]]
+    out["truncated"] = [full > max_length for full in full_lengths]
+    return out
+
+
+def first_piece_labels(word_ids: list[int | None], tags: list[int]) -> list[int]:
+    """Each word's tag on its first piece; -100 (ignored by loss and metrics) on later pieces and special tokens."""
+    labels, previous = [], None
+    for word in word_ids:
+        labels.append(IGNORE_INDEX if word is None or word == previous else tags[word])
+        previous = word
+    return labels
+
+
 def _save_atomically(ds: datasets.Dataset, path: Path, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
@@ -155,6 +217,13 @@ def _save_atomically(ds: datasets.Dataset, path: Path, meta: dict) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _report_unscored_words(name: str, split: str, num_words: int, cached: bool) -> None:
+    if num_words:
+        logger.warning("%s/%s: %d words have no word piece left (cut off by truncation, or empty after "
+                       "tokenization): they get no prediction and are not scored%s", name, split, num_words,
+                       " (cached)" if cached else "")
 
 
 def _report_truncation(name: str, split: str, num_truncated: int, num_examples: int, max_length: int,
