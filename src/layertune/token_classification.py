@@ -32,6 +32,9 @@ class TokenClassifier(TaskModel):
                  head_dropout: float = 0.1) -> None:
         if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2:
             raise ValueError(f"num_labels must be an int >= 2; got {num_labels!r}.")
+        if not hasattr(encoder, "token_states"):
+            raise TypeError(f"TokenClassifier needs an encoder with per-token states (a LanguageModel); "
+                            f"{type(encoder).__name__} has no token_states.")
         if label_names is not None and len(label_names) != num_labels:
             raise ValueError(f"{len(label_names)} label_names {list(label_names)} for num_labels={num_labels}.")
         super().__init__(encoder, num_labels, head, head_hidden_size, head_dropout)
