@@ -92,8 +92,8 @@ def _check_aligned(parts: list[Examples]) -> None:
     sizes = {len(part) for part in parts}
     if len(sizes) != 1:
         raise ValueError(f"The encoders' tokenized splits differ in size: {[len(part) for part in parts]}.")
-    labels = [part.columns.get("labels") for part in parts]
-    if labels[0] is not None and any(not torch.equal(torch.stack(labels[0]), torch.stack(other)) for other in labels[1:]):
+    labels = [torch.as_tensor([value.item() for value in part.columns.get("labels", [])]) for part in parts]
+    if any(not torch.equal(labels[0], other) for other in labels[1:]):
         raise ValueError("The encoders' tokenized splits hold different labels: their examples are not aligned.")
 
 

@@ -1,0 +1,169 @@
+"""MultiEncoder on two tiny random encoders of different architectures, vocabularies and hidden sizes."""
+
+import datasets
+import pytest
+import torch
+import transformers
+
+from layertune import LanguageModel, ModelTrainer, TextClassifier, TextRegressor
+from layertune.batching import Examples
+from layertune.multi_encoder import MultiEncoder, MultiExamples
+from layertune.testing import make_tiny_model
+from layertune.trainer import TrainingArguments
+from tests.conftest import toy_sentiment_corpus
+
+FAST = dict(epochs=1, batch_size=8, learning_rate=1e-3, seed=3)
+SENTENCES = ["a great movie", "the quokka was awful", "guess who left ."]
+
+
+@pytest.fixture(scope="module")
+def encoder_dirs(tmp_path_factory):
+    """A BERT with the base vocabulary, and a wider ELECTRA whose vocabulary has extra words."""
+    root = tmp_path_factory.mktemp("multi")
+    electra = make_tiny_model(root / "electra", "electra", seed=1, extra_words=("quokka", "wombat"),
+                              hidden_size=48, intermediate_size=96)
+    return make_tiny_model(root / "bert", "bert"), electra
+
+
+def build(encoder_dirs, combine_method="dme", tunable_layers=(1, 2), seed=0, **options):
+    transformers.set_seed(seed)
+    lms = [LanguageModel(path, tunable_layers=k, pooling="mean") for path, k in zip(encoder_dirs, tunable_layers)]
+    return TextClassifier(MultiEncoder(lms, combine_method, **options), 2, label_names=["negative", "positive"])
+
+
+@pytest.mark.parametrize(("combine_method", "options", "width"),
+                         [("concat", {}, 32 + 48), ("dme", {}, 48), ("dme", {"projection_size": 16}, 16)])
+def test_combined_vector_shapes(encoder_dirs, combine_method, options, width):
+    model = build(encoder_dirs, combine_method, **options).eval()
+    batch = model.encoder.tokenize(SENTENCES)
+    assert model.encoder.hidden_size == width
+    assert model.encoder(batch).shape == (len(SENTENCES), width)
+    assert model(batch).shape == (len(SENTENCES), 2)
+
+
+def test_dme_attention_rows_sum_to_one(encoder_dirs):
+    model = build(encoder_dirs, "dme")
+    predictions, attention = model.predict_with_attention(SENTENCES * 3, batch_size=4)
+    assert predictions == model.predict(SENTENCES * 3)
+    assert torch.tensor(attention).shape == (9, 2)
+    torch.testing.assert_close(torch.tensor(attention).sum(1), torch.ones(9))
+
+
+def test_each_encoder_tokenizes_with_its_own_vocabulary(encoder_dirs):
+    encoder = build(encoder_dirs).encoder
+    batch = encoder.tokenize(["quokka"])
+    electra = encoder.tokenizers[1]
+    assert batch["lm1.input_ids"][0].tolist() == [electra.cls_token_id, electra.vocab["quokka"], electra.sep_token_id]
+    assert batch["lm0.input_ids"].shape[1] > 3  # the BERT vocabulary spells it out in word pieces
+
+
+def test_collate_pads_each_encoder_with_its_pad_id():
+    def examples(rows, pad_id):
+        data = datasets.Dataset.from_dict({"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows],
+                                           "labels": [0, 1]})
+        return Examples(data, pad_id)
+
+    multi = MultiExamples([examples([[5], [5, 6, 7]], 0), examples([[8, 9], [8]], 7)], ["lm0.", "lm1."])
+    batch = multi.collate([multi[0], multi[1]])
+    assert batch["lm0.input_ids"].tolist() == [[5, 0, 0], [5, 6, 7]]
+    assert batch["lm1.input_ids"].tolist() == [[8, 9], [8, 7]]
+    assert batch["labels"].tolist() == [0, 1] and multi.lengths == [2, 3]
+
+
+def test_per_encoder_learning_rates_reach_the_optimizer(encoder_dirs):
+    model = build(encoder_dirs, "dme")
+    trainer = ModelTrainer(model, toy_sentiment_corpus(8, 4))
+    groups = trainer._parameter_groups(TrainingArguments(learning_rate=[1e-4, 3e-5], head_learning_rate=1e-2))
+    rate_of = {id(p): group["lr"] for group in groups for p in group["params"]}
+    parts = model.parameter_parts()
+    expected = {"lm0": 1e-4, "lm1": 3e-5, "head": 1e-2, "combine": 1e-2}
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    assert len(rate_of) == sum(len(g["params"]) for g in groups) == len(trainable)
+    for name, parameter in trainable:
+        assert rate_of[id(parameter)] == expected[parts[name].split("/")[0]], name
+    single = trainer._parameter_groups(TrainingArguments(learning_rate=2e-5))
+    assert {group["lr"] for group in single} == {2e-5}
+
+
+def test_parameter_parts_name_the_encoder(encoder_dirs):
+    parts = set(build(encoder_dirs, "dme").parameter_parts().values())
+    assert {"lm0/embeddings", "lm0/layer.3", "lm1/layer.0", "combine", "head"} <= parts
+
+
+@pytest.mark.parametrize("combine_method", ["concat", "dme"])
+def test_save_and_load_predict_identically(encoder_dirs, tmp_path, combine_method):
+    transformers.set_seed(0)
+    lms = [LanguageModel(encoder_dirs[0], tunable_layers=1), LanguageModel(encoder_dirs[1], hidden_dropout_prob=0.3)]
+    model = TextRegressor(MultiEncoder(lms, combine_method, dropout=0.2))
+    ModelTrainer(model, toy_sentiment_corpus(16, 8, regression=True), cache_dir=tmp_path).train(progress=False,
+                                                                                                **FAST)
+    model.save(tmp_path / "saved")
+    loaded = TextRegressor.from_pretrained(tmp_path / "saved")
+    assert loaded.encoder.settings() == model.encoder.settings()
+    assert loaded.encoder.language_models[1].model.config.hidden_dropout_prob == 0.3
+    model.eval()
+    batch = model.encoder.tokenize(SENTENCES)
+    torch.testing.assert_close(loaded(batch), model(batch), atol=0, rtol=0)
+    if combine_method == "dme":
+        assert loaded.predict_with_attention(SENTENCES) == model.predict_with_attention(SENTENCES)
+
+
+def test_frozen_prefix_cache_per_encoder_changes_nothing(encoder_dirs, tmp_path):
+    corpus, runs = toy_sentiment_corpus(16, 8), {}
+    for cache in (False, "auto"):
+        model = build(encoder_dirs, "dme", tunable_layers=(1, "all"))
+        runs[cache] = ModelTrainer(model, corpus, cache_dir=tmp_path).train(
+            progress=False, frozen_prefix_cache=cache, **{**FAST, "epochs": 2})
+    info = runs["auto"].frozen_prefix_cache
+    assert info["used"] and info["lm0"]["used"] and info["lm0"]["boundary"] == 3
+    assert not info["lm1"]["used"] and "every layer trains" in info["lm1"]["reason"]
+    assert not runs[False].frozen_prefix_cache["used"]
+    for uncached, cached in zip(runs[False].history, runs["auto"].history):
+        assert cached["train_loss"] == pytest.approx(uncached["train_loss"], abs=1e-5)
+        assert cached["eval_loss"] == pytest.approx(uncached["eval_loss"], abs=1e-5)
+
+
+def test_forced_cache_names_the_encoder_that_cannot_use_it(encoder_dirs, tmp_path):
+    model = build(encoder_dirs, "concat", tunable_layers=(1, "all"))
+    with pytest.raises(ValueError, match=r"lm1 \(.*electra.*\): frozen_prefix_cache=True cannot be honoured"):
+        ModelTrainer(model, toy_sentiment_corpus(8, 4), cache_dir=tmp_path).train(
+            progress=False, frozen_prefix_cache=True, **FAST)
+
+
+def test_learning_rate_list_of_wrong_length_fails_before_any_step(encoder_dirs, tmp_path):
+    model = build(encoder_dirs, "concat")
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with pytest.raises(ValueError, match=r"Got 3 learning rates \[.*\] for 2 language models"):
+        ModelTrainer(model, toy_sentiment_corpus(8, 4), cache_dir=tmp_path).train(
+            progress=False, **{**FAST, "learning_rate": [1e-4, 1e-4, 1e-4]})
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+
+
+def test_bad_input_is_named(encoder_dirs):
+    lm = LanguageModel(encoder_dirs[0])
+    other = LanguageModel(encoder_dirs[1])
+    cases = [
+        (lambda: MultiEncoder([]), ValueError, "at least two language models; got 0"),
+        (lambda: MultiEncoder([lm]), ValueError, "use the LanguageModel itself"),
+        (lambda: MultiEncoder([lm, other], "sum"), ValueError, "Valid choices: concat, dme"),
+        (lambda: MultiEncoder([lm, other], "dmee"), ValueError, "Did you mean 'dme'"),
+        (lambda: MultiEncoder([lm, lm]), ValueError, "share weights"),
+        (lambda: MultiEncoder([lm, MultiEncoder([lm, other])]), TypeError, "not a LanguageModel"),
+        (lambda: MultiEncoder([lm, other], "concat", projection_size=8), ValueError, "='dme' only"),
+        (lambda: MultiEncoder([lm, other], "dme", dropout=1.5), ValueError, "dropout"),
+        (lambda: MultiEncoder([lm, other]).optimizer_groups([1e-5], 0.0), ValueError, "1 learning rates .* for 2"),
+    ]
+    for make, error, message in cases:
+        with pytest.raises(error, match=message):
+            make()
+
+
+@pytest.mark.parametrize("combine_method", ["concat", None])
+def test_attention_needs_dme(encoder_dirs, combine_method):
+    if combine_method:
+        model = build(encoder_dirs, combine_method)
+    else:
+        model = TextClassifier(LanguageModel(encoder_dirs[0]), 2)
+    expected = "combine_method='concat', which has no attention" if combine_method else "a single LanguageModel"
+    with pytest.raises(ValueError, match=expected):
+        model.predict_with_attention(SENTENCES)
