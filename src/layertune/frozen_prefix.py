@@ -88,7 +88,7 @@ class FrozenPrefixCache:
         key = self.key(encoder, tokenized, boundary)
         loaded = self._load(key)
         if loaded is None:
-            self.build(encoder, tokenized, [boundary], device=device)
+            self._compute(encoder, tokenized, [boundary], {boundary: key}, torch.device(device))
             loaded = self._load(key)
         return loaded, key
 
@@ -122,15 +122,17 @@ class FrozenPrefixCache:
 
     def _load(self, key: str, check_only: bool = False) -> BoundaryStates | bool | None:
         folder = self.root / key
+        if not folder.is_dir():
+            return None  # a miss; an entry folder appears only once complete (atomic rename)
         try:
             meta = json.loads((folder / "meta.json").read_text())
             offsets = np.load(folder / "offsets.npy")
             path = folder / "states.npy"
             if path.stat().st_size != meta["states_bytes"] or _file_checksum(path) != meta["checksum"]:
                 raise ValueError("size or checksum mismatch")
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, json.JSONDecodeError) as error:
+            if len(offsets) != meta["examples"] + 1 or offsets[-1] != meta["tokens"]:
+                raise ValueError("offsets do not match the metadata")
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as error:
             logger.warning("Frozen-prefix cache entry %s is corrupt (%s); rebuilding it.", folder, error)
             return None
         if check_only:
