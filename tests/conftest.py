@@ -77,3 +77,11 @@ def toy_sentiment_corpus(train_size: int = 64, dev_size: int = 32, regression: b
 @pytest.fixture
 def toy_corpus():
     return toy_sentiment_corpus()
+
+
+def pytest_configure(config):
+    # Under pytest-xdist each worker gets one thread: two workers × two threads on two cores thrash.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
