@@ -1,0 +1,7 @@
+from kedro.pipeline import Pipeline, node
+
+from pipelines.download.nodes import download_corpora
+
+
+def create_pipeline(**kwargs) -> Pipeline:
+    return Pipeline([node(download_corpora, "parameters", "raw_corpora", name="download_corpora")])

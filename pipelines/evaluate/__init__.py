@@ -1,0 +1,3 @@
+from pipelines.evaluate.pipeline import create_pipeline
+
+__all__ = ["create_pipeline"]

@@ -1,0 +1,10 @@
+from kedro.pipeline import Pipeline, node
+
+from pipelines.tokenize.nodes import build_feature_caches
+
+
+def create_pipeline(**kwargs) -> Pipeline:
+    return Pipeline([
+        node(build_feature_caches, ["prepared_corpora", "feature_cache", "params:study", "params:tokenize"],
+             "feature_manifest", name="build_feature_caches"),
+    ])
