@@ -66,6 +66,7 @@ def sentence_tasks() -> list[str]:
 
 TunableLayers = Annotated[int | str, PlainValidator(_tunable_layers)]
 Task = Annotated[str, AfterValidator(_sentence_task)]
+ModelName = Annotated[str, AfterValidator(lambda name: check_model_name(name))]
 
 # Layer counts of common hub models, so a study can be validated offline (the hub is asked only for others).
 KNOWN_MODEL_LAYERS = {
@@ -76,6 +77,7 @@ KNOWN_MODEL_LAYERS = {
 }
 _LAYER_ATTRIBUTES = ("num_hidden_layers", "n_layers", "num_layers")
 _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]*$")
 
 
 class ParamsError(ValueError):
@@ -99,7 +101,7 @@ class StudySection(_Section):
 
     name: str = Field(description="names the MLflow experiment ('layertune-<name>') and the reports")
     tasks: list[Task] = Field(min_length=1)
-    models: list[str] = Field(min_length=1)
+    models: list[ModelName] = Field(min_length=1)
     tunable_layers: list[TunableLayers] = Field(min_length=1)
     seeds: list[int] = Field(min_length=1)
 
@@ -129,7 +131,7 @@ class CellSection(_Section):
     """The one cell that ``kedro run --pipeline train|evaluate`` acts on; DVC passes each with ``--params``."""
 
     task: str
-    model: str
+    model: ModelName
     tunable_layers: TunableLayers
     seed: int
 
@@ -261,6 +263,16 @@ def _model_at(model: type[BaseModel], path: tuple) -> type[BaseModel] | None:
     return model
 
 
+def check_model_name(name: str) -> str:
+    """A model name becomes folder names (``data/04_models/<task>/<model>/…``) in the catalog and in dvc.yaml, so it
+    must be a relative path inside them: a hub id (``org/name``), a packaged name, or a folder below the project."""
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or name.startswith("~") or ".." in parts or not _MODEL_NAME.match(name):
+        raise ValueError(f"{name!r} cannot name a folder of the study: use a hub id ('org/name'), a packaged model, "
+                         f"or a relative path without '..' (link a local model into the project)")
+    return name
+
+
 def model_layers(name: str, where: str = "model") -> int:
     """How many transformer layers ``name`` has: from its config when local or packaged, else a table of known
     hub models, else the hub's config. Unknown names raise `ParamsError` naming ``where``."""
@@ -341,7 +353,7 @@ def prepare_corpus(load: Callable[..., Corpus], prepare: PrepareSection) -> Corp
 
 def feature_cache_dir(root: str | Path, task: str, model: str) -> Path:
     """The cache of one (task, model): ``tokenized/`` and ``frozen_prefix/`` below ``<root>/<task>/<model>``."""
-    return Path(root) / task / model
+    return Path(root) / task / check_model_name(model)
 
 
 def build_features(corpus: Corpus, model: str, tunable_layers: Iterable[int | str], tokenize: TokenizeSection,
