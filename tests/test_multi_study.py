@@ -35,24 +35,22 @@ def toy_folder(tmp_path_factory):
 
 def study_params(task, models_dir, **changes):
     params = {
-        "corpus": {"task": str(task)},
-        "models_dir": str(models_dir),
-        "encoders": {"bert": {"model": "tiny-bert", "tunable_layers": 1, "learning_rate": 2e-3},
-                     "electra": {"model": "tiny-electra", "tunable_layers": 2}},
-        "systems": [{"name": "bert", "encoders": ["bert"]},
-                    {"name": "dme", "encoders": ["bert", "electra"], "combine_method": "dme"}],
+        "corpus": {"task": str(task)}, "models_dir": str(models_dir), "models": ["tiny-bert", "tiny-electra"],
+        "tunable_layers": [1, 2], "learning_rates": [2e-3, None], "combine_methods": ["dme"], "pooling": "mean",
         "training": TRAINING, "seeds": [0], "mlflow_experiment": None,
     }
     return {**params, **changes}
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"systems": [{"name": "x", "encoders": ["bret"]}]}, "unknown encoder 'bret'. Did you mean 'bert'"),
-    ({"systems": [{"name": "x", "encoders": ["bert"], "combine_method": "dme"}]}, "leave out combine_method"),
-    ({"systems": [{"name": "x", "encoders": ["bert", "electra"]}]}, "set combine_method"),
-    ({"systems": [{"name": "x", "encoders": ["bert", "bert"], "combine_method": "concat"}]}, "encoder twice"),
-    ({"systems": [{"name": "x", "encoders": ["bert"]}, {"name": "x", "encoders": ["electra"]}]}, "unique"),
-    ({"training": {"learning_rate": [1e-3, 1e-4]}}, "encoders.<name>.learning_rate"),
+    ({"models": ["tiny-bert"]}, "at least 2 items"),
+    ({"models": ["a/tiny", "b/tiny"]}, "distinct names"),
+    ({"tunable_layers": [1, 2, 3]}, "tunable_layers lists 3 values for 2 models"),
+    ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
+    ({"combinations": [[0, 0]]}, "at least two different models"),
+    ({"combinations": [[0, 2]]}, "by their index, 0 to 1"),
+    ({"combine_methods": ["sum"]}, "'concat' or 'dme'"),
+    ({"training": {"learning_rate": [1e-3, 1e-4]}}, "per-model rates as learning_rates"),
     ({"seed": [0]}, "seed"),
 ])
 def test_bad_study_parameters_are_named(tmp_path, change, message):
@@ -60,22 +58,30 @@ def test_bad_study_parameters_are_named(tmp_path, change, message):
         StudySpec.model_validate(study_params(tmp_path, tmp_path, **change))
 
 
-def test_rates_models_and_one_dme_cell(toy_folder, tiny_models, tmp_path):
-    study = StudySpec.model_validate(study_params(toy_folder, tiny_models))
-    single, dme = study.systems
-    assert system_learning_rate(study, single) == 2e-3
-    assert system_learning_rate(study, dme) == [2e-3, 1e-3]  # electra has no rate of its own: the study's
+def test_systems_rates_models_and_one_dme_cell(toy_folder, tiny_models, tmp_path):
+    study = StudySpec.model_validate(study_params(toy_folder, tiny_models, combine_methods=["concat", "dme"]))
+    systems = study.systems()
+    assert [s.name for s in systems] == ["tiny-bert", "tiny-electra", "concat: tiny-bert + tiny-electra",
+                                         "dme: tiny-bert + tiny-electra"]
+    assert system_learning_rate(study, systems[0]) == 2e-3
+    assert system_learning_rate(study, systems[3]) == [2e-3, 1e-3]  # electra's null rate: the study's
     assert locate_model("tiny-bert", tiny_models) == str(tiny_models / "tiny-bert")
     assert locate_model("sentence-transformers/all-MiniLM-L6-v2", tiny_models).startswith("sentence-transformers")
-    row = run_system(study.corpus.load(), study, dme, seed=0, cache_dir=tmp_path)
+    row = run_system(study.corpus.load(), study, systems[3], seed=0, cache_dir=tmp_path)
     assert row["combine_method"] == "dme" and row["metric"] == "accuracy" and 0 <= row["score"] <= 1
-    assert row["attention/bert"] + row["attention/electra"] == pytest.approx(1.0)
+    assert row["attention/tiny-bert"] + row["attention/tiny-electra"] == pytest.approx(1.0)
+
+
+def test_combinations_pick_subsets(tmp_path):
+    params = study_params(tmp_path, tmp_path, models=["a", "b", "c"], tunable_layers="all", learning_rates=None,
+                          combinations=[[0, 1], [0, 1, 2]])
+    names = [s.name for s in StudySpec.model_validate(params).systems()]
+    assert names == ["a", "b", "c", "dme: a + b", "dme: a + b + c"]
 
 
 def test_missing_model_fails_before_training(toy_folder, tiny_models, tmp_path):
-    params = study_params(toy_folder, tiny_models)
-    params["encoders"]["electra"]["model"] = "no-such-model"
-    with pytest.raises(ValueError, match="encoder 'electra': model 'no-such-model' is not in the models folder"):
+    params = study_params(toy_folder, tiny_models, models=["tiny-bert", "no-such-model"])
+    with pytest.raises(ValueError, match="models.1.: 'no-such-model' is not in the models folder"):
         run_study(StudySpec.model_validate(params), cache_dir=tmp_path)
 
 
@@ -87,8 +93,8 @@ def test_report_shows_mean_std_best_and_attention():
     results["attention/L6"] = [None, None, 0.7, 0.5]
     results["attention/L3"] = [None, None, 0.3, 0.5]
     report = report_markdown(results)
-    assert "| L6 | L6 | single | 2 | 82.0 ± 2.8 | 10 |  |" in report
-    assert "| dme | L6 + L3 | dme | 2 | **86.0 ± 1.4** | 10 | L6 0.60, L3 0.40 |" in report
+    assert "| L6 | 2 | 82.0 ± 2.8 | 10 |  |" in report
+    assert "| dme | 2 | **86.0 ± 1.4** | 10 | L6 0.60, L3 0.40 |" in report
     metrics = summary_metrics(results.iloc[[0, 2]])
     assert metrics == {"sst2": {"L6": {"metric": "accuracy", "mean": 0.80, "std": 0.0, "seeds": 1},
                                 "dme": {"metric": "accuracy", "mean": 0.85, "std": 0.0, "seeds": 1}}}
@@ -113,11 +119,13 @@ def test_pipeline_writes_report_and_tracks_each_cell(toy_folder, tiny_models, tm
 
     report, metrics = outputs["multi_encoder_report"].load(), outputs["multi_encoder_metrics"].load()
     task = toy_folder.name
-    assert set(metrics[task]) == {"bert", "dme"} and metrics[task]["dme"]["seeds"] == 2
-    assert "| dme | bert + electra | dme | 2 |" in report and "**" in report
+    dme = "dme: tiny-bert + tiny-electra"
+    assert set(metrics[task]) == {"tiny-bert", "tiny-electra", dme} and metrics[task][dme]["seeds"] == 2
+    assert f"| {dme} | 2 |" in report and "**" in report
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("multi-test").experiment_id])
-    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
-    dme_run = next(r for r in runs if r.data.params["system"] == "dme")
+    assert len(runs) == 6 and {r.info.status for r in runs} == {"FINISHED"}
+    dme_run = next(r for r in runs if r.data.params["system"] == dme)
     assert dme_run.data.params["learning_rate"] == "[0.002, 0.001]"
-    assert dme_run.data.metrics["attention/bert"] + dme_run.data.metrics["attention/electra"] == pytest.approx(1)
+    weights = [dme_run.data.metrics[f"attention/tiny-{name}"] for name in ("bert", "electra")]
+    assert sum(weights) == pytest.approx(1)
