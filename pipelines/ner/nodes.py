@@ -5,16 +5,16 @@ from pathlib import Path
 import pandas as pd
 
 from layertune.ner_study import (
-    NerParams, load_study_corpus, majority_baselines, report_figures, report_markdown, run_study,
+    NerParams, feature_cache_dir, load_study_corpus, majority_baselines, report_figures, report_markdown, run_study,
 )
-from layertune.study import data_mirror, feature_cache_dir, section
+from layertune.study import data_mirror, section
 
 
 def train_ner_cells(ner: dict, download: dict, cache_root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Per-epoch history, one summary row per cell, and the drift of every parameter of every cell."""
     params = NerParams.model_validate(ner)
     corpus = load_study_corpus(params, data_mirror(section("download", download)))
-    result = run_study(params, corpus, cache_dir=feature_cache_dir(cache_root, "conll2003", params.model))
+    result = run_study(params, corpus, cache_dir=feature_cache_dir(cache_root, params.model))
     return result.history, result.summary, result.drift
 
 

@@ -12,6 +12,7 @@ every cell or a list with one value per ``tunable_layers`` entry; ``head_learnin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 import warnings
 from collections import Counter, defaultdict
@@ -121,6 +122,16 @@ def load_study_corpus(params: NerParams, data_mirror: str | Path | None = None) 
     order = np.argsort([len(words) for words in corpus.dev["tokens"]], kind="stable")
     return dataclasses.replace(corpus, dev=corpus.dev.select(order), test=None,
                                notes=[*corpus.notes, "dev sorted by sentence length; test not used."])
+
+
+def feature_cache_dir(root: str | Path, model: str) -> Path:
+    """``<root>/conll2003/<model>`` for a hub id; a local folder is named by its last part and a hash of its path,
+    so that no path outside ``root`` is ever built."""
+    path = Path(model).expanduser()
+    if path.is_absolute() or ".." in path.parts:
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+        model = f"local/{path.name}-{digest}"
+    return Path(root) / "conll2003" / model
 
 
 def run_study(params: NerParams, corpus: Corpus, cache_dir: str | Path | None = None,
@@ -287,6 +298,8 @@ def _setup_text(summary: pd.DataFrame, params: NerParams) -> str:
         f"{params.warmup_ratio:.0%} warm-up, seed {params.seed}; the epoch with the best dev F1 is reported.\n"
         "- F1, precision and recall are entity-level micro averages (seqeval, CoNLL convention) on dev; the dev "
         "set also picks the best epoch, so the scores are slightly optimistic.\n"
+        "- Losses are cross-entropy per labelled word piece: train loss averaged over the epoch's batches, dev loss "
+        "after the epoch.\n"
         f"- Training time is the training loop alone (no evaluation, no caching); {timing}.\n"
     )
 
@@ -397,4 +410,5 @@ def _drift_figure(selected: pd.DataFrame, order: list[str]):
     sns.barplot(selected[selected["mean_abs_change"] > 0], x="tunable_layers", y="mean_abs_change", hue="tensor",
                 order=order, ax=axis)
     axis.set(yscale="log", ylabel="mean |change|", xlabel="tunable layers")
+    sns.move_legend(axis, "upper left", bbox_to_anchor=(1, 1))
     return figure
