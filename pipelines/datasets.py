@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +70,32 @@ class FeatureCacheDataset(AbstractDataset[None, Path]):
 
     def _describe(self) -> dict[str, Any]:
         return {"path": str(self._path)}
+
+
+class TaskModelsDataset(AbstractDataset[None, dict]):
+    """Every saved `TaskModel` below ``path`` (a folder holding ``<name>/config.json``), keyed by the folder that
+    holds it, relative to ``path``: ``{"layers-2/seed-1": loader}``; ``loader()`` reads the model."""
+
+    def __init__(self, path: str, name: str = "model") -> None:
+        self._path = Path(path)
+        self._name = name
+
+    def load(self) -> dict:
+        from layertune.heads import TaskModel
+
+        return {str(config.parent.parent.relative_to(self._path)): functools.partial(TaskModel.from_pretrained,
+                                                                                      config.parent)
+                for config in sorted(self._path.rglob(f"{self._name}/config.json"))
+                if not any(part.startswith(".") for part in config.relative_to(self._path).parts)}
+
+    def save(self, data: None) -> None:
+        raise DatasetError(f"Models are saved one by one (TaskModelDataset), not through {self._path}.")
+
+    def _exists(self) -> bool:
+        return self._path.is_dir()
+
+    def _describe(self) -> dict[str, Any]:
+        return {"path": str(self._path), "name": self._name}
 
 
 class TaskModelDataset(AbstractDataset[Any, Any]):
@@ -143,7 +168,7 @@ class FileTreeDataset(AbstractDataset[dict, dict]):
 
     ``FileTreeDataset("data/04_models", "metrics.json").load()`` gives ``{"sst2/m/layers-2/seed-1": {...}, ...}``;
     saving ``{"quality/sst2": df}`` with ``name=".csv"`` writes ``<path>/quality/sst2.csv`` (a leading dot makes
-    ``name`` a suffix). Saving replaces the whole folder.
+    ``name`` a suffix). Saving writes (or overwrites) just those files: several trees may share a folder.
     """
 
     def __init__(self, path: str, name: str) -> None:
@@ -167,8 +192,6 @@ class FileTreeDataset(AbstractDataset[dict, dict]):
         return found
 
     def save(self, data: dict) -> None:
-        if self._path.exists():
-            shutil.rmtree(self._path)
         for key, value in data.items():
             _write(self._file(key), value)
 

@@ -76,31 +76,36 @@ def test_stages_on_an_in_memory_catalog(project):
     assert manifest[f"sst2/{MODEL}"]["frozen_prefix_boundaries"] == [2, 4]
     built = cache_entries(project)
 
-    cells = {}
+    cells, models = {}, {}
     for layers in (0, 2):
         cell = {"task": "sst2", "model": MODEL, "tunable_layers": layers, "seed": 1}
         catalog = catalog_for(study_params(cell=cell), project)
-        SequentialRunner().run(pipelines["train"] + pipelines["evaluate"], catalog)
-        cells[layers] = {name: catalog.load(name) for name in
-                         ("cell_metrics", "cell_history", "cell_drift", "cell_evaluation", "cell_predictions")}
+        SequentialRunner().run(pipelines["train"], catalog)
+        cells[layers] = {name: catalog.load(name) for name in ("cell_metrics", "cell_history", "cell_drift")}
+        models[layers] = catalog.load("cell_model")
     assert cache_entries(project) == built  # every cell found the tokenize stage's caches: nothing new written
 
+    folders = {layers: f"layers-{layers}/seed-1" for layers in cells}
+    catalog = catalog_for(params, project)
+    catalog["task_models"] = MemoryDataset({folders[k]: (lambda m=m: m) for k, m in models.items()})
+    catalog["task_trainings"] = MemoryDataset({folders[k]: v["cell_metrics"] for k, v in cells.items()})
+    SequentialRunner().run(pipelines["evaluate"], catalog)
+    evaluations, predictions = catalog.load("task_evaluations"), catalog.load("task_predictions")
     for layers, outputs in cells.items():
-        metrics, evaluation = outputs["cell_metrics"], outputs["cell_evaluation"]
+        metrics, evaluation = outputs["cell_metrics"], evaluations[folders[layers]]
         assert metrics["tunable_layers"] == layers and metrics["frozen_prefix_cache_used"]
         assert len(outputs["cell_history"]) == 2
         # The saved best model, reloaded and run whole, scores exactly what training measured.
         assert evaluation["score"] == pytest.approx(metrics["eval_accuracy"], abs=1e-9)
-        assert len(outputs["cell_predictions"]) == 24
+        assert len(predictions[folders[layers]]) == 24
     assert cells[0]["cell_metrics"]["trainable_parameters"] < cells[2]["cell_metrics"]["trainable_parameters"]
 
-    folders = {layers: f"sst2/{MODEL}/layers-{layers}/seed-1" for layers in cells}
     reports = DataCatalog({
         "params:study": MemoryDataset(params["study"]), "params:aggregate": MemoryDataset(params["aggregate"]),
         "cell_trainings": MemoryDataset({folders[k]: v["cell_metrics"] for k, v in cells.items()}),
         "cell_histories": MemoryDataset({folders[k]: v["cell_history"] for k, v in cells.items()}),
         "cell_drifts": MemoryDataset({folders[k]: v["cell_drift"] for k, v in cells.items()}),
-        "cell_evaluations": MemoryDataset({folders[k]: v["cell_evaluation"] for k, v in cells.items()}),
+        "cell_evaluations": MemoryDataset(evaluations),
     })
     SequentialRunner().run(pipelines["aggregate"], reports)
     markdown, metrics = reports.load("ablation_markdown"), reports.load("report_metrics")

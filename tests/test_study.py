@@ -131,9 +131,9 @@ def test_dvc_stages_and_catalog_paths_agree_with_the_code(params):
     loader = OmegaConfigLoader(str(ROOT / "conf"), runtime_params=runtime, **CONFIG_LOADER_ARGS)
     catalog = loader["catalog"]
     assert catalog["cell_metrics"]["filepath"] == f"{out}/metrics.json"
-    evaluate = stages[cell.dvc_stage.replace("train@", "evaluate@")]
-    assert catalog["cell_evaluation"]["filepath"].startswith(str(evaluate.outs[0].fs_path).removeprefix(
-        str(ROOT) + "/"))
+    evaluate = stages[f"evaluate@{cell.task}-{cell.model}"]
+    assert catalog["task_evaluations"]["path"] == str(evaluate.outs[0].fs_path).removeprefix(str(ROOT) + "/")
+    assert out.startswith(catalog["task_models"]["path"] + "/")
     features = [d for d in stage.deps if "03_features" in str(d.fs_path)][0]
     assert str(features.fs_path).removeprefix(str(ROOT) + "/") == str(
         feature_cache_dir(catalog["feature_cache"]["path"], cell.task, cell.model) / "tokenized")

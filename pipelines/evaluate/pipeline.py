@@ -5,6 +5,7 @@ from pipelines.evaluate.nodes import evaluate
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline([
-        node(evaluate, ["cell_model", "prepared_corpora", "params:cell", "params:tokenize", "params:evaluate"],
-             ["cell_predictions", "cell_evaluation"], name="evaluate_cell"),
+        node(evaluate, ["task_models", "task_trainings", "prepared_corpora", "params:cell", "params:study",
+                        "params:tokenize", "params:evaluate"],
+             ["task_predictions", "task_evaluations"], name="evaluate_cells"),
     ])
