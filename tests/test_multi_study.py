@@ -129,3 +129,16 @@ def test_pipeline_writes_report_and_tracks_each_cell(toy_folder, tiny_models, tm
     assert dme_run.data.params["learning_rate"] == "[0.002, 0.001]"
     weights = [dme_run.data.metrics[f"attention/tiny-{name}"] for name in ("bert", "electra")]
     assert sum(weights) == pytest.approx(1)
+
+
+@pytest.mark.integration
+def test_real_minilms_combine_on_real_sst2(data_mirror, minilm_l3, tmp_path):
+    """all-MiniLM-L6-v2 and the real MiniLM-L3 (different checkpoints and depths) as one dme encoder."""
+    params = study_params("sst2", minilm_l3.parent, models=["sentence-transformers/all-MiniLM-L6-v2", minilm_l3.name],
+                          corpus={"task": "sst2", "train_size": 64, "dev_size": 64, "data_seed": 0},
+                          tunable_layers=1, learning_rates=None)
+    study = StudySpec.model_validate(params)
+    assert study.encoder_spec(1).model == str(minilm_l3)
+    row = run_system(study.corpus.load(data_mirror), study, study.systems()[-1], seed=0, cache_dir=tmp_path)
+    assert row["system"] == "dme: all-MiniLM-L6-v2 + paraphrase-MiniLM-L3-v2" and 0 < row["score"] <= 1
+    assert row["attention/all-MiniLM-L6-v2"] + row["attention/paraphrase-MiniLM-L3-v2"] == pytest.approx(1)
