@@ -118,6 +118,7 @@ class ModelTrainer:
         accelerator = Accelerator(mixed_precision=_mixed_precision(args.mixed_precision))
         transformers.set_seed(args.seed)
 
+        parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
         train_data, dev_data, cache_info = model.encoder.prepare_examples(
             self.corpus, max_length=args.max_length, cache_dir=self.cache_dir,
             frozen_prefix_cache=args.frozen_prefix_cache, cache_dtype=args.cache_dtype, device=accelerator.device,
@@ -126,7 +127,7 @@ class ModelTrainer:
                                    group_by_length=args.group_by_length)
         dev_loader = make_loader(dev_data, args.eval_batch_size or args.batch_size)
 
-        optimizer = torch.optim.AdamW(self._parameter_groups(args))
+        optimizer = torch.optim.AdamW(parameter_groups)
         total_steps = args.epochs * len(train_loader)
         scheduler = transformers.get_linear_schedule_with_warmup(
             optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps
