@@ -71,13 +71,13 @@ class NerParams(BaseModel):
     @model_validator(mode="after")
     def _one_rate_per_cell(self) -> NerParams:
         if any(isinstance(k, int) and k < 0 for k in self.tunable_layers):
-            raise ValueError(f"tunable_layers must be ints >= 0 or 'all'; got {self.tunable_layers}")
+            raise ValueError(f"ner.tunable_layers must be ints >= 0 or 'all'; got {self.tunable_layers}")
         if len(set(map(str, self.tunable_layers))) != len(self.tunable_layers):
-            raise ValueError(f"tunable_layers must not repeat; got {self.tunable_layers}")
+            raise ValueError(f"ner.tunable_layers must not repeat; got {self.tunable_layers}")
         for name in ("learning_rate", "head_learning_rate"):
             value = getattr(self, name)
             if isinstance(value, list) and len(value) != len(self.tunable_layers):
-                raise ValueError(f"{name} lists {len(value)} rates for {len(self.tunable_layers)} tunable_layers "
+                raise ValueError(f"ner.{name} lists {len(value)} rates for {len(self.tunable_layers)} tunable_layers "
                                  f"values {self.tunable_layers}: give one rate, or one per value")
         return self
 
