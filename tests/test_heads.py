@@ -73,3 +73,11 @@ def test_failed_save_leaves_nothing(tiny_bert, tmp_path, monkeypatch):
 def test_bad_head_arguments(tiny_bert, build, message):
     with pytest.raises(ValueError, match=message):
         build(LanguageModel(tiny_bert, tunable_layers=0))
+
+
+def test_base_class_loads_a_saved_token_classifier(tiny_bert, tmp_path):
+    from layertune.token_classification import TokenClassifier
+
+    TokenClassifier(LanguageModel(tiny_bert, tunable_layers=1), 3, label_names=["O", "B-PER", "I-PER"]).save(
+        tmp_path / "ner")
+    assert type(TaskModel.from_pretrained(tmp_path / "ner")).__name__ == "TokenClassifier"

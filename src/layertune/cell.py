@@ -54,6 +54,10 @@ def build_model(encoder: LanguageModel, corpus: Corpus, head: str = "linear") ->
     """The head that fits the corpus's task type."""
     if corpus.task_type == "regression":
         return TextRegressor(encoder, head=head)
+    if corpus.task_type == "token_classification":
+        from layertune.token_classification import TokenClassifier
+
+        return TokenClassifier(encoder, len(corpus.label_names), label_names=list(corpus.label_names))
     return TextClassifier(encoder, corpus.num_classes, label_names=list(corpus.label_names), head=head)
 
 

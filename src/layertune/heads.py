@@ -126,6 +126,8 @@ class TaskModel(nn.Module):
         missing = [f for f in ("config.json", "model.safetensors", "encoder") if not (directory / f).exists()]
         if missing:
             raise ValueError(f"{directory} is not a complete saved layertune model: missing {', '.join(missing)}.")
+        import layertune.token_classification  # noqa: F401  (registers TokenClassifier for the lookup below)
+
         try:
             config = json.loads((directory / "config.json").read_text())
             model_class = _MODEL_CLASSES[config["class"]]

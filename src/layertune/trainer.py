@@ -101,7 +101,7 @@ class ModelTrainer:
                 f"A {type(model).__name__} ({model.task_type}) cannot train on {corpus.name!r}, a "
                 f"{corpus.task_type} corpus."
             )
-        if corpus.task_type == "classification" and model.num_classes != corpus.num_classes:
+        if corpus.task_type != "regression" and model.num_classes != corpus.num_classes:
             raise ValueError(f"The model has {model.num_classes} classes; {corpus.name!r} has {corpus.num_classes}.")
         self.model = model
         self.corpus = corpus
