@@ -19,6 +19,7 @@ build() {  # build <name>: clone HEAD, run the ci profile as a DVC experiment, c
   (
     cd "$copy"
     export MLFLOW_TRACKING_URI="sqlite:///$copy/mlflow.db"
+    export PYTHONPATH="$copy/src"  # this clone's library, whichever checkout `pip install -e` last pointed at
     started=$SECONDS
     # shellcheck disable=SC2046  # the profile expands to several `-S key=value` arguments
     dvc exp run --quiet $(python -m layertune.study ci)
