@@ -188,6 +188,10 @@ class StudyParams(_Section):
     train: TrainSection
     evaluate: EvaluateSection
     aggregate: AggregateSection
+    # Studies of their own, each a single stage: their keys are checked by layertune.ner_study.NerParams and
+    # layertune.multi_study.StudySpec when that stage starts, before any training (keeps this module torch-free).
+    ner: dict[str, Any] | None = None
+    multi_encoder: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _layers_in_range(self) -> StudyParams:
