@@ -4,12 +4,14 @@
 #   - the two reports/metrics.json are byte-identical,
 #   - `dvc status` is clean after each build (no stage changed, nothing written outside a stage's outs),
 #   - MLflow holds one FINISHED run per cell of each build.
-# Needs the data mirror: $LAYERTUNE_DATA_MIRROR, else ../shared/data beside the repository.
+# Needs the data mirror: $LAYERTUNE_DATA_MIRROR, else ../shared/data beside the repository (and ../shared/models).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 export KEDRO_DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
 export LAYERTUNE_DATA_MIRROR="${LAYERTUNE_DATA_MIRROR:-$(cd "$root/.." && pwd)/shared/data}"
 test -d "$LAYERTUNE_DATA_MIRROR" || { echo "repro-check: no data mirror at $LAYERTUNE_DATA_MIRROR" >&2; exit 1; }
+# Models shipped beside the data (the multi-encoder study's second encoder); the clones live elsewhere.
+export LAYERTUNE_SHARED_MODELS="${LAYERTUNE_SHARED_MODELS:-$(cd "$root/.." && pwd)/shared/models}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
