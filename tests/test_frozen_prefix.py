@@ -1,0 +1,233 @@
+"""The frozen-prefix cache: keyed by what the states depend on, never trusted when damaged, exact when used."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from layertune import LanguageModel, TextClassifier
+from layertune.batching import Examples
+from layertune.frozen_prefix import BoundaryStates, FrozenPrefixCache
+from layertune.testing import make_tiny_model
+from layertune.tokenization import tokenize_corpus
+from tests.conftest import ARCHITECTURES, toy_sentiment_corpus
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture
+def lm(tiny_bert):
+    return LanguageModel(tiny_bert, tunable_layers=2)
+
+
+@pytest.fixture
+def tokenized(lm, tmp_path):
+    return tokenize_corpus(toy_sentiment_corpus(24, 12), lm.tokenizer, cache_dir=tmp_path / "tokenized")
+
+
+def cache(tmp_path, **options) -> FrozenPrefixCache:
+    return FrozenPrefixCache(tmp_path / "frozen_prefix", progress=False, **options)
+
+
+def as_list(states: BoundaryStates) -> list[torch.Tensor]:
+    return [states[i] for i in range(len(states))]
+
+
+def count_forwards(lm: LanguageModel) -> list:
+    calls = []
+    lm.model.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def entries(root) -> list[str]:
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+# ---------------------------------------------------------------------------------------------------- keys
+
+
+def test_key_changes_with_frozen_weights_data_boundary_and_dtype(lm, tokenized, tmp_path, tiny_bert):
+    store = cache(tmp_path)
+    train, dev = tokenized["train"], tokenized["dev"]
+    key = store.key(lm, train, 2)
+    assert store.key(lm, train, 2) == key
+    assert store.key(lm, dev, 2) != key
+    assert store.key(lm, train.select(range(len(train) - 1)), 2) != key
+    assert store.key(lm, train.select([1, 0, *range(2, len(train))]), 2) != key  # order matters
+    assert store.key(lm, train.select(range(len(train))).flatten_indices(), 2) == key  # content, not storage
+    edited = train.map(lambda row, i: {"input_ids": [row["input_ids"][0] + (i == 5), *row["input_ids"][1:]]},
+                       with_indices=True)  # one token id of one example differs
+    assert store.key(lm, edited, 2) != key
+    assert store.key(lm, train, 1) != key
+    assert cache(tmp_path, dtype="bfloat16").key(lm, train, 2) != key
+    assert cache(tmp_path, dtype="float16").key(lm, train, 2) != key
+    other = LanguageModel(make_tiny_model(tmp_path / "other", "bert", seed=1), tunable_layers=2)
+    assert store.key(other, train, 2) != key
+    with torch.no_grad():
+        lm.layers[3].output.dense.weight.add_(1.0)  # above the boundary: the states do not depend on it
+        assert store.key(lm, train, 2) == key
+        lm.layers[1].output.dense.weight.add_(1.0)  # below it: they do
+        assert store.key(lm, train, 2) != key
+
+
+# ---------------------------------------------------------------------------------------------------- damage
+
+
+def damage_truncate(path):
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+def damage_flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("file", "damage"), [
+    ("states.npy", damage_truncate), ("states.npy", damage_flip_a_byte), ("meta.json", lambda p: p.unlink()),
+    ("offsets.npy", lambda p: p.unlink()), ("meta.json", lambda p: p.write_text("{")),
+], ids=["truncated-states", "bad-checksum", "missing-meta", "missing-offsets", "broken-meta"])
+def test_damaged_entry_is_detected_logged_and_rebuilt_never_used(lm, tokenized, tmp_path, caplog, file, damage):
+    store = cache(tmp_path)
+    good, key = store.states(lm, tokenized["train"], 2)
+    good = [t.clone() for t in as_list(good)]
+    damage(store.root / key / file)
+    calls = count_forwards(lm)
+    with caplog.at_level(logging.WARNING, logger="layertune.frozen_prefix"):
+        rebuilt, rebuilt_key = store.states(lm, tokenized["train"], 2)
+    assert rebuilt_key == key
+    assert calls, "the damaged entry was used instead of rebuilt"
+    assert any("corrupt" in r.message and key in r.message for r in caplog.records)
+    for expected, actual in zip(good, as_list(rebuilt), strict=True):
+        torch.testing.assert_close(actual, expected, atol=0, rtol=0)
+    calls.clear()
+    store.states(lm, tokenized["train"], 2)  # the rebuilt entry is whole again: a plain hit
+    assert not calls
+
+
+def test_interrupted_build_leaves_no_entry(lm, tokenized, tmp_path, monkeypatch):
+    store = cache(tmp_path, batch_size=4)
+    original, seen = lm.boundary_states, []
+
+    def failing(batch, boundaries):
+        seen.append(1)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        return original(batch, boundaries)
+
+    monkeypatch.setattr(lm, "boundary_states", failing)
+    with pytest.raises(KeyboardInterrupt):
+        store.build(lm, tokenized["train"], [1, 2])
+    assert entries(store.root) == []  # neither boundary, and no half-written staging folder
+    monkeypatch.setattr(lm, "boundary_states", original)
+    keys = store.build(lm, tokenized["train"], [1, 2])
+    assert entries(store.root) == sorted(keys)
+
+
+# ---------------------------------------------------------------------------------------------------- building
+
+
+def test_one_build_fills_several_boundaries_in_one_pass(lm, tokenized, tmp_path):
+    store = cache(tmp_path, batch_size=8)
+    train = tokenized["train"]
+    calls = count_forwards(lm)
+    keys = store.build(lm, train, [3, 1, 2, 4])
+    assert len(calls) == -(-len(train) // 8)  # one forward per batch, whatever the number of boundaries
+    assert len(set(keys)) == 4 and entries(store.root) == sorted(keys)
+    calls.clear()
+    assert store.build(lm, train, [1, 2, 3, 4]) == keys and not calls  # all present: nothing recomputed
+    states, _ = store.states(lm, train, 2)
+    assert not calls
+    examples = Examples(train, lm.tokenizer.pad_token_id)
+    batch = examples.collate([examples[i] for i in range(5)])
+    direct = lm.boundary_states(batch, [2])[2]
+    for row in range(5):
+        n = examples.lengths[row]
+        torch.testing.assert_close(states[row], direct[row, :n], atol=1e-5, rtol=0)
+
+
+def test_memory_mapped_states_equal_in_ram_states(lm, tokenized, tmp_path):
+    in_ram, _ = cache(tmp_path).states(lm, tokenized["train"], 2)
+    mapped, _ = cache(tmp_path, memory_budget_mb=0).states(lm, tokenized["train"], 2)
+    assert isinstance(in_ram.flat, torch.Tensor) and isinstance(mapped.flat, np.memmap)
+    for expected, actual in zip(as_list(in_ram), as_list(mapped), strict=True):
+        assert actual.dtype == torch.float32
+        torch.testing.assert_close(actual, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("bfloat16", 2**-8), ("float16", 2**-11)])
+@pytest.mark.parametrize("budget_mb", [4096, 0])
+def test_half_precision_storage_round_trips(lm, tokenized, tmp_path, dtype, tolerance, budget_mb):
+    exact, _ = cache(tmp_path).states(lm, tokenized["train"], 2)
+    half, _ = cache(tmp_path, dtype=dtype, memory_budget_mb=budget_mb).states(lm, tokenized["train"], 2)
+    stored_bytes = half.flat.element_size() if isinstance(half.flat, torch.Tensor) else half.flat.itemsize
+    assert stored_bytes == 2 and isinstance(half.flat, np.memmap) == (budget_mb == 0)
+    for expected, actual in zip(as_list(exact), as_list(half), strict=True):
+        assert actual.dtype == torch.float32 and actual.shape == expected.shape
+        torch.testing.assert_close(actual, expected, rtol=tolerance, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------- exactness
+
+
+def cached_and_uncached_logits(model: TextClassifier, texts, train_mode=False):
+    encoder = model.encoder
+    batch = encoder.tokenize(texts)
+    boundary = encoder.frozen_prefix_layers
+    states = encoder.boundary_states(batch, [boundary])[boundary]
+    model.train(train_mode)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        uncached = model(batch)
+        torch.manual_seed(0)
+        cached = model({**batch, "boundary_states": states})
+    return cached, uncached
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_cached_logits_equal_uncached(tiny_model_dirs, architecture, k):
+    transformers.set_seed(0)
+    model = TextClassifier(LanguageModel(tiny_model_dirs[architecture], tunable_layers=k, pooling="mean"), 2)
+    cached, uncached = cached_and_uncached_logits(model, ["the movie was great", "awful", "a fun , dull plot !"])
+    torch.testing.assert_close(cached, uncached, atol=1e-5, rtol=0)
+
+
+def test_cached_logits_equal_uncached_in_train_mode_with_dropout(tiny_bert):
+    """Frozen layers draw no dropout masks, so the same seed gives the same masks above the boundary."""
+    transformers.set_seed(0)
+    model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=2, hidden_dropout_prob=0.3), 2)
+    cached, uncached = cached_and_uncached_logits(model, ["the movie was great", "so boring"], train_mode=True)
+    torch.testing.assert_close(cached, uncached, atol=1e-5, rtol=0)
+
+
+def test_cached_examples_batch_gives_the_uncached_logits(lm, tokenized, tmp_path):
+    """Through the real data path: cached Examples + collate, against plain Examples, on a fixed batch."""
+    transformers.set_seed(0)
+    model = TextClassifier(lm, 2).eval()
+    states, _ = cache(tmp_path).states(lm, tokenized["dev"], lm.frozen_prefix_layers)
+    plain = Examples(tokenized["dev"], lm.tokenizer.pad_token_id)
+    cached = Examples(tokenized["dev"], lm.tokenizer.pad_token_id, states)
+    indices = [0, 3, 5, 7, 11]
+    with torch.no_grad():
+        expected = model(plain.collate([plain[i] for i in indices]))
+        actual = model(cached.collate([cached[i] for i in indices]))
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.integration
+def test_real_minilm_cached_logits_equal_uncached():
+    transformers.set_seed(0)
+    model = TextClassifier(LanguageModel(MINILM, tunable_layers=2), 2)
+    sentences = [
+        "a gripping , beautifully acted drama that stays with you long after the credits .",
+        "the plot is thin and the jokes fall flat .",
+        "not the best film of the year , but far from the worst",
+        "an utterly forgettable sequel",
+    ]
+    cached, uncached = cached_and_uncached_logits(model, sentences)
+    torch.testing.assert_close(cached, uncached, atol=1e-5, rtol=0)
+    cached, uncached = cached_and_uncached_logits(model, sentences, train_mode=True)
+    torch.testing.assert_close(cached, uncached, atol=1e-5, rtol=0)
