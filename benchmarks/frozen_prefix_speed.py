@@ -170,25 +170,28 @@ def ideal_ratio(k: int | str, layers: int) -> float:
     return 1.0 if k == "all" else 3 * k / (layers + 2 * k)
 
 
+class _Lengths(torch.utils.data.Dataset):
+    """Stands in for `Examples` in `make_loader`: a batch "collates" to its padded size in tokens."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> int:
+        return self.lengths[index]
+
+    @staticmethod
+    def collate(batch: list[int]) -> int:
+        return max(batch) * len(batch)
+
+
 def padded_tokens(lengths: list[int], batch_size: int, group_by_length: bool, seed: int = 0) -> int:
-    """Tokens an epoch processes after padding each batch to its longest example."""
+    """Tokens an epoch processes after padding each batch to its longest example (layertune's own sampler)."""
     from layertune.batching import make_loader
 
-    class Lengths(torch.utils.data.Dataset):
-        def __init__(self):
-            self.lengths = lengths
-
-        def __len__(self):
-            return len(lengths)
-
-        def __getitem__(self, index):
-            return lengths[index]
-
-        @staticmethod
-        def collate(batch):
-            return max(batch) * len(batch)
-
-    return sum(make_loader(Lengths(), batch_size, shuffle=True, seed=seed, group_by_length=group_by_length))
+    return sum(make_loader(_Lengths(lengths), batch_size, shuffle=True, seed=seed, group_by_length=group_by_length))
 
 
 def median(values: list[float]) -> float:
@@ -199,7 +202,7 @@ def mean(values: list[float]) -> float:
     return statistics.fmean(values)
 
 
-def print_table(rows: list[dict], runs: dict, layers: int) -> None:
+def print_table(rows: list[dict], runs: dict) -> None:
     header = (f"{'K':>4} | {'epoch s: (a)':>12} {'(b)':>7} {'(c)':>7} | {'total s: (a)':>12} {'(b)':>7} "
               f"{'(c)+pass':>8} {'pass':>6} | {'(c)/(a)':>7} {'ideal':>6} | {'dev acc: (a)':>12} {'(b)':>6} "
               f"{'(c)':>6} | {'(b)/(a) thr':>11}")
@@ -333,7 +336,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     print(f"\nper-epoch training time (median over seeds x {args.epochs} epochs), total = train + eval per run "
           f"(mean over seeds), dev accuracy (best epoch, mean over seeds); (b) ran seeds "
           f"{args.seeds[: args.uncached_seeds]} for K < all")
-    print_table(rows, runs, layers)
+    print_table(rows, runs)
     print(f"\nwhole study (K in {args.layers}, seeds {args.seeds}): (a) {study['common_s']:.1f} s, (c) "
           f"{study['cached_s']:.1f} s incl. the shared cache pass {study_pass:.1f} s -> "
           f"{study['common_s'] / study['cached_s']:.2f}x")
