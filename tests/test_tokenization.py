@@ -132,6 +132,16 @@ def test_batches_pad_to_their_longest_example(tokenizer, tmp_path):
     labels = regression_examples.collate([regression_examples[i] for i in range(4)])["labels"]
     assert labels.dtype == torch.float32 and labels.tolist() == [0.0, 0.5, 1.0, 1.5]
 
+def test_scoring_order_visits_every_example_once_longest_first(tokenizer, tmp_path):
+    out = tokenize_corpus(pair_corpus(), tokenizer, max_length=10, cache_dir=tmp_path)["train"]
+    examples = Examples(out, tokenizer.pad_token_id)
+    batches = list(make_loader(examples, batch_size=4, group_by_length=True))
+    seen = [n for b in batches for n in b["attention_mask"].sum(1).tolist()]
+    assert seen == sorted(examples.lengths, reverse=True)
+    padded = sum(b["input_ids"].numel() for b in batches)
+    assert padded <= sum(b["input_ids"].numel() for b in make_loader(examples, batch_size=4))
+
+
 
 def test_default_max_length_comes_from_the_task(tokenizer, monkeypatch, tmp_path):
     corpus = pair_corpus()

@@ -60,6 +60,8 @@ def make_loader(
 ) -> DataLoader:
     """A seeded loader: same seed → same batches. ``group_by_length`` buckets similar lengths to cut padding.
 
+    Without ``shuffle``, ``group_by_length`` visits the examples longest first: for scoring, where the order does
+    not matter and each batch then pads to nearly its own length.
     ``examples`` brings its own ``collate`` (how to pad its features) and ``lengths`` (tokens per example).
     """
     generator = torch.Generator().manual_seed(seed)
@@ -67,6 +69,8 @@ def make_loader(
         sampler = LengthGroupedSampler(batch_size, lengths=examples.lengths, generator=generator)
     elif shuffle:
         sampler = RandomSampler(examples, generator=generator)
+    elif group_by_length:
+        sampler = sorted(range(len(examples)), key=lambda i: -examples.lengths[i])
     else:
         sampler = SequentialSampler(examples)
     return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=examples.collate)

