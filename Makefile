@@ -1,5 +1,5 @@
 # Two entry points, each doing its own set-up on a fresh machine:
-#   make study   install, then rebuild the default CPU layer-ablation study (`dvc repro aggregate`)
+#   make study   install, then rebuild the default CPU layer-ablation study (`dvc repro`)
 #   make test    install, then run the test suite
 SHELL := /bin/bash
 PYTHON ?= python
@@ -18,7 +18,7 @@ setup:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[test]"
 
 study: setup
-	dvc repro aggregate
+	dvc repro
 
 test: setup
 	$(PYTHON) -m pytest -n 2

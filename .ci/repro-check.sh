@@ -24,7 +24,8 @@ build() {  # build <name>: clone HEAD, run the ci profile as a DVC experiment, c
     export PYTHONPATH="$copy/src"  # this clone's library, whichever checkout `pip install -e` last pointed at
     started=$SECONDS
     # shellcheck disable=SC2046  # the profile expands to several `-S key=value` arguments
-    dvc exp run --quiet $(python -m layertune.study ci)
+    # The layer ablation (dvc.yaml) and the NER and multi-encoder studies (studies/dvc.yaml), shrunk by the profile.
+    dvc exp run --quiet $(python -m layertune.study ci) dvc.yaml studies/dvc.yaml
     echo "repro-check: $1 built in $((SECONDS - started)) s"
     dvc status --quiet || { echo "repro-check: dvc status is not clean after build $1:" >&2; dvc status >&2; exit 1; }
     python - <<'PY'
