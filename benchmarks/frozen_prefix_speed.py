@@ -275,8 +275,26 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.rmtree(temporary, ignore_errors=True)
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat (Linux), or None."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
+
+
+def steal_fraction(since: tuple[int, int] | None) -> float | None:
+    """Share of CPU time the hypervisor gave to other machines since ``since``: timings are only comparable
+    between runs with little steal (the side-by-side ratios are, since steal hits all variants alike)."""
+    now = cpu_times()
+    if since is None or now is None or now[1] == since[1]:
+        return None
+    return (now[0] - since[0]) / (now[1] - since[1])
+
+
 def benchmark(args: argparse.Namespace) -> dict:
-    started = time.perf_counter()
+    started, cpu_start = time.perf_counter(), cpu_times()
     compute_metrics(("accuracy",), [0, 1], [0, 1])  # one-time imports (evaluate, sklearn) out of the first run
     corpus = load_corpus("sst2", data_mirror=args.data_mirror, train_size=args.train_size, dev_size=args.dev_size,
                          seed=0)
@@ -303,7 +321,8 @@ def benchmark(args: argparse.Namespace) -> dict:
     print(f"shared cache pass, boundaries {boundaries}: {study_pass:.1f} s", flush=True)
     if args.interleaved_steps:
         report = {"model": MODEL, "layers": layers, "train_size": len(tokenized["train"]),
-                  "interleaved_steps": interleaved_steps(tokenized, tokenizer, layers, args)}
+                  "interleaved_steps": interleaved_steps(tokenized, tokenizer, layers, args),
+                  "cpu_steal": steal_fraction(cpu_start)}
         if args.json:
             args.json.write_text(json.dumps(report, indent=2) + "\n")
         return report
@@ -311,12 +330,12 @@ def benchmark(args: argparse.Namespace) -> dict:
     runs: dict = {}
     rows = []
     for k in args.layers:
-        runs[k] = {"common": [], "uncached": [], "cached": []}
+        runs[k] = {"common": [], "uncached": [], "cached": [], "grouped": []}
         pass_s = 0.0
         if k != "all":  # what this K alone would pay for its cache: one pass to its boundary, train + dev
             with tempfile.TemporaryDirectory(dir=args.cache_dir) as root:
                 pass_s = cache_pass(tokenized, [layers - k], Path(root))
-        for seed in args.seeds:  # interleaved, so that load from other processes hits all three alike
+        for seed in args.seeds:  # interleaved, so that load and CPU steal hit all variants alike
             done = {"common": run_common(tokenized, tokenizer, k, seed, args)}
             if k == "all" or seed in args.seeds[: args.uncached_seeds]:
                 done["uncached"] = run_layertune(corpus, k, seed, args, cache=False)
@@ -325,6 +344,8 @@ def benchmark(args: argparse.Namespace) -> dict:
             else:
                 done["cached"] = run_layertune(corpus, k, seed, args, cache="auto")
                 assert done["cached"]["cached"], "the cached path did not run"
+            if args.group_by_length:  # (c) as the pipeline trains it: length-grouped batches
+                done["grouped"] = run_layertune(corpus, k, seed, args, cache="auto", group_by_length=True)
             for variant, run in done.items():
                 runs[k][variant].append({**run, "seed": seed})
             print(f"  K={k} seed={seed}: " + ", ".join(
@@ -362,8 +383,8 @@ def benchmark(args: argparse.Namespace) -> dict:
     if args.cache_dtypes:
         report["cache_dtypes"] = compare_cache_dtypes(corpus, tokenized, boundaries, args, runs)
     if args.group_by_length:
-        report["group_by_length"], grouped_runs = compare_group_by_length(corpus, lengths, args, runs)
-        study["cached_grouped_s"] = study_pass + sum(r["total_s"] for k in args.layers for r in grouped_runs[k])
+        report["group_by_length"] = compare_group_by_length(lengths, args, runs)
+        study["cached_grouped_s"] = study_pass + sum(r["total_s"] for k in args.layers for r in runs[k]["grouped"])
         print(f"\nwhole study with length-grouped batches (the pipeline's train.group_by_length): (a) "
               f"{study['common_s']:.1f} s, (c) {study['cached_grouped_s']:.1f} s -> "
               f"{study['common_s'] / study['cached_grouped_s']:.2f}x")
@@ -371,8 +392,10 @@ def benchmark(args: argparse.Namespace) -> dict:
     print("\ntargets:")
     for name, passed, figure in check_targets(rows, study, runs):
         print(f"  {'PASS' if passed else 'FAIL'}  {name}: {figure}")
+    report["cpu_steal"] = steal_fraction(cpu_start)
+    steal = "n/a" if report["cpu_steal"] is None else f"{100 * report['cpu_steal']:.0f}%"
     print(f"\nbenchmark wall time {time.perf_counter() - started:.0f} s, load average now "
-          f"{os.getloadavg()[0]:.2f}")
+          f"{os.getloadavg()[0]:.2f}, CPU steal during the run {steal}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
@@ -490,17 +513,15 @@ def compare_cache_dtypes(corpus, tokenized: dict, boundaries: list[int], args: a
     return results
 
 
-def compare_group_by_length(corpus, lengths: list[int], args: argparse.Namespace,
-                            runs: dict) -> tuple[dict, dict]:
-    """Epoch time and dev metric of (c) with and without length-grouped batches; also returns the grouped runs."""
+def compare_group_by_length(lengths: list[int], args: argparse.Namespace, runs: dict) -> dict:
+    """Epoch time and dev metric of (c) with and without length-grouped batches (same seeds)."""
     random_tokens = padded_tokens(lengths, args.batch_size, False)
     grouped_tokens = padded_tokens(lengths, args.batch_size, True)
     print(f"\ngroup_by_length: padded tokens per epoch {random_tokens:,} -> {grouped_tokens:,} "
           f"(real {sum(lengths):,}); (K: epoch s random -> grouped, dev accuracy random -> grouped)")
-    results, grouped_runs = [], {}
+    results = []
     for k in args.layers:
-        grouped = [run_layertune(corpus, k, seed, args, cache="auto", group_by_length=True) for seed in args.seeds]
-        grouped_runs[k] = grouped
+        grouped = runs[k]["grouped"]
         entry = {"tunable_layers": k,
                  "epoch_s": median([t for r in runs[k]["cached"] for t in r["epoch_s"]]),
                  "grouped_epoch_s": median([t for r in grouped for t in r["epoch_s"]]),
@@ -511,7 +532,7 @@ def compare_group_by_length(corpus, lengths: list[int], args: argparse.Namespace
               f"({entry['grouped_epoch_s'] / entry['epoch_s']:.2f}x), {entry['metric']:.2f} -> "
               f"{entry['grouped_metric']:.2f}", flush=True)
     return {"padded_tokens": random_tokens, "grouped_padded_tokens": grouped_tokens, "real_tokens": sum(lengths),
-            "results": results}, grouped_runs
+            "results": results}
 
 
 if __name__ == "__main__":
