@@ -1,6 +1,7 @@
 """The frozen-prefix cache: keyed by what the states depend on, never trusted when damaged, exact when used."""
 
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -65,6 +66,8 @@ def test_key_changes_with_frozen_weights_data_boundary_and_dtype(lm, tokenized, 
     assert cache(tmp_path, dtype="float16").key(lm, train, 2) != key
     other = LanguageModel(make_tiny_model(tmp_path / "other", "bert", seed=1), tunable_layers=2)
     assert store.key(other, train, 2) != key
+    shutil.copytree(tiny_bert, tmp_path / "moved")  # the same weights read from another folder
+    assert store.key(LanguageModel(tmp_path / "moved", tunable_layers=2), train, 2) == key
     with torch.no_grad():
         lm.layers[3].output.dense.weight.add_(1.0)  # above the boundary: the states do not depend on it
         assert store.key(lm, train, 2) == key

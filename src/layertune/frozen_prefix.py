@@ -30,7 +30,7 @@ from layertune.io import atomic_directory, write_json
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_FORMAT_VERSION = 2  # 2: data hashed column-wise
+_FORMAT_VERSION = 3  # 2: data hashed column-wise; 3: the config without the folder it was loaded from
 
 
 def default_cache_root() -> Path:
@@ -108,7 +108,9 @@ class FrozenPrefixCache:
         """Hash of what the states depend on: frozen weights below ``boundary``, config, data, dtype."""
         digest = xxhash.xxh3_128()
         digest.update(f"v{_FORMAT_VERSION}|{boundary}|{self.dtype}|".encode())
-        digest.update(encoder.model.config.to_json_string(use_diff=False).encode())
+        config = encoder.model.config.to_dict()
+        config.pop("_name_or_path", None)  # where the files were read from: the same weights elsewhere still hit
+        digest.update(json.dumps(config, sort_keys=True, default=str).encode())
         parts = encoder.parameter_parts()
         for name, parameter in encoder.named_parameters():
             part = parts[name]
