@@ -21,7 +21,7 @@ study: setup
 	dvc repro
 
 test: setup
-	$(PYTHON) -m pytest -n 2
+	OMP_WAIT_POLICY=PASSIVE $(PYTHON) -m pytest -n 2  # idle OpenMP threads sleep: two workers share two cores
 
 benchmark: setup
 	$(PYTHON) benchmarks/frozen_prefix_speed.py --json reports/benchmark_frozen_prefix.json
