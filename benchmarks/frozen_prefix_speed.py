@@ -131,11 +131,11 @@ def run_common(tokenized: dict, tokenizer, k: int | str, seed: int, args: argpar
             callbacks=[timer],
         )
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # it prints every log dict
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), cpu_times()
         trainer.train()
         total = time.perf_counter() - started
     scores = [log["eval_accuracy"] for log in trainer.state.log_history if "eval_accuracy" in log]
-    return {"epoch_s": timer.times, "total_s": total, "metric": 100 * max(scores)}
+    return {"epoch_s": timer.times, "total_s": total, "metric": 100 * max(scores), "steal": steal_fraction(cpu)}
 
 
 def run_layertune(corpus, k: int | str, seed: int, args: argparse.Namespace, cache: bool | str,
@@ -144,13 +144,13 @@ def run_layertune(corpus, k: int | str, seed: int, args: argparse.Namespace, cac
     transformers.set_seed(seed)
     model = TextClassifier(LanguageModel(MODEL, tunable_layers=k, pooling=args.pooling), 2)
     trainer = ModelTrainer(model, corpus, cache_dir=args.cache_dir)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_times()
     result = trainer.train(progress=False, frozen_prefix_cache=cache, learning_rate=args.learning_rate,
                            batch_size=args.batch_size, epochs=args.epochs, seed=seed, **arguments)
     total = time.perf_counter() - started
     return {"epoch_s": [h["epoch_time_s"] for h in result.history], "total_s": total,
             "metric": 100 * result.best_metrics[f"eval_{corpus.main_metric}"],
-            "cached": result.frozen_prefix_cache["used"]}
+            "cached": result.frozen_prefix_cache["used"], "steal": steal_fraction(cpu)}
 
 
 def cache_pass(tokenized: dict, boundaries: list[int], root: Path, dtype: str = "float32") -> float:
@@ -293,6 +293,10 @@ def steal_fraction(since: tuple[int, int] | None) -> float | None:
     return (now[0] - since[0]) / (now[1] - since[1])
 
 
+def _steal_note(steal: float | None) -> str:
+    return f" (steal {100 * steal:.0f}%)" if steal is not None and steal >= 0.05 else ""
+
+
 def benchmark(args: argparse.Namespace) -> dict:
     started, cpu_start = time.perf_counter(), cpu_times()
     compute_metrics(("accuracy",), [0, 1], [0, 1])  # one-time imports (evaluate, sklearn) out of the first run
@@ -349,7 +353,8 @@ def benchmark(args: argparse.Namespace) -> dict:
             for variant, run in done.items():
                 runs[k][variant].append({**run, "seed": seed})
             print(f"  K={k} seed={seed}: " + ", ".join(
-                f"{v} {median(r['epoch_s']):.2f} s/epoch {r['metric']:.2f}" for v, r in done.items()), flush=True)
+                f"{v} {median(r['epoch_s']):.2f} s/epoch {r['metric']:.2f}{_steal_note(r['steal'])}"
+                for v, r in done.items()), flush=True)
         row = {"tunable_layers": k}
         for variant in ("common", "uncached", "cached"):
             row[f"{variant}_epoch_s"] = median([t for r in runs[k][variant] for t in r["epoch_s"]])
