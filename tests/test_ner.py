@@ -285,3 +285,21 @@ def test_ner_pipeline_writes_report_figures_and_drift(tiny_bert, tmp_path, monke
     assert "| 1 | " in report and "| all | " in report and "majority tag (`O`) everywhere" in report
     assert "![Drift of selected tensors](ner/drift.png)" in report
     assert set(outputs["ner_figures"].load()) == {"loss_curves", "f1", "training_time", "drift"}
+
+
+def test_dev_loss_is_the_mean_over_labelled_pieces_whatever_the_batches(tiny_bert, tmp_path):
+    from accelerate import Accelerator
+
+    from layertune.batching import make_loader
+
+    corpus = toy_ner_corpus()
+    model = build(tiny_bert)
+    trainer = ModelTrainer(model, corpus, cache_dir=tmp_path)
+    _, dev, _ = model.encoder.prepare_examples(corpus, cache_dir=tmp_path, frozen_prefix_cache=False)
+    batch = dev.collate([dev[i] for i in range(len(dev))])
+    with torch.no_grad():
+        model.eval()
+        expected = model.loss(model(batch), batch["labels"]).item()  # one batch: the mean over every labelled piece
+    for batch_size in (1, 3, 16):
+        scores = trainer.evaluate(make_loader(dev, batch_size), Accelerator(cpu=True))
+        assert scores["eval_loss"] == pytest.approx(expected, rel=1e-5), batch_size

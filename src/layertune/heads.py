@@ -50,6 +50,10 @@ class TaskModel(nn.Module):
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def loss_terms(self, labels: torch.Tensor) -> int:
+        """How many terms `loss` averages over: one per example here (one per labelled piece for tagging)."""
+        return len(labels)
+
     def predictions(self, outputs: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 

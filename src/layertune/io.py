@@ -17,6 +17,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private (0700); the result is an ordinary folder
     try:
         yield staging
         if path.exists():
@@ -24,6 +25,12 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         os.replace(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | Path, data: object) -> None:

@@ -56,6 +56,9 @@ class TokenClassifier(TaskModel):
             return outputs.sum() * 0.0
         return nn.functional.cross_entropy(outputs.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
+    def loss_terms(self, labels: torch.Tensor) -> int:
+        return int((labels != IGNORE_INDEX).sum())
+
     def predictions(self, outputs: torch.Tensor) -> torch.Tensor:
         return outputs.argmax(-1)
 

@@ -190,20 +190,23 @@ class ModelTrainer:
 
     @torch.no_grad()
     def evaluate(self, loader, accelerator: Accelerator) -> dict[str, float]:
-        """Dev loss and the task's metrics, keys prefixed ``eval_`` as in Hugging Face."""
+        """Dev loss (the mean over all loss terms, whatever the batches) and the task's metrics, keys prefixed
+        ``eval_`` as in Hugging Face."""
         model = self.model
         model.eval()
-        total_loss, predictions, references = 0.0, [], []
+        total_loss, terms, predictions, references = 0.0, 0, [], []
         for batch in loader:
             batch = _to(batch, accelerator.device)
             with accelerator.autocast():
                 outputs = model(batch)
-                total_loss += model.loss(outputs, batch["labels"]).item() * len(batch["labels"])
+                batch_terms = model.loss_terms(batch["labels"])
+                total_loss += model.loss(outputs, batch["labels"]).item() * batch_terms
+                terms += batch_terms
             batch_predictions, batch_references = model.metric_inputs(outputs.float(), batch["labels"])
             predictions += batch_predictions
             references += batch_references
         scores = compute_metrics(self.corpus.metrics, predictions, references)
-        return {"eval_loss": total_loss / len(references), **{f"eval_{k}": v for k, v in scores.items()}}
+        return {"eval_loss": total_loss / max(terms, 1), **{f"eval_{k}": v for k, v in scores.items()}}
 
     # ----------------------------------------------------------------------------------------------------------
 
