@@ -323,8 +323,9 @@ def benchmark(args: argparse.Namespace) -> dict:
     boundaries = sorted({layers - k for k in args.layers if k != "all"})
     study_pass = cache_pass(tokenized, boundaries, args.cache_dir / "frozen_prefix") if boundaries else 0.0
     cache_mb = sum(f.stat().st_size for f in (args.cache_dir / "frozen_prefix").rglob("*") if f.is_file()) / 2**20
-    print(f"shared cache pass, boundaries {boundaries}: {study_pass:.1f} s, {cache_mb:.1f} MiB on disk (float32; "
-          f"loaded into RAM below FrozenPrefixCache's memory budget, memory-mapped above it)", flush=True)
+    print(f"shared cache pass, boundaries {boundaries}: {study_pass:.1f} s, {cache_mb:.1f} MiB on disk (float32; a "
+          f"run loads its boundary into RAM within FrozenPrefixCache's memory budget, memory-maps it beyond)",
+          flush=True)
     if args.interleaved_steps:
         report = {"model": MODEL, "layers": layers, "train_size": len(tokenized["train"]),
                   "interleaved_steps": interleaved_steps(tokenized, tokenizer, layers, args),
