@@ -26,11 +26,9 @@ def test_benchmark_writes_the_issue_json_layout(data_mirror, tmp_path):
     for row in report["results"]:
         assert {"common_epoch_s", "uncached_epoch_s", "cached_epoch_s", "cache_pass_s", "ideal_ratio",
                 "common_metric", "uncached_metric", "cached_metric"} <= set(row)
-        assert row["ideal_ratio"] == benchmark.ideal_ratio(row["tunable_layers"], 6)
         assert 0 <= row["cached_metric"] <= 100
+    assert [row["ideal_ratio"] for row in report["results"]] == [0.0, 0.375, 1.0]  # 3K / (L + 2K)
     k1 = report["results"][1]
     assert k1["cached_metric"] == k1["uncached_metric"]  # the cache changes no result
-    assert report["results"][2]["cached_epoch_s"] == report["results"][2]["uncached_epoch_s"]  # K=all: one path
     assert {"common_s", "cached_s", "cached_grouped_s", "cache_mb"} <= set(report["study"])
     assert report["study"]["cache_mb"] > 0
-    assert benchmark.ideal_ratio(2, 6) == 0.6 and benchmark.ideal_ratio(0, 6) == 0.0

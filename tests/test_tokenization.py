@@ -135,7 +135,7 @@ def test_batches_pad_to_their_longest_example(tokenizer, tmp_path):
 def test_scoring_order_visits_every_example_once_longest_first(tokenizer, tmp_path):
     out = tokenize_corpus(pair_corpus(), tokenizer, max_length=10, cache_dir=tmp_path)["train"]
     examples = Examples(out, tokenizer.pad_token_id)
-    batches = list(make_loader(examples, batch_size=4, group_by_length=True))
+    batches = list(make_loader(examples, batch_size=4, longest_first=True))
     seen = [n for b in batches for n in b["attention_mask"].sum(1).tolist()]
     assert seen == sorted(examples.lengths, reverse=True)
     padded = sum(b["input_ids"].numel() for b in batches)

@@ -57,11 +57,12 @@ class PadCollator:
 
 def make_loader(
     examples: Dataset, batch_size: int, *, shuffle: bool = False, seed: int = 0, group_by_length: bool = False,
+    longest_first: bool = False,
 ) -> DataLoader:
     """A seeded loader: same seed → same batches. ``group_by_length`` buckets similar lengths to cut padding.
 
-    Without ``shuffle``, ``group_by_length`` visits the examples longest first: for scoring, where the order does
-    not matter and each batch then pads to nearly its own length.
+    ``longest_first`` (without shuffling) is for scoring, where the order does not matter: every batch then pads
+    to nearly its own length.
     ``examples`` brings its own ``collate`` (how to pad its features) and ``lengths`` (tokens per example).
     """
     generator = torch.Generator().manual_seed(seed)
@@ -69,7 +70,7 @@ def make_loader(
         sampler = LengthGroupedSampler(batch_size, lengths=examples.lengths, generator=generator)
     elif shuffle:
         sampler = RandomSampler(examples, generator=generator)
-    elif group_by_length:
+    elif longest_first:
         sampler = sorted(range(len(examples)), key=lambda i: -examples.lengths[i])
     else:
         sampler = SequentialSampler(examples)

@@ -6,7 +6,7 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +16,9 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling folder; it replaces ``path`` only if the block finishes without error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
-    staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private (0700); the result is an ordinary folder
+    # A plain mkdir (not mkdtemp's private 0700) so that the result has ordinary permissions.
+    staging = path.parent / f".{path.name}.partial-{uuid.uuid4().hex}"
+    staging.mkdir()
     try:
         yield staging
         if path.exists():
@@ -25,12 +26,6 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         os.replace(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def write_json(path: str | Path, data: object) -> None:

@@ -19,7 +19,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
@@ -112,16 +111,10 @@ class NerStudyResult:
 
 
 def load_study_corpus(params: NerParams, data_mirror: str | Path | None = None) -> Corpus:
-    """CoNLL-2003 with the seeded train subsample; dev sorted by length, test left out (the study scores dev).
-
-    The trainer evaluates dev in order, so sorting it puts sentences of similar length in one batch: far less
-    padding, the same scores.
-    """
+    """CoNLL-2003 with the seeded train subsample; test left out (the study scores dev)."""
     corpus = CONLL_03(train_size=params.train_size, dev_size=params.dev_size, seed=params.data_seed,
                       data_mirror=data_mirror)
-    order = np.argsort([len(words) for words in corpus.dev["tokens"]], kind="stable")
-    return dataclasses.replace(corpus, dev=corpus.dev.select(order), test=None,
-                               notes=[*corpus.notes, "dev sorted by sentence length; test not used."])
+    return dataclasses.replace(corpus, test=None, notes=[*corpus.notes, "test not used."])
 
 
 def feature_cache_dir(root: str | Path, model: str) -> Path:

@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     parser = argparse.ArgumentParser(prog="python -m layertune.study", description=main.__doc__)
-    parser.add_argument("profile", help="a name in profiles/ (ci, imdb, glue-bert-base) or a path")
+    parser.add_argument("profile", help="a name in profiles/ (ci, glue-bert-base, imdb, ner-bert-base, multi-encoder-cola) or a path")
     parser.add_argument("--check", action="store_true", help="validate params.yaml with the profile applied")
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)

@@ -126,9 +126,10 @@ class ModelTrainer:
         train_loader = make_loader(train_data, args.batch_size, shuffle=args.shuffle_data, seed=args.seed,
                                    group_by_length=args.group_by_length)
         # Dev is only scored, so its order is free: longest first, each batch padded to about its own length.
-        dev_loader = make_loader(dev_data, args.eval_batch_size or args.batch_size, group_by_length=True)
+        dev_loader = make_loader(dev_data, args.eval_batch_size or args.batch_size, longest_first=True)
 
-        optimizer = _adamw(parameter_groups)
+        model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by the parameters' device
+        optimizer = _adamw(parameter_groups, fused=accelerator.mixed_precision != "fp16")
         total_steps = args.epochs * len(train_loader)
         scheduler = transformers.get_linear_schedule_with_warmup(
             optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps
@@ -223,13 +224,18 @@ class ModelTrainer:
         return [g for g in groups if g["params"]]
 
 
-def _adamw(parameter_groups: list[dict]) -> torch.optim.AdamW:
+def _adamw(parameter_groups: list[dict], fused: bool = True) -> torch.optim.AdamW:
     """AdamW with all tensors updated in one fused kernel where the device has one (`Trainer`'s default,
-    ``adamw_torch_fused``): the same update, and on CPU about 4x faster than the per-tensor loop."""
-    try:
-        return torch.optim.AdamW(parameter_groups, fused=True)
-    except RuntimeError:  # a device or dtype without a fused kernel
-        return torch.optim.AdamW(parameter_groups)
+    ``adamw_torch_fused``): the same update, and on CPU about 4x faster than the per-tensor loop.
+
+    Not with fp16: accelerate cannot tell that a fused step was skipped on overflow, and would advance the
+    learning-rate schedule anyway (huggingface/accelerate#4242)."""
+    if fused:
+        try:
+            return torch.optim.AdamW(parameter_groups, fused=True)
+        except RuntimeError:  # a device or dtype without a fused kernel
+            pass
+    return torch.optim.AdamW(parameter_groups)
 
 
 def _to(batch: dict, device: torch.device) -> dict:
