@@ -153,21 +153,15 @@ def run_layertune(corpus, k: int | str, seed: int, args: argparse.Namespace, cac
             "cached": result.frozen_prefix_cache["used"], "steal": steal_fraction(cpu)}
 
 
-def cache_pass(tokenized: dict, boundaries: list[int], root: Path, dtype: str = "float32") -> float:
-    """Seconds for one forward pass that fills every boundary in ``boundaries``, train and dev splits."""
-    return cache_pass_with_size(tokenized, boundaries, root, dtype)[0]
-
-
-def cache_pass_with_size(tokenized: dict, boundaries: list[int], root: Path,
-                         dtype: str = "float32") -> tuple[float, float]:
-    """`cache_pass`, and the MiB its entries take on disk."""
+def cache_pass(tokenized: dict, boundaries: list[int], root: Path, dtype: str = "float32") -> tuple[float, float]:
+    """Seconds for one forward pass that fills every boundary in ``boundaries`` (train and dev splits), and the
+    MiB its entries take on disk."""
     encoder = LanguageModel(MODEL, tunable_layers=0)
     cache = FrozenPrefixCache(root, dtype=dtype, progress=False)
     started = time.perf_counter()
     keys = [key for split in ("train", "dev") for key in cache.build(encoder, tokenized[split], boundaries)]
     seconds = time.perf_counter() - started
-    size = sum(f.stat().st_size for key in keys for f in (root / key).iterdir()) / 2**20
-    return seconds, size
+    return seconds, sum(f.stat().st_size for key in keys for f in (root / key).iterdir()) / 2**20
 
 
 # ---------------------------------------------------------------------------------------------------- reporting
@@ -328,7 +322,7 @@ def benchmark(args: argparse.Namespace) -> dict:
 
     # One pass fills every boundary the study needs, for train and dev: (c) of every K and seed reads it.
     boundaries = sorted({layers - k for k in args.layers if k != "all"})
-    study_pass, cache_mb = (cache_pass_with_size(tokenized, boundaries, args.cache_dir / "frozen_prefix")
+    study_pass, cache_mb = (cache_pass(tokenized, boundaries, args.cache_dir / "frozen_prefix")
                             if boundaries else (0.0, 0.0))
     print(f"shared cache pass, boundaries {boundaries}: {study_pass:.1f} s, {cache_mb:.1f} MiB on disk (float32; a "
           f"run loads its boundary into RAM within FrozenPrefixCache's memory budget, memory-maps it beyond)",
@@ -348,7 +342,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         pass_s = 0.0
         if k != "all":  # what this K alone would pay for its cache: one pass to its boundary, train + dev
             with tempfile.TemporaryDirectory(dir=args.cache_dir) as root:
-                pass_s = cache_pass(tokenized, [layers - k], Path(root))
+                pass_s, _ = cache_pass(tokenized, [layers - k], Path(root))
         for seed in args.seeds:  # interleaved, so that load and CPU steal hit all variants alike
             done = {"common": run_common(tokenized, tokenizer, k, seed, args)}
             if k == "all" or seed in args.seeds[: args.uncached_seeds]:
@@ -510,7 +504,7 @@ def compare_cache_dtypes(corpus, tokenized: dict, boundaries: list[int], args: a
     print("\ncache dtypes (K, dtype: epoch s, dev accuracy, difference to float32 with the same seeds):")
     for dtype in args.cache_dtypes:
         if dtype != "float32":
-            seconds = cache_pass(tokenized, boundaries, args.cache_dir / "frozen_prefix", dtype)
+            seconds, _ = cache_pass(tokenized, boundaries, args.cache_dir / "frozen_prefix", dtype)
             print(f"  shared {dtype} cache pass: {seconds:.1f} s", flush=True)
     results = []
     for k in (k for k in args.layers if k != "all"):

@@ -15,7 +15,7 @@ def evaluate(models: dict[str, Callable], trainings: dict[str, dict], corpora: d
     grid = {c for c in section("study", study).cells() if (c.task, c.model) == (task, model)}
     corpus, options = corpora[task](), section("tokenize", tokenize)
     batch_size = section("evaluate", evaluate).batch_size
-    predictions, metrics = {}, {}
+    predictions, metrics, evaluated = {}, {}, set()
     for folder, summary in trainings.items():
         identity = Cell(summary["task"], summary["model"], summary["tunable_layers"], summary["seed"])
         if identity not in grid:
@@ -23,7 +23,8 @@ def evaluate(models: dict[str, Callable], trainings: dict[str, dict], corpora: d
         predictions[folder], scores = evaluate_model(models[folder](), corpus, options, batch_size)
         metrics[folder] = {**identity.as_dict(), "metric": corpus.main_metric, "score": scores[corpus.main_metric],
                            **scores}
-    missing = grid - {Cell(m["task"], m["model"], m["tunable_layers"], m["seed"]) for m in metrics.values()}
+        evaluated.add(identity)
+    missing = grid - evaluated
     if missing:
         raise ValueError(f"No trained model for {len(missing)} cell(s) of the study: "
                          f"{', '.join(c.dvc_stage for c in sorted(missing, key=str))}")

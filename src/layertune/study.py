@@ -454,6 +454,11 @@ def evaluate_model(model: Any, corpus: Corpus, tokenize: TokenizeSection, batch_
 # -------------------------------------------------------------------------------------------------- profiles
 
 
+def profile_names(root: str | Path = ".") -> list[str]:
+    """The profiles shipped in ``<root>/profiles``."""
+    return sorted(p.stem for p in (Path(root) / "profiles").glob("*.yaml"))
+
+
 def load_profile(name_or_path: str | Path, root: str | Path = ".") -> dict[str, Any]:
     """A profile's overrides ``{dotted.key: value}`` from ``profiles/<name>.yaml`` (or a path)."""
     import yaml
@@ -462,9 +467,8 @@ def load_profile(name_or_path: str | Path, root: str | Path = ".") -> dict[str, 
     if not path.suffix:
         path = Path(root) / "profiles" / f"{name_or_path}.yaml"
     if not path.is_file():
-        names = sorted(p.stem for p in (Path(root) / "profiles").glob("*.yaml"))
         raise FileNotFoundError(f"No profile {str(name_or_path)!r} ({path} is missing)."
-                                f"{choices_hint(name_or_path, names)}")
+                                f"{choices_hint(name_or_path, profile_names(root))}")
     overrides = yaml.safe_load(path.read_text()) or {}
     if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
         raise ParamsError(f"{path}: a profile is a mapping of dotted keys to values, e.g. 'train.epochs: 1'.")
@@ -514,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     parser = argparse.ArgumentParser(prog="python -m layertune.study", description=main.__doc__)
-    parser.add_argument("profile", help="a name in profiles/ (ci, glue-bert-base, imdb, ner-bert-base, multi-encoder-cola) or a path")
+    parser.add_argument("profile", help=f"a name in profiles/ ({', '.join(profile_names())}) or a path")
     parser.add_argument("--check", action="store_true", help="validate params.yaml with the profile applied")
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
