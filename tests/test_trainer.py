@@ -144,3 +144,11 @@ def test_model_and_corpus_must_fit(tiny_bert, toy_corpus):
         ModelTrainer(TextClassifier(LanguageModel(tiny_bert, 0), 3), toy_corpus)
     with pytest.raises(ValueError, match="regression"):
         ModelTrainer(TextRegressor(LanguageModel(tiny_bert, 0)), toy_corpus)
+
+
+def test_optimizer_is_fused_adamw_except_under_fp16():
+    from layertune.trainer import _adamw
+
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(3))], "lr": 1e-3, "weight_decay": 0.0}]
+    assert _adamw(groups).defaults["fused"] is True  # Trainer's default kernel: one update for all tensors
+    assert not _adamw(groups, fused=False).defaults["fused"]  # fp16: accelerate must see skipped steps
