@@ -10,7 +10,7 @@ export DO_NOT_TRACK := 1
 SHARED ?= $(abspath ../shared)
 ifneq ($(wildcard $(SHARED)/data),)
 export LAYERTUNE_DATA_MIRROR ?= $(SHARED)/data
-export LAYERTUNE_SHARED_MODELS ?= $(SHARED)/models
+export LAYERTUNE_MODEL_MIRROR ?= $(SHARED)/models
 endif
 
 .PHONY: setup study test benchmark

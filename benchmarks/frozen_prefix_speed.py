@@ -42,7 +42,7 @@ import transformers  # noqa: E402
 
 from layertune import LanguageModel, ModelTrainer, TextClassifier, encoder_layers, load_corpus  # noqa: E402
 from layertune.frozen_prefix import FrozenPrefixCache  # noqa: E402
-from layertune.language_model import resolve_model_path  # noqa: E402
+from layertune.model_paths import resolve_model_path  # noqa: E402
 from layertune.metrics import compute_metrics  # noqa: E402
 from layertune.tokenization import tokenize_corpus  # noqa: E402
 
@@ -300,7 +300,7 @@ def _steal_note(steal: float | None) -> str:
 
 def benchmark(args: argparse.Namespace) -> dict:
     started, cpu_start = time.perf_counter(), cpu_times()
-    compute_metrics(("accuracy",), [0, 1], [0, 1])  # one-time imports (evaluate, sklearn) out of the first run
+    compute_metrics(("accuracy",), [0, 1], [0, 1])  # one-time imports (scipy) out of the first run
     corpus = load_corpus("sst2", data_mirror=args.data_mirror, train_size=args.train_size, dev_size=args.dev_size,
                          seed=0)
     probe = LanguageModel(MODEL, tunable_layers=0)

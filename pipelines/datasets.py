@@ -1,9 +1,11 @@
-"""Kedro datasets for what the stages exchange: corpora, the feature cache, task models, JSON/CSV/text files, and
-folders of many such files. Each writes atomically or sorted, so equal data gives equal bytes."""
+"""Kedro datasets for what the stages exchange: typed plans, corpora, the feature cache, trained cells, and plain
+JSON/CSV/text/PNG files (one, or a tree of them). Each writes atomically or sorted, so equal data gives equal bytes.
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,57 @@ import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
 
 from layertune.io import atomic_directory, write_json
+
+
+def _class(dotted: str) -> type:
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+class SpecDataset(AbstractDataset[Any, Any]):
+    """A pydantic model (``spec``, a dotted class name) as one JSON file: the typed plans of `layertune.study`."""
+
+    def __init__(self, filepath: str, spec: str) -> None:
+        self._path = Path(filepath)
+        self._spec = spec
+
+    def load(self) -> Any:
+        if not self._path.is_file():
+            raise DatasetError(f"No plan at {self._path}: run the plan stage first (dvc repro plan), and check the "
+                               "study or cell named in --params.")
+        return _class(self._spec).model_validate_json(self._path.read_text())
+
+    def save(self, data: Any) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._path.write_text(data.model_dump_json(indent=2) + "\n")
+
+    def _exists(self) -> bool:
+        return self._path.is_file()
+
+    def _describe(self) -> dict[str, Any]:
+        return {"filepath": str(self._path), "spec": self._spec}
+
+
+class SpecTreeDataset(AbstractDataset[dict, dict]):
+    """Many pydantic models, ``{key: model}`` saved as ``<path>/<key><suffix>`` (keys may contain '/')."""
+
+    def __init__(self, path: str, suffix: str, spec: str) -> None:
+        self._path, self._suffix, self._spec = Path(path), suffix, spec
+
+    def load(self) -> dict:
+        spec = _class(self._spec)
+        return {str(f.relative_to(self._path))[: -len(self._suffix)]: spec.model_validate_json(f.read_text())
+                for f in sorted(self._path.rglob(f"*{self._suffix}"))}
+
+    def save(self, data: dict) -> None:
+        for key, value in data.items():
+            SpecDataset(str(self._path / f"{key}{self._suffix}"), self._spec).save(value)
+
+    def _exists(self) -> bool:
+        return self._path.is_dir()
+
+    def _describe(self) -> dict[str, Any]:
+        return {"path": str(self._path), "suffix": self._suffix, "spec": self._spec}
 
 
 class CorporaDataset(AbstractDataset[dict, dict]):
@@ -50,8 +103,8 @@ class CorporaDataset(AbstractDataset[dict, dict]):
         return {"path": str(self._path)}
 
 
-class FeatureCacheDataset(AbstractDataset[None, Path]):
-    """A folder that `layertune` fills as a cache (tokenized splits, frozen-prefix states): loading gives its path.
+class FolderDataset(AbstractDataset[None, Path]):
+    """A folder that `layertune` fills itself (the content-addressed feature cache): loading gives its path.
 
     Its layout belongs to the library; nodes pass the path on and never save through this dataset.
     """
@@ -63,7 +116,7 @@ class FeatureCacheDataset(AbstractDataset[None, Path]):
         return self._path
 
     def save(self, data: None) -> None:
-        raise DatasetError(f"{self._path} is filled by layertune's caches; nothing is saved through the catalog.")
+        raise DatasetError(f"{self._path} is filled by layertune itself; nothing is saved through the catalog.")
 
     def _exists(self) -> bool:
         return self._path.is_dir()
@@ -72,48 +125,44 @@ class FeatureCacheDataset(AbstractDataset[None, Path]):
         return {"path": str(self._path)}
 
 
-class TaskModelsDataset(AbstractDataset[None, dict]):
-    """Every saved `TaskModel` below ``path`` (a folder holding ``<name>/config.json``), keyed by the folder that
-    holds it, relative to ``path``: ``{"layers-2/seed-1": loader}``; ``loader()`` reads the model."""
-
-    def __init__(self, path: str, name: str = "model") -> None:
-        self._path = Path(path)
-        self._name = name
-
-    def load(self) -> dict:
-        from layertune.heads import TaskModel
-
-        return {str(config.parent.parent.relative_to(self._path)): functools.partial(TaskModel.from_pretrained,
-                                                                                      config.parent)
-                for config in sorted(self._path.rglob(f"{self._name}/config.json"))
-                if not any(part.startswith(".") for part in config.relative_to(self._path).parts)}
-
-    def save(self, data: None) -> None:
-        raise DatasetError(f"Models are saved one by one (TaskModelDataset), not through {self._path}.")
-
-    def _exists(self) -> bool:
-        return self._path.is_dir()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path), "name": self._name}
-
-
-class TaskModelDataset(AbstractDataset[Any, Any]):
-    """A `layertune.heads.TaskModel` folder (safetensors + JSON), written all at once."""
+class TrainedCellDataset(AbstractDataset[Any, Any]):
+    """One cell's folder, written all at once by `layertune.cell.TrainedCell.save`; loads as a `CellFolder`."""
 
     def __init__(self, path: str) -> None:
         self._path = Path(path)
 
     def load(self) -> Any:
-        from layertune.heads import TaskModel
+        from layertune.cell import CellFolder
 
-        return TaskModel.from_pretrained(self._path)
+        return CellFolder(self._path)
 
     def save(self, data: Any) -> None:
         data.save(self._path)
 
     def _exists(self) -> bool:
-        return (self._path / "config.json").is_file()
+        return (self._path / "cell.json").is_file()
+
+    def _describe(self) -> dict[str, Any]:
+        return {"path": str(self._path)}
+
+
+class CellFoldersDataset(AbstractDataset[None, dict]):
+    """Every cell folder right below ``path``: ``{key: CellFolder}`` (unfinished writes, dot-named, are skipped)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = Path(path)
+
+    def load(self) -> dict:
+        from layertune.cell import CellFolder
+
+        return {folder.name: CellFolder(folder) for folder in sorted(self._path.glob("*/cell.json"))
+                for folder in [folder.parent] if not folder.name.startswith(".")}
+
+    def save(self, data: None) -> None:
+        raise DatasetError(f"Cells are saved one by one (TrainedCellDataset), not through {self._path}.")
+
+    def _exists(self) -> bool:
+        return self._path.is_dir()
 
     def _describe(self) -> dict[str, Any]:
         return {"path": str(self._path)}
@@ -164,39 +213,27 @@ class FileDataset(AbstractDataset[Any, Any]):
 
 
 class FileTreeDataset(AbstractDataset[dict, dict]):
-    """Many files called ``name`` below ``path``, keyed by their folder relative to ``path``.
+    """Many files below ``path`` keyed by their path relative to it, less ``suffix``: saving ``{"a/b": df}`` with
+    ``suffix=".csv"`` writes ``<path>/a/b.csv``. Saving writes (or overwrites) just those files."""
 
-    ``FileTreeDataset("data/04_models", "metrics.json").load()`` gives ``{"sst2/m/layers-2/seed-1": {...}, ...}``;
-    saving ``{"quality/sst2": df}`` with ``name=".csv"`` writes ``<path>/quality/sst2.csv`` (a leading dot makes
-    ``name`` a suffix). Saving writes (or overwrites) just those files: several trees may share a folder.
-    """
-
-    def __init__(self, path: str, name: str) -> None:
+    def __init__(self, path: str, suffix: str) -> None:
         self._path = Path(path)
-        self._filename = name
-
-    def _file(self, key: str) -> Path:
-        if self._filename.startswith("."):
-            return self._path / f"{key}{self._filename}"
-        return self._path / key / self._filename
+        self._suffix = suffix
 
     def load(self) -> dict:
-        pattern = f"*{self._filename}" if self._filename.startswith(".") else self._filename
         found = {}
-        for file in sorted(self._path.rglob(pattern)):
+        for file in sorted(self._path.rglob(f"*{self._suffix}")):
             relative = file.relative_to(self._path)
-            if any(part.startswith(".") for part in relative.parts):  # staging folders of unfinished writes
-                continue
-            key = str(relative)[: -len(self._filename)] if self._filename.startswith(".") else str(relative.parent)
-            found[key] = _read(file)
+            if not any(part.startswith(".") for part in relative.parts):  # staging folders of unfinished writes
+                found[str(relative)[: -len(self._suffix)]] = _read(file)
         return found
 
     def save(self, data: dict) -> None:
         for key, value in data.items():
-            _write(self._file(key), value)
+            _write(self._path / f"{key}{self._suffix}", value)
 
     def _exists(self) -> bool:
         return self._path.is_dir()
 
     def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path), "name": self._filename}
+        return {"path": str(self._path), "suffix": self._suffix}

@@ -1,4 +1,10 @@
-"""Kedro hooks: check params.yaml before any stage runs, and track each train cell as an MLflow run."""
+"""Kedro hooks: track each trained cell, of every study, as one MLflow run.
+
+Runs are grouped as one MLflow experiment per study (``layertune-<study>``), not as child runs of a study run:
+each cell is its own process (its own DVC stage), so a parent run would have no process to own it and end it, and
+one experiment per study is what the MLflow UI compares side by side (its runs table, charts and parallel
+coordinates over the cells' parameters).
+"""
 
 from __future__ import annotations
 
@@ -8,34 +14,24 @@ import logging
 
 from kedro.framework.hooks import hook_impl
 
-from layertune.study import Cell, validate_params
-
 logger = logging.getLogger(__name__)
 
 MLFLOW_TAG = "mlflow"  # nodes with this tag are tracked: one MLflow run per run of the node
 
 
-class ValidateParamsHook:
-    """Every ``kedro run`` checks the whole of params.yaml first, so a typo fails before any work, key named."""
-
-    @hook_impl
-    def after_context_created(self, context) -> None:
-        validate_params(context.params)
-
-
 class MlflowCellHook:
-    """A run per tagged node: params before it runs; history, final metrics and artifacts after it; FINISHED
-    only once the whole Kedro run (outputs saved included) succeeded. An error ends it FAILED; Ctrl-C or SIGTERM
-    ends it KILLED (at interpreter exit at the latest, since neither reaches Kedro's error hooks)."""
+    """A run per tagged node: parameters before it runs; history, final metrics and the model's path after it;
+    FINISHED only once the whole Kedro run (outputs saved included) succeeded. An error ends it FAILED; Ctrl-C or
+    SIGTERM ends it KILLED (at interpreter exit at the latest, since neither reaches Kedro's error hooks)."""
 
     def __init__(self) -> None:
-        self.params: dict = {}
         self.run = None
+        self.catalog = None
         self._signals = contextlib.ExitStack()
 
     @hook_impl
-    def after_context_created(self, context) -> None:
-        self.params = context.params
+    def after_catalog_created(self, catalog) -> None:
+        self.catalog = catalog
 
     @hook_impl
     def before_node_run(self, node, inputs) -> None:
@@ -43,13 +39,10 @@ class MlflowCellHook:
             return
         from layertune import tracking
 
-        cell = Cell.from_params(inputs.get("params:cell", self.params.get("cell", {})))
-        study = self.params.get("study", {}).get("name", "study")
+        cell = inputs["cell_plan"]
         self.run = tracking.CellRun.start(
-            experiment=f"layertune-{study}",
-            run_name=f"{cell.task}-{cell.model.split('/')[-1]}-layers{cell.tunable_layers}-seed{cell.seed}",
-            params=tracking.cell_params(cell.as_dict(), self.params),
-            tags=tracking.cell_tags(stage=cell.dvc_stage, study=study),
+            experiment=tracking.experiment_name(cell.study), run_name=cell.key, params=tracking.cell_params(cell),
+            tags=tracking.cell_tags(stage=cell.dvc_stage, study=cell.study),
         )
         self._signals.enter_context(tracking.sigterm_raises())
         atexit.register(self.end_open_run)
@@ -60,12 +53,9 @@ class MlflowCellHook:
             return
         from layertune import tracking
 
-        summary, history, drift = outputs["cell_metrics"], outputs["cell_history"], outputs["cell_drift"]
-        self.run.log_history(history)
-        self.run.log_metrics(tracking.final_metrics(summary))
-        self.run.log_dict(summary, "metrics.json")
-        self.run.log_dict(history, "history.json")
-        self.run.log_text(drift.to_csv(index=False), "drift.csv")
+        trained = outputs["trained_cell"]
+        model_path = self.catalog.get("trained_cell")._describe()["path"] if self.catalog else None
+        tracking.log_result(self.run, trained.result, model_path=model_path and f"{model_path}/model")
 
     @hook_impl
     def on_node_error(self, error, node) -> None:

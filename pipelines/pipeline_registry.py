@@ -1,18 +1,15 @@
-"""One pipeline per DVC stage; ``__default__`` runs the layer-ablation stages in order (``cell`` picks the cell).
-
-The NER and the single-vs-multi-encoder studies are pipelines of their own, outside ``__default__``."""
+"""One pipeline per DVC stage. ``plan`` reads params.yaml; ``download`` every task; the others act on one study
+(``--params study=<name>``) and ``train`` on one cell of it (``--params study=<name>,cell=<key>``)."""
 
 from kedro.pipeline import Pipeline
 
-from pipelines import aggregate, download, evaluate, multi_encoder, ner, prepare, tokenize, train
+from pipelines import aggregate, download, evaluate, plan, prepare, tokenize, train
 
-STAGES = {"download": download, "prepare": prepare, "tokenize": tokenize, "train": train, "evaluate": evaluate,
-          "aggregate": aggregate}
+STAGES = {"plan": plan, "download": download, "prepare": prepare, "tokenize": tokenize, "train": train,
+          "evaluate": evaluate, "aggregate": aggregate}
 
 
 def register_pipelines() -> dict[str, Pipeline]:
     pipelines = {name: module.create_pipeline() for name, module in STAGES.items()}
-    pipelines["__default__"] = sum(pipelines.values(), Pipeline([]))
-    pipelines["ner"] = ner.create_pipeline()
-    pipelines["multi_encoder"] = multi_encoder.create_pipeline()
+    pipelines["__default__"] = pipelines["plan"] + pipelines["download"]
     return pipelines

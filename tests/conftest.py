@@ -40,7 +40,7 @@ def data_mirror() -> Path:
 @pytest.fixture(scope="session")
 def minilm_l3(data_mirror) -> Path:
     """The real 3-layer paraphrase-MiniLM-L3-v2 encoder that ships beside the data mirror."""
-    path = Path(os.environ.get("LAYERTUNE_SHARED_MODELS", data_mirror.parent / "models")) / "paraphrase-MiniLM-L3-v2"
+    path = Path(os.environ.get("LAYERTUNE_MODEL_MIRROR", data_mirror.parent / "models")) / "paraphrase-MiniLM-L3-v2"
     if not path.is_dir():
         pytest.fail(f"real model folder {path} is missing")
     return path

@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from layertune import LanguageModel, TaskModel, TextClassifier, TextRegressor
+from layertune import LanguageModel, TaskModel, TextClassifier, TextRegressor, TokenClassifier
 
 
 @pytest.fixture
@@ -76,8 +76,42 @@ def test_bad_head_arguments(tiny_bert, build, message):
 
 
 def test_base_class_loads_a_saved_token_classifier(tiny_bert, tmp_path):
-    from layertune.token_classification import TokenClassifier
-
     TokenClassifier(LanguageModel(tiny_bert, tunable_layers=1), 3, label_names=["O", "B-PER", "I-PER"]).save(
         tmp_path / "ner")
     assert type(TaskModel.from_pretrained(tmp_path / "ner")).__name__ == "TokenClassifier"
+
+
+def test_predict_gives_label_names_or_ids(saved):
+    model, _ = saved
+    names = model.predict(["great", "awful"])
+    ids = model.predict(["great", "awful"], return_ids=True)
+    assert set(names) <= {"no", "yes"} and names == [["no", "yes"][i] for i in ids]
+
+
+def test_predict_refuses_a_bare_string(saved):
+    with pytest.raises(TypeError, match=r"not one str: wrap it in a list, e.g. predict\(\['great film'\]\)"):
+        saved[0].predict("great film")
+
+
+@pytest.mark.parametrize("model_type", ["bert", "evil-bert"])
+def test_a_saved_folder_cannot_turn_on_remote_code(saved, tmp_path, model_type):
+    """A folder that asks for remote code (auto_map to a module beside it that would write a marker file, a trust
+    flag in its own settings) never runs that module: trust comes from the caller only. A model type transformers
+    knows loads with its own class; an unknown one is refused, saying why."""
+    _, path = saved
+    marker = tmp_path / "marker"
+    (path / "encoder" / "evil.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from transformers import BertConfig\nclass EvilConfig(BertConfig):\n    model_type = 'bert'\n")
+    encoder_config = json.loads((path / "encoder" / "config.json").read_text())
+    encoder_config.update(auto_map={"AutoConfig": "evil.EvilConfig"}, model_type=model_type)
+    (path / "encoder" / "config.json").write_text(json.dumps(encoder_config))
+    config = json.loads((path / "config.json").read_text())
+    config["encoder"]["trust_remote_code"] = True
+    (path / "config.json").write_text(json.dumps(config))
+    if model_type == "bert":
+        assert TaskModel.from_pretrained(path).predict(["great"]) in (["no"], ["yes"])
+    else:
+        with pytest.raises(ValueError, match="needs code that ships with the model .* pass trust_remote_code=True"):
+            TaskModel.from_pretrained(path)
+    assert not marker.exists()

@@ -15,8 +15,7 @@ from layertune.corpora import CONLL_03, load_corpus
 from layertune.corpus import Corpus
 from layertune.language_model import LanguageModel
 from layertune.metrics import compute_metrics
-from layertune.ner_study import NerParams
-from layertune.token_classification import TokenClassifier
+from layertune.heads import TokenClassifier
 from layertune.tokenization import tokenize_corpus
 from layertune.trainer import ModelTrainer
 
@@ -229,64 +228,6 @@ def test_real_conll2003_has_the_official_counts(data_mirror):
     assert small.train[:] == CONLL_03(data_mirror=data_mirror, train_size=500, seed=1).train[:]
 
 
-# ------------------------------------------------------------------------------------------------------ the study
-
-
-def toy_conll(rng: random.Random, sentences: int) -> str:
-    """CoNLL-2003-shaped text (IOB1 tags) over the tiny vocabulary, entities readable from the words."""
-    entities = {"zorro": "I-PER", "actor": "I-ORG", "plot": "I-LOC", "movie": "I-MISC"}
-    blocks = []
-    for _ in range(sentences):
-        words = [rng.choice([*entities, "the", "a", "was", "good", "."]) for _ in range(rng.randint(2, 7))]
-        blocks.append("\n".join(f"{w} X X {entities.get(w, 'O')}" for w in words))
-    return "-DOCSTART- -X- -X- O\n\n" + "\n\n".join(blocks) + "\n"
-
-
-def test_ner_params_check_one_rate_per_cell():
-    cells = NerParams(tunable_layers=[0, 2], learning_rate=1e-4, head_learning_rate=[3e-3, None]).cells()
-    assert [(c.tunable_layers, c.learning_rate, c.head_learning_rate) for c in cells] == [(0, 1e-4, 3e-3),
-                                                                                           (2, 1e-4, None)]
-    with pytest.raises(ValueError, match="learning_rate lists 3 rates for 2 tunable_layers values"):
-        NerParams(tunable_layers=[0, 2], learning_rate=[1e-4, 1e-4, 1e-4], head_learning_rate=None)
-    with pytest.raises(ValueError, match="epoch"):
-        NerParams.model_validate({"epoch": 2})
-
-
-def test_ner_pipeline_writes_report_figures_and_drift(tiny_bert, tmp_path, monkeypatch):
-    from kedro.io import DataCatalog, MemoryDataset
-    from kedro.runner import SequentialRunner
-
-    from pipelines.ner import create_pipeline
-
-    rng = random.Random(1)
-    conll_mirror(tmp_path / "mirror", train=toy_conll(rng, 40), dev=toy_conll(rng, 20), test=toy_conll(rng, 3))
-    monkeypatch.delenv("LAYERTUNE_DATA_MIRROR", raising=False)
-    ner = {"model": str(tiny_bert), "tunable_layers": [0, 1, "all"], "learning_rate": 1e-3,
-           "head_learning_rate": [3e-3, None, None], "train_size": 32, "epochs": 2, "batch_size": 8}
-    catalog = DataCatalog({"params:ner": MemoryDataset(ner), "params:download": MemoryDataset({"mirror": None}),
-                           "ner_feature_cache": MemoryDataset(tmp_path / "features")})
-    monkeypatch.setenv("LAYERTUNE_DATA_MIRROR", str(tmp_path / "mirror"))
-    class Kept(MemoryDataset):
-        def _release(self) -> None:  # the runner frees intermediate data once used; the test reads it after
-            pass
-
-    for name in ("ner_history", "ner_summary", "ner_drift", "ner_baselines"):
-        catalog[name] = Kept()
-    outputs = SequentialRunner().run(create_pipeline(), catalog)
-
-    summary, drift = catalog["ner_summary"].load(), catalog["ner_drift"].load()
-    assert list(summary["tunable_layers"]) == ["0", "1", "all"] and list(summary["train_sentences"]) == [32] * 3
-    assert list(summary["head_learning_rate"]) == [3e-3, 1e-3, 1e-3]
-    assert len(catalog["ner_history"].load()) == 6 and set(summary["frozen_prefix_cache"]) == {True, False}
-    embeddings = drift[drift["part"] == "embeddings"].groupby("tunable_layers")["mean_abs_change"].max()
-    assert embeddings["0"] == embeddings["1"] == 0 and embeddings["all"] > 0
-    assert catalog["ner_baselines"].load()["majority_tag"]["f1"] == 0.0  # "O" everywhere finds no entity
-    report = outputs["ner_report"].load()
-    assert "| 1 | " in report and "| all | " in report and "majority tag (`O`) everywhere" in report
-    assert "![Drift of selected tensors](ner/drift.png)" in report
-    assert set(outputs["ner_figures"].load()) == {"loss_curves", "f1", "training_time", "drift"}
-
-
 def test_dev_loss_is_the_mean_over_labelled_pieces_whatever_the_batches(tiny_bert, tmp_path):
     from accelerate import Accelerator
 
@@ -295,11 +236,20 @@ def test_dev_loss_is_the_mean_over_labelled_pieces_whatever_the_batches(tiny_ber
     corpus = toy_ner_corpus()
     model = build(tiny_bert)
     trainer = ModelTrainer(model, corpus, cache_dir=tmp_path)
-    _, dev, _ = model.encoder.prepare_examples(corpus, cache_dir=tmp_path, frozen_prefix_cache=False)
+    dev = model.encoder.prepare_examples(corpus, cache_dir=tmp_path, frozen_prefix_cache=False)[0]["dev"]
     batch = dev.collate([dev[i] for i in range(len(dev))])
     with torch.no_grad():
         model.eval()
         expected = model.loss(model(batch), batch["labels"]).item()  # one batch: the mean over every labelled piece
     for batch_size in (1, 3, 16):
-        scores = trainer.evaluate(make_loader(dev, batch_size), Accelerator(cpu=True))
+        scores, _ = trainer.evaluate(make_loader(dev, batch_size), Accelerator(cpu=True))
         assert scores["eval_loss"] == pytest.approx(expected, rel=1e-5), batch_size
+
+
+def test_majority_baselines_need_no_model():
+    from layertune.reports.ner import majority_baselines
+
+    corpus = one_sentence_corpus(["zorro", "smith", "was", "good"], ["B-PER", "I-PER", "O", "O"])
+    baselines = majority_baselines(corpus)
+    assert baselines["majority_tag"]["tag"] == "O" and baselines["majority_tag"]["f1"] == 0.0  # finds no entity
+    assert baselines["word_majority_tag"]["f1"] == 1.0  # every dev word was seen with its tag in train

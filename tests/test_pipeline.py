@@ -1,122 +1,170 @@
-"""The stages' Kedro pipelines on an in-memory catalog, with a tiny random model and a toy SST-2-shaped corpus."""
+"""The real entry point end to end on a tiny config: `kedro run` of every stage of three studies (a layer study, a
+tagging study, a single-vs-combined study) through the project's own settings, catalog and hooks, on a toy data
+mirror and tiny random models, tracked in a fresh MLflow database."""
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from kedro.io import DataCatalog, MemoryDataset
-from kedro.runner import SequentialRunner
+import yaml
 
-from layertune.study import ParamsError, validate_params
-from pipelines.datasets import CorporaDataset, FeatureCacheDataset
-from pipelines.download.nodes import download_corpora
-from pipelines.pipeline_registry import register_pipelines
-from tests.conftest import toy_sentiment_corpus
+from layertune.testing import make_tiny_model
 
-MODEL = "models/tiny-bert"  # a model name is a relative folder name of the study
+ROOT = Path(__file__).resolve().parents[1]
+TOY_SENTENCES = ["the movie was great", "a good film", "best story ever", "i love this plot",
+                 "the movie was awful", "a bad film", "worst story ever", "i hate this plot"]
 
 
-def study_params(**overrides) -> dict:
-    params = {
-        "study": {"name": "toy", "tasks": ["sst2"], "models": [MODEL], "tunable_layers": [0, 2], "seeds": [1]},
-        "cell": {"task": "sst2", "model": MODEL, "tunable_layers": 0, "seed": 1},
-        "download": {"mirror": None},
-        "prepare": {"train_size": 48, "dev_size": 1000, "balanced": None, "seed": 42},
-        "tokenize": {"max_length": 32, "frozen_prefix": True, "cache_dtype": "float32"},
-        "train": {"learning_rate": 1e-3, "head_learning_rate": None, "batch_size": 8, "epochs": 2,
-                  "weight_decay": 0.0, "warmup_ratio": 0.0, "max_grad_norm": 1.0, "pooling": "cls",
-                  "head": "linear", "group_by_length": False, "mixed_precision": "no"},
-        "evaluate": {"batch_size": 16},
-        "aggregate": {"tolerance": 0.01},
-    }
-    for key, value in overrides.items():
-        params[key] = {**params[key], **value}
-    return params
+def write_toy_mirror(root: Path) -> Path:
+    """glue/SST-2 and ner/conll2003 in their official layouts, a few dozen lines each."""
+    sst2 = root / "glue" / "SST-2"
+    sst2.mkdir(parents=True)
+    for split, repeats in (("train", 6), ("dev", 3)):
+        rows = [f"{s} {'really ' * (i % 3)}\t{int(j < 4)}" for i in range(repeats) for j, s in enumerate(TOY_SENTENCES)]
+        (sst2 / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    conll = root / "ner" / "conll2003"
+    conll.mkdir(parents=True)
+    sentence = ["EU NNP B-NP I-ORG", "rejects VBZ B-VP O", "German JJ B-NP I-MISC", "call NN I-NP O",
+                "by IN B-PP O", "Peter NNP B-NP I-PER", "in IN B-PP O", "Paris NNP B-NP I-LOC"]
+    for split, repeats in (("train", 12), ("dev", 6), ("test", 5)):
+        (conll / f"{split}.txt").write_text("-DOCSTART- -X- -X- O\n\n" + "\n\n".join(
+            "\n".join(sentence[i % 3 :] + sentence[: i % 3]) for i in range(repeats)) + "\n")
+    return root
 
 
-def catalog_for(params: dict, root: Path) -> DataCatalog:
-    datasets = {f"params:{name}": MemoryDataset(value) for name, value in params.items()}
-    datasets.update(parameters=MemoryDataset(params), raw_corpora=CorporaDataset(str(root / "raw")),
-                    prepared_corpora=CorporaDataset(str(root / "prepared")),
-                    feature_cache=FeatureCacheDataset(str(root / "features")))
-    return DataCatalog(datasets)
+def study(kind: str, tasks: list, encoders: dict, layers: list, seeds: list, **extra) -> dict:
+    return {"report": {"kind": kind, "resamples": 200, "examples": 2}, "tasks": tasks, "encoders": encoders,
+            "tunable_layers": layers, "seeds": seeds, "data": {"seed": 1},
+            "training": {"learning_rate": 1.0e-3, "batch_size": 8, "epochs": 2, "max_length": 32}, **extra}
 
 
-@pytest.fixture
-def project(tiny_bert, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_bert, tmp_path / MODEL)
-    CorporaDataset(str(tmp_path / "raw")).save({"sst2": toy_sentiment_corpus(64, 24)})
-    return tmp_path
+PARAMS = {
+    "download": {"mirror": "mirror"},
+    "studies": {
+        "layers": study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 2], [1, 2], encoder={"pooling": "mean"}),
+        "tags": study("ner", ["conll2003"], {"tiny": "models/tiny-a"}, [0, 1], [1],
+                      per_tunable_layers={0: {"head_learning_rate": 3.0e-3}}),
+        "combo": study("encoders", ["sst2"], {"a": "models/tiny-a", "b": "models/tiny-b",
+                                              "dme": {"combine": "dme", "members": ["a", "b"]}}, [1], [1]),
+    },
+}
 
 
-def cache_entries(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in (root / "features").rglob("*") if p.is_dir()}
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A project folder with this repository's pipelines and conf, the tiny params above, every stage run."""
+    project = tmp_path_factory.mktemp("project")
+    for name in ("pipelines", "conf"):
+        shutil.copytree(ROOT / name, project / name)
+    shutil.copy(ROOT / "pyproject.toml", project)
+    (project / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
+    write_toy_mirror(project / "mirror")
+    make_tiny_model(project / "models" / "tiny-a", "bert", seed=0)
+    make_tiny_model(project / "models" / "tiny-b", "bert", seed=1, extra_words=("really", "peter", "paris"))
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "LAYERTUNE_DATA_MIRROR": "",
+           "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT / "src")}
+    # The plan stage through the command line itself; later stages through a Kedro session, as `kedro run` does.
+    subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "plan"], cwd=project, check=True,
+                   env={**__import__("os").environ, **env}, capture_output=True)
+    runs = run_stages(project, env)
+    return project, runs
 
 
-def test_download_validates_all_params_first():
-    with pytest.raises(ParamsError, match=r"train\.learnin_rate"):
-        download_corpora(study_params(train={"learnin_rate": 1.0}))
+def run_stages(project: Path, env: dict) -> dict:
+    import os
+
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    from layertune.study import StudyPlan
+
+    previous_dir, previous_env = Path.cwd(), dict(os.environ)
+    os.chdir(project)
+    os.environ.update(env)
+    try:
+        bootstrap_project(project)
+
+        def run(pipeline: str, **runtime):
+            with KedroSession.create(project_path=project, runtime_params=runtime) as session:
+                session.run(pipeline_names=[pipeline])
+
+        run("download")
+        plans = {name: StudyPlan.model_validate_json((project / f"data/00_plan/{name}/study.json").read_text())
+                 for name in PARAMS["studies"]}
+        for name, plan in plans.items():
+            run("prepare", study=name)
+            run("tokenize", study=name)
+            cache_before = sorted(p.name for p in (project / "data" / "cache").rglob("*"))
+            for cell in plan.cells:
+                run("train", study=name, cell=cell.key)
+            assert sorted(p.name for p in (project / "data" / "cache").rglob("*")) == cache_before, \
+                "cells found the tokenize stage's caches: they wrote none of their own"
+            run("evaluate", study=name)
+            run("aggregate", study=name)
+        return plans
+    finally:
+        os.chdir(previous_dir)
+        os.environ.clear()
+        os.environ.update(previous_env)
 
 
-def test_download_reads_the_mirror(project, data_mirror, monkeypatch):
-    monkeypatch.delenv("LAYERTUNE_DATA_MIRROR", raising=False)
-    corpora = download_corpora(study_params(study={"tasks": ["rte"]}, download={"mirror": str(data_mirror)}))
-    assert list(corpora) == ["rte"] and len(corpora["rte"].train) == 2490 and len(corpora["rte"].dev) == 277
+def test_every_cell_of_every_study_has_its_folder(built):
+    project, plans = built
+    for name, plan in plans.items():
+        for cell in plan.cells:
+            folder = project / "data" / "04_models" / cell.path
+            assert {p.name for p in folder.iterdir()} == {"cell.json", "metrics.json", "history.json", "drift.csv",
+                                                          "predictions.json", "run_info.json", "model"}
+    tagging = json.loads((project / "data/04_models/tags/conll2003-tiny-0-1/predictions.json").read_text())
+    assert set(tagging) == {"dev", "test"}  # CoNLL-2003 has a labelled test split
 
 
-def test_stages_on_an_in_memory_catalog(project):
-    pipelines = register_pipelines()
-    params = study_params()
-    validate_params(params)
-    catalog = catalog_for(params, project)
-    SequentialRunner().run(pipelines["prepare"] + pipelines["tokenize"], catalog)
-    manifest = catalog.load("feature_manifest")
-    assert manifest[f"sst2/{MODEL}"]["examples"] == {"train": 48, "dev": 24}
-    assert manifest[f"sst2/{MODEL}"]["frozen_prefix_boundaries"] == [2, 4]
-    built = cache_entries(project)
+def test_one_finished_mlflow_run_per_cell_with_params_history_and_model(built):
+    from mlflow import MlflowClient
 
-    cells, models = {}, {}
-    for layers in (0, 2):
-        cell = {"task": "sst2", "model": MODEL, "tunable_layers": layers, "seed": 1}
-        catalog = catalog_for(study_params(cell=cell), project)
-        SequentialRunner().run(pipelines["train"], catalog)
-        cells[layers] = {name: catalog.load(name) for name in ("cell_metrics", "cell_history", "cell_drift")}
-        models[layers] = catalog.load("cell_model")
-    assert cache_entries(project) == built  # every cell found the tokenize stage's caches: nothing new written
-
-    folders = {layers: f"layers-{layers}/seed-1" for layers in cells}
-    catalog = catalog_for(params, project)
-    catalog["task_models"] = MemoryDataset({folders[k]: (lambda m=m: m) for k, m in models.items()})
-    catalog["task_trainings"] = MemoryDataset({folders[k]: v["cell_metrics"] for k, v in cells.items()})
-    SequentialRunner().run(pipelines["evaluate"], catalog)
-    evaluations, predictions = catalog.load("task_evaluations"), catalog.load("task_predictions")
-    for layers, outputs in cells.items():
-        metrics, evaluation = outputs["cell_metrics"], evaluations[folders[layers]]
-        assert metrics["tunable_layers"] == layers and metrics["frozen_prefix_cache_used"]
-        assert len(outputs["cell_history"]) == 2
-        # The saved best model, reloaded and run whole, scores exactly what training measured.
-        assert evaluation["score"] == pytest.approx(metrics["eval_accuracy"], abs=1e-9)
-        assert len(predictions[folders[layers]]) == 24
-    assert cells[0]["cell_metrics"]["trainable_parameters"] < cells[2]["cell_metrics"]["trainable_parameters"]
-
-    reports = DataCatalog({
-        "params:study": MemoryDataset(params["study"]), "params:aggregate": MemoryDataset(params["aggregate"]),
-        "cell_trainings": MemoryDataset({folders[k]: v["cell_metrics"] for k, v in cells.items()}),
-        "cell_histories": MemoryDataset({folders[k]: v["cell_history"] for k, v in cells.items()}),
-        "cell_drifts": MemoryDataset({folders[k]: v["cell_drift"] for k, v in cells.items()}),
-        "cell_evaluations": MemoryDataset(evaluations),
-    })
-    SequentialRunner().run(pipelines["aggregate"], reports)
-    markdown, metrics = reports.load("ablation_markdown"), reports.load("report_metrics")
-    assert "| tunable layers | SST-2 (accuracy) |" in markdown and "| 2 |" in markdown
-    assert set(metrics[MODEL]["sst2"]["mean"]) == {"0", "2"}
-    assert {"quality_vs_layers", "drift_heatmap"} <= set(reports.load("figures"))
+    project, plans = built
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    for name, plan in plans.items():
+        experiment = client.get_experiment_by_name(f"layertune-{name}")
+        runs = {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
+        assert set(runs) == {cell.key for cell in plan.cells}
+        for cell in plan.cells:
+            run = runs[cell.key]
+            assert run.info.status == "FINISHED"
+            assert run.data.params["tunable_layers"] == str(cell.tunable_layers)
+            assert run.data.params["seed"] == str(cell.seed) and run.data.params["study"] == name
+            history = client.get_metric_history(run.info.run_id, "eval_loss")
+            assert [m.step for m in history] == [1, 2]
+            assert (project / run.data.tags["model_path"] / "config.json").is_file()
+            assert run.data.tags["dvc_stage"] == cell.dvc_stage
 
 
-def test_aggregate_names_missing_cells(project):
-    from pipelines.aggregate.nodes import collect_results
+def test_reports_of_all_three_kinds(built):
+    project, _ = built
+    layers = json.loads((project / "reports/layers.json").read_text())
+    assert set(layers["sst2"]["tiny"]["mean"]) == {"0", "2"} and layers["sst2"]["tiny"]["seeds"] == 2
+    assert "recommended_layers" in layers["sst2"]["tiny"] and "ci_low" in layers["sst2"]["tiny"]
+    assert "| tunable layers | trainable parameters | accuracy (points) |" in (project / "reports/layers.md").read_text()
+    assert (project / "reports/layers/figures/quality_vs_layers.png").stat().st_size > 1000
+    tags = (project / "reports/tags.md").read_text()
+    assert "Baselines without a model" in tags and "test F1" in tags
+    assert set(json.loads((project / "reports/tags.json").read_text())["conll2003"]["baselines"]) == {
+        "majority_tag", "word_majority_tag"}
+    combo = (project / "reports/combo.md").read_text()
+    assert "dme attention of `dme` on the first 2 dev examples" in combo
+    verdicts = json.loads((project / "reports/combo.json").read_text())["sst2"]["1"]["versus_reference"]
+    assert set(verdicts) == {"dme", *({"a", "b"} - {json.loads((project / "reports/combo.json").read_text())["sst2"]
+                                                      ["1"]["reference"]})}
 
-    evaluation = {"task": "sst2", "model": MODEL, "tunable_layers": 0, "seed": 1, "metric": "accuracy", "score": 0.5}
-    with pytest.raises(ValueError, match="layers-2/seed-1"):
-        collect_results({"a": evaluation}, {}, study_params()["study"])
+
+def test_a_saved_multi_encoder_predicts_with_attention(built):
+    from layertune.heads import TextClassifier
+
+    project, _ = built
+    model = TextClassifier.from_pretrained(project / "data/04_models/combo/sst2-dme-1-1/model")
+    predictions, attention = model.predict_with_attention(["a good film", "worst story ever"])
+    assert set(predictions) <= {"negative", "positive"}
+    assert [round(sum(row), 6) for row in attention] == [1.0, 1.0] and len(attention[0]) == 2

@@ -1,119 +1,137 @@
-"""Reports from a synthetic results table: mean ± std over seeds, the best in bold, the recommendation, figures."""
+"""Reports from synthetic results: the recommendation rule (and when the data cannot decide), tables, metrics that
+are byte-identical between builds, figures, and evaluate's checks."""
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from layertune import reports
-from layertune.study import Cell
-from pipelines.datasets import FileDataset, FileTreeDataset
-
-LAYERS = [0, 1, 2, "all"]
-# Mean dev score per setting: SST-2 saturates at 2 layers, MRPC keeps improving.
-MEANS = {"sst2": {0: 0.80, 1: 0.85, 2: 0.905, "all": 0.91}, "mrpc": {0: 0.70, 1: 0.75, 2: 0.80, "all": 0.84}}
-OFFSETS = [-0.01, 0.0, 0.01]  # seed offsets: std over seeds = 0.01
+from layertune.corpus import Corpus
+from layertune.reports import build_report
+from layertune.reports.common import Setting, StudyResults
+from layertune.reports.layers import recommend
+from layertune.stages import score_cells
+from layertune.study import plan_studies
 
 
-def evaluations():
-    rows = []
-    for task, means in MEANS.items():
-        metric = "accuracy" if task == "sst2" else "f1"
-        for k in LAYERS:
-            for seed, offset in zip([1, 2, 3], OFFSETS, strict=True):
-                rows.append({"task": task, "model": "org/m", "tunable_layers": k, "seed": seed, "metric": metric,
-                             "score": means[k] + offset})
-    return rows
+def setting(layers, samples, scores=(0.8,)) -> Setting:
+    return Setting("sst2", "m", layers, "accuracy", list(scores), np.asarray(samples))
 
 
-def trainings():
-    return [{**{k: r[k] for k in ("task", "model", "tunable_layers", "seed")}, "best_epoch": 1,
-             "train_time_s": 10.0 + (4 if r["tunable_layers"] == "all" else r["tunable_layers"]),
-             "samples_per_s": 100.0, "trainable_parameters": 1000} for r in evaluations()]
+def test_recommends_the_fewest_layers_shown_within_tolerance():
+    rng = np.random.default_rng(0)
+    best = 0.80 + rng.normal(0, 0.002, 1000)
+    found = [setting(0, best - 0.10, [0.70]), setting(1, best - 0.002, [0.798]), setting(2, best, [0.80])]
+    chosen = recommend(found, tolerance=0.01, confidence=0.95)
+    assert chosen.best.tunable_layers == 2 and chosen.recommended == 1 and chosen.candidates == []
+    assert {k: c.verdict for k, c in chosen.comparisons.items()} == {"0": "no", "1": "yes", "2": "yes"}
 
 
-@pytest.fixture
-def results():
-    return reports.results_table(evaluations(), trainings())
+def test_names_no_winner_when_the_data_cannot_decide():
+    rng = np.random.default_rng(1)
+    best = 0.80 + rng.normal(0, 0.002, 1000)
+    shortfall = rng.uniform(0.0, 0.02, 1000)  # straddles the 1-point tolerance
+    found = [setting(0, best - shortfall, [0.79]), setting(1, best, [0.80])]
+    chosen = recommend(found, tolerance=0.01, confidence=0.95)
+    assert chosen.recommended is None and chosen.candidates == [0, 1]
 
 
-def test_summary_is_mean_and_std_over_seeds(results):
-    summary = reports.summarize(results)
-    row = summary[(summary.task == "mrpc") & (summary.tunable_layers == "2")].iloc[0]
-    assert row["mean"] == pytest.approx(0.80) and row["std"] == pytest.approx(0.01) and row["seeds"] == 3
-    assert list(summary[summary.task == "sst2"].tunable_layers) == ["0", "1", "2", "all"]
+def test_the_best_setting_is_always_good_enough():
+    samples = np.full(100, 0.8)
+    chosen = recommend([setting("all", samples, [0.8]), setting(2, samples - 0.05, [0.75])], 0.0, 0.95)
+    assert chosen.recommended == "all"
 
 
-def test_markdown_rows_layers_columns_tasks_best_in_bold(results):
-    summary = reports.summarize(results)
-    text = reports.ablation_markdown(summary, reports.recommend(summary, 0.01), "demo", [1, 2, 3], {"org/m": 4})
-    table = [line for line in text.splitlines() if line.startswith("| ")]
-    assert table[0] == "| tunable layers | SST-2 (accuracy) | MRPC (f1) |"
-    assert table[1] == "| 0 | 80.0 ± 1.0 | 70.0 ± 1.0 |"
-    assert table[4] == "| all | **91.0 ± 1.0** | **84.0 ± 1.0** |"
-    assert "org/m (4 layers)" in text and "within 1 point(s)" in text
+@dataclass
+class Cell:
+    """Stands in for a saved cell folder (`layertune.cell.CellFolder`)."""
+
+    dev: dict
+    accuracy: float
+    path: str = "data/04_models/s/cell"
+
+    def predictions(self):
+        return {"dev": self.dev}
+
+    def metrics(self):
+        return {"eval_accuracy": self.accuracy, "best_epoch": 1, "train_time_s": 1.0, "samples_per_s": 100.0,
+                "trainable_parameters": 770, "total_parameters": 9000, "peak_memory_mb": 1.0}
+
+    def history(self):
+        return [{"epoch": 1, "train_loss": 0.6, "eval_loss": 0.5, "eval_accuracy": self.accuracy}]
+
+    def drift(self):
+        return pd.DataFrame({"parameter": ["e", "l"], "part": ["embeddings", "layer.0"], "numel": [4, 4],
+                             "mean_abs_change": [0.0, 0.1], "relative_l2": [0.0, 0.1], "delta_l2": [0.0, 0.2],
+                             "reference_l2": [2.0, 2.0]})
 
 
-def test_recommendation_is_the_fewest_layers_within_tolerance(results):
-    chosen = reports.recommend(reports.summarize(results), tolerance=0.01).set_index("task")
-    assert chosen.loc["sst2", "best_layers"] == "all" and chosen.loc["sst2", "recommended_layers"] == "2"
-    assert chosen.loc["mrpc", "recommended_layers"] == "all"
-    loose = reports.recommend(reports.summarize(results), tolerance=0.07).set_index("task")
-    assert loose.loc["mrpc", "recommended_layers"] == "2" and loose.loc["sst2", "recommended_layers"] == "1"
+@pytest.fixture(scope="module")
+def results(tiny_model_dirs):
+    """A 3-setting, 2-seed layer study on 400 dev examples: K = 0 clearly worse, 1 and 2 nearly the same."""
+    params = {"download": {"mirror": None}, "studies": {"s": {
+        "report": {"kind": "layers", "resamples": 300}, "tasks": ["sst2"],
+        "encoders": {"m": str(tiny_model_dirs["bert"])}, "tunable_layers": [0, 1, 2], "seeds": [1, 2]}}}
+    plan = plan_studies(params).studies["s"]
+    rng = np.random.default_rng(0)
+    references = rng.integers(0, 2, 400).tolist()
+    cells = {}
+    for cell in plan.cells:
+        accuracy = {0: 0.6, 1: 0.85, 2: 0.86}[cell.tunable_layers]
+        predictions = [r if rng.random() < accuracy else 1 - r for r in references]
+        cells[cell.key] = Cell({"predictions": predictions, "references": references},
+                               float(np.mean(np.equal(predictions, references))))
+    dev = pd.DataFrame({"sentence": ["x"] * 400, "label": references})
+    import datasets
+
+    split = datasets.Dataset.from_pandas(dev)
+    corpus = Corpus(name="sst2", train=split, dev=split, text_columns=("sentence",), task_type="classification",
+                    metrics=("accuracy",), main_metric="accuracy", label_names=("negative", "positive"))
+    corpora = {"sst2": lambda: corpus}
+    return StudyResults(plan, score_cells(plan, cells, {"sst2": corpus}), cells, corpora)
 
 
-def test_metrics_are_deterministic_and_free_of_timings(results, tmp_path):
-    files = []
-    for name, order in (("a", results), ("b", results.sample(frac=1, random_state=0))):
-        summary = reports.summarize(reports.results_table(order.to_dict("records"), trainings()))
-        FileDataset(str(tmp_path / f"{name}.json")).save(
-            reports.report_metrics(summary, reports.recommend(summary, 0.01)))
-        files.append((tmp_path / f"{name}.json").read_bytes())
-    assert files[0] == files[1]
-    metrics = json.loads(files[0])["org/m"]["sst2"]
-    assert metrics["mean"]["2"] == 0.905 and metrics["recommended_layers"] == 2 and metrics["best_layers"] == "all"
-    assert "time" not in files[0].decode()
+def test_layer_report_tables_rule_and_recommendation(results):
+    report = build_report(results)
+    assert "| tunable layers | trainable parameters | accuracy (points) | vs best (points) | within tolerance? |" \
+        in report.markdown
+    assert "one-sided paired bootstrap at 95%" in report.markdown
+    entry = report.metrics["sst2"]["m"]
+    assert entry["within_tolerance"]["0"] == "no" and entry["seeds"] == 2
+    assert entry["ci_low"]["1"] < entry["mean"]["1"] < entry["ci_high"]["1"]
+    assert entry["recommended_layers"] in (1, 2, None) and set(entry) >= {"best_layers", "undecided_between"}
+    assert set(report.figures) >= {"quality_vs_layers", "training_time_vs_layers", "drift_heatmap"}
 
 
-def test_ablation_csv_and_plot_data(results):
-    summary = reports.summarize(results)
-    table = reports.ablation_table(summary)
-    assert list(table.columns) == ["model", "tunable_layers", "sst2 accuracy", "sst2 accuracy std", "mrpc f1",
-                                   "mrpc f1 std"]
-    assert table["mrpc f1"].tolist() == [70.0, 75.0, 80.0, 84.0]
-    data = reports.plot_data(summary, results)
-    assert set(data) == {"quality/sst2", "quality/mrpc", "time/sst2", "time/mrpc"}
-    assert data["time/sst2"]["train_time_s"].tolist() == [10.0, 11.0, 12.0, 14.0]
+def test_metrics_are_byte_identical_between_builds(results, tmp_path):
+    from pipelines.datasets import FileDataset
 
-
-def test_missing_cells_are_named(results):
-    grid = [Cell("sst2", "org/m", 5, 1), Cell("sst2", "org/m", 0, 1)]
-    with pytest.raises(ValueError, match="sst2/org/m/layers-5/seed-1"):
-        reports.select_cells(results, grid)
-    assert len(reports.select_cells(results, grid[1:])) == 1
+    for name in ("a", "b"):
+        FileDataset(str(tmp_path / f"{name}.json")).save(build_report(results).metrics)
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert "train_time" not in (tmp_path / "a.json").read_text()  # timings vary between builds: not in metrics
 
 
 def test_figures_are_written_as_png(results, tmp_path):
-    histories, drift = {}, {}
-    for r in results.itertuples():
-        key = (r.model, r.task, r.tunable_layers, r.seed)
-        histories[key] = [{"epoch": e, "train_loss": 1 / e, "eval_loss": 1.2 / e, f"eval_{r.metric}": r.score}
-                          for e in (1, 2)]
-        trained = ["layer.1"] if r.tunable_layers in ("1", "2", "all") else []
-        drift[key] = pd.DataFrame({
-            "parameter": ["embeddings.w", "layer.0.w", "layer.1.w", "head.w"],
-            "part": ["embeddings", "layer.0", "layer.1", "head"],
-            "trainable": [False, False, bool(trained), True], "numel": [4, 4, 4, 2],
-            "mean_abs_change": [0.0, 0.0, 0.01 if trained else 0.0, 0.5],
-            "relative_l2": [0.0, 0.0, 0.02 if trained else 0.0, 1.0],
-            "delta_l2": [0.0, 0.0, 0.02 if trained else 0.0, 1.0], "reference_l2": [1.0, 1.0, 1.0, 1.0]})
-    figures = reports.figures(results, histories, drift)
-    assert {"quality_vs_layers", "training_time_vs_layers", "drift_heatmap", "curves/org/m/sst2"} <= set(figures)
-    FileTreeDataset(str(tmp_path / "figures"), ".png").save(figures)
-    written = sorted(p.relative_to(tmp_path / "figures").as_posix() for p in (tmp_path / "figures").rglob("*.png"))
-    assert "drift_heatmap.png" in written and "curves/org/m/mrpc.png" in written
-    assert all((tmp_path / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in written)
-    heat = reports.drift_matrix(drift)
-    assert "head" not in set(heat["part"]) and np.isclose(
-        heat[(heat.part == "layer.1") & (heat.tunable_layers == "2")]["relative_l2"].iloc[0], 0.02)
+    from pipelines.datasets import FileTreeDataset
+
+    FileTreeDataset(str(tmp_path), ".png").save(build_report(results).figures)
+    assert (tmp_path / "quality_vs_layers.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_evaluate_names_missing_cells_and_refuses_inconsistent_folders(results):
+    cells = dict(results.cells)
+    first = results.plan.cells[0]
+    del cells[first.key]
+    with pytest.raises(ValueError, match=f"have no results: {first.dvc_stage}"):
+        score_cells(results.plan, cells, {"sst2": results.corpora["sst2"]()})
+    broken = dict(results.cells)
+    broken[first.key] = Cell(results.cells[first.key].dev, accuracy=0.123)
+    with pytest.raises(ValueError, match="saved dev predictions score .* but training measured 0.123"):
+        score_cells(results.plan, broken, {"sst2": results.corpora["sst2"]()})
+
+
+def test_metrics_json_is_plain_json(results):
+    json.dumps(build_report(results).metrics)  # no numpy scalars: dvc metrics and git diffs read it

@@ -1,22 +1,18 @@
-"""params.yaml: its schema, errors that name the key, profiles, and agreement between DVC, Kedro and the code."""
+"""params.yaml: the schema of every study, errors that name the key, the plan, profiles, and agreement between DVC,
+Kedro, the library and the code."""
 
 import copy
+import inspect
 from pathlib import Path
 
 import pytest
 import yaml
 
-from layertune.study import (
-    Cell,
-    ParamsError,
-    apply_overrides,
-    feature_cache_dir,
-    load_profile,
-    prepare_corpus,
-    profile_overrides,
-    section,
-    validate_params,
-)
+from layertune.cell import CombineSpec, EncoderSpec, HeadSpec
+from layertune.profiles import apply_overrides, dvc_arguments, load_profile
+from layertune.stages import prepare_corpus
+from layertune.study import DataSpec, ParamsError, ReportKind, plan_studies, validate_params
+from layertune.training_args import TrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
@@ -45,98 +41,174 @@ def edited(params: dict, path: str, value) -> dict:
 
 def test_params_yaml_is_valid(params):
     checked = validate_params(params)
-    assert checked.study.seeds and len(checked.study.seeds) >= 2
-    assert checked.study.tunable_layers == [0, 1, 2, 3, 4, 5, 6]
+    assert set(checked.studies) == {"ablation", "ner", "multi_encoder"}
+    assert all(len(study.seeds) >= 2 for study in checked.studies.values())  # every default study has seeds
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_every_profile_overrides_existing_keys_and_validates(params, profile):
-    overrides = load_profile(profile, root=ROOT)
-    validate_params(apply_overrides(params, overrides))
-    arguments = profile_overrides(overrides)
-    assert arguments[::2] == ["-S"] * len(overrides)
+def test_every_profile_validates(params, profile):
+    validate_params(apply_overrides(params, load_profile(profile, ROOT)))
 
 
 def test_ci_profile_is_small(params):
-    ci = validate_params(apply_overrides(params, load_profile("ci", root=ROOT)))
-    assert len(ci.study.cells()) == 2 and ci.train.epochs == 1 and ci.prepare.train_size <= 500
+    plan = plan_studies(apply_overrides(params, load_profile("ci", ROOT)))
+    assert len(plan.cells()) <= 8
 
 
-def test_unknown_key_is_named_with_a_suggestion(params):
-    message = error_of(edited(params, "train.learnin_rate", 3e-5))
-    assert "train.learnin_rate: unknown key" in message and "'learning_rate'" in message
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("studies.ablation.training.learnin_rate", 1.0,
+         r"studies.ablation.training.learnin_rate: unknown key. Did you mean 'learning_rate'"),
+        ("studies.ablation.training.learning_rate", "1e-3",
+         r"studies.ablation.training.learning_rate: Input should be a valid number .*got '1e-3'"),
+        ("studies.ablation.tasks", ["sst2", "sst3"], r"unknown task 'sst3'. Did you mean 'sst2'"),
+        ("studies.ablation.tunable_layers", [0, 9], r"studies.ablation.tunable_layers\[1\]: 9 is out of range: encoder "
+                                                    r"'all-MiniLM-L6-v2' \(sentence-transformers/all-MiniLM-L6-v2\) "
+                                                    r"has 6 layers"),
+        ("studies.ablation.tunable_layers", [0, "some"], r"studies.ablation.tunable_layers\[1\]"),
+        ("studies.ablation.seeds", [1, 1], "seeds must not repeat; 1 appear"),
+        ("studies.ablation.report", {"kind": "layer"}, r"studies.ablation.report.kind: Input should be 'layers'"),
+        ("studies.ablation.encoders", {"bad/name": "m"}, "encoder name 'bad/name' must be letters"),
+        ("studies.ablation.encoders", {"x": "no-such-org/no-such-model"}, "studies.ablation.encoders.x: unknown model"),
+        ("studies.ablation.encoders", {"x": {"model": "sentence-transformers/all-MiniLM-L6-v2", "poolin": "cls"}},
+         r"studies.ablation.encoders.x.poolin: unknown key. Did you mean 'pooling'"),
+        ("studies.multi_encoder.encoders.dme", {"combine": "dme", "members": ["all-MiniLM-L6-v2", "nope"]},
+         "encoders.dme.members: 'nope' is not a single encoder of this study"),
+        ("studies.ner.per_tunable_layers", {2: {"epochs": 3}}, "per_tunable_layers has 2, which is not in"),
+        ("studies.ner.per_tunable_layers", {0: {"max_length": 64}}, "max_length can only be set for the whole study"),
+        ("studies.ner.per_tunable_layers", {0: {"learning_rate": -1.0}},
+         r"per_tunable_layers.0.learning_rate: Value error, learning rates must be positive|learning rates must be"),
+        ("studies.ablation.training.seed", 3, "studies.ablation.training.seed: each cell's seed comes from"),
+        ("studies.ablation.data.train_size", 0, r"studies.ablation.data.train_size: Input should be greater than 0"),
+    ],
+)
+def test_bad_values_are_named_by_their_key(params, path, value, message):
+    assert len(__import__("re").findall(message, error_of(edited(params, path, value)))) > 0
 
 
-def test_wrong_type_is_named(params):
-    assert "train.epochs" in error_of(edited(params, "train.epochs", "3"))
-    assert "train.learning_rate" in error_of(edited(params, "train.learning_rate", "5e-5"))  # YAML 1.1 string
+def test_a_missing_section_is_named(params):
+    del (changed := copy.deepcopy(params))["studies"]["ablation"]["report"]
+    assert "studies.ablation.report: required key is missing" in error_of(changed)
 
 
-def test_unknown_task_is_named_by_position(params):
-    message = error_of(edited(params, "study.tasks", ["sst2", "sst"]))
-    assert "study.tasks[1]: unknown task 'sst'" in message and "'sst2'" in message
+def test_cells_are_the_grid_named_like_dvc(params):
+    plan = plan_studies(params)
+    for name, study in plan.studies.items():
+        spec = study.spec
+        assert len(study.cells) == len(spec.tasks) * len(spec.encoders) * len(spec.tunable_layers) * len(spec.seeds)
+    cell = plan.studies["multi_encoder"].cells[-1]
+    assert cell.key == "sst2-dme-2-1" and cell.dvc_stage == "train-multi_encoder@sst2-dme-2-1"
+    assert [e.model for e in cell.spec.encoders] == ["sentence-transformers/all-MiniLM-L6-v2",
+                                                     "sentence-transformers/paraphrase-MiniLM-L3-v2"]
+    assert cell.spec.combine.method == "dme" and cell.spec.training.seed == 1
 
 
-def test_unknown_model_is_named(params):
-    assert "study.models[0]: unknown model 'no-such-model-xyz'" in error_of(
-        edited(params, "study.models", ["no-such-model-xyz"]))
+def test_per_tunable_layers_overrides_reach_only_their_cells(params):
+    cells = plan_studies(params).studies["ner"].cells
+    rates = {(c.tunable_layers, c.seed): c.spec.training.head_learning_rate for c in cells}
+    assert rates[0, 1] == rates[0, 2] == 3e-3 and rates[1, 1] == rates["all", 2] == 1e-3
 
 
-def test_model_that_cannot_name_a_folder(params):
-    assert "study.models[0]" in error_of(edited(params, "study.models", ["/abs/model"]))
+def test_per_encoder_settings_and_rates(params):
+    changed = edited(params, "studies.multi_encoder.encoders.paraphrase-MiniLM-L3-v2",
+                     {"model": "sentence-transformers/paraphrase-MiniLM-L3-v2", "learning_rate": 3e-5,
+                      "hidden_dropout_prob": 0.3})
+    cells = {c.encoder: c for c in plan_studies(changed).studies["multi_encoder"].cells if c.seed == 0}
+    assert cells["dme"].spec.training.learning_rate == [1e-4, 3e-5]
+    assert [e.hidden_dropout_prob for e in cells["dme"].spec.encoders] == [None, 0.3]
+    assert [e.pooling for e in cells["dme"].spec.encoders] == ["mean", "mean"]  # the study's encoder settings
+    assert cells["paraphrase-MiniLM-L3-v2"].spec.training.learning_rate == 3e-5
 
 
-def test_layers_out_of_range_name_the_key_and_the_model(params):
-    message = error_of(edited(params, "study.tunable_layers", [0, 7, "all"]))
-    assert "study.tunable_layers[1]: 7 is out of range" in message and "6 layers" in message
+def test_adding_a_seed_changes_no_existing_cell_and_no_earlier_slice(params):
+    """What each stage reads: adding a seed adds cells and leaves every existing cell, prepare and tokenize slice
+    as it was (so DVC reruns none of them)."""
+    before = plan_studies(params)
+    after = plan_studies(edited(params, "studies.ner.seeds", [1, 2, 3]))
+    old = {c.path: c for c in before.cells()}
+    new = {c.path: c for c in after.cells()}
+    assert set(new) - set(old) == {f"ner/conll2003-all-MiniLM-L6-v2-{k}-3" for k in (0, 1, 3, 6, "all")}
+    assert all(new[path] == cell for path, cell in old.items())
+    assert after.prepare == before.prepare and after.features == before.features
 
 
-def test_bad_layer_value_and_missing_section(params):
-    assert "study.tunable_layers[0]" in error_of(edited(params, "study.tunable_layers", ["al"]))
-    without = {k: v for k, v in params.items() if k != "aggregate"}
-    assert "aggregate: required key is missing" in error_of(without)
+def test_adding_a_tunable_layers_value_adds_its_boundary_only(params):
+    after = plan_studies(edited(params, "studies.ablation.tunable_layers", [0, 1, 2, 3, 4, 5, 6, "all"]))
+    before = plan_studies(params)
+    assert after.features["ablation"].boundaries == before.features["ablation"].boundaries  # "all" caches nothing
+    assert all(after.features["ablation"].settings[key] == value
+               for key, value in before.features["ablation"].settings.items())
 
 
-def test_section_errors_are_prefixed(params):
-    with pytest.raises(ParamsError, match=r"prepare\.train_size"):
-        section("prepare", {**params["prepare"], "train_size": -1})
+def test_specs_take_exactly_the_library_arguments():
+    """Every LanguageModel, MultiEncoder, head and ModelTrainer.train argument is reachable from params.yaml."""
+    from layertune.heads import TextClassifier
+    from layertune.language_model import LanguageModel
+    from layertune.multi_encoder import MultiEncoder
+    from layertune.trainer import ModelTrainer
+
+    def arguments(function, skip=()):
+        return {name for name in inspect.signature(function).parameters if name not in ("self", *skip)}
+
+    assert arguments(LanguageModel.__init__, ("name_or_path", "frozen_layers")) == set(EncoderSpec.model_fields) - {
+        "model"}
+    assert arguments(TextClassifier.__init__, ("encoder", "num_classes", "label_names")) == set(HeadSpec.model_fields)
+    assert {"method" if n == "combine_method" else n
+            for n in arguments(MultiEncoder.__init__, ("language_models",))} == set(CombineSpec.model_fields)
+    assert "args" in arguments(ModelTrainer.train)  # train(args=TrainingArguments(...)) or its fields as keywords
+    assert set(DataSpec.model_fields) == {"train_size", "dev_size", "seed", "balanced"}
+    assert {"learning_rate", "head_learning_rate", "epochs", "max_length"} <= set(TrainingArguments.model_fields)
 
 
-def test_profile_key_must_exist(params):
-    with pytest.raises(ParamsError, match="train.epoch"):
-        apply_overrides(params, {"train.epoch": 1})
+def test_report_kinds_are_the_registered_report_functions():
+    from typing import get_args
+
+    from layertune.reports import REPORTS
+
+    assert set(get_args(ReportKind)) == set(REPORTS)
 
 
-def test_cells_are_the_grid_and_named_like_dvc(params):
-    study = validate_params(params).study
-    cells = study.cells()
-    assert len(cells) == len(study.tasks) * len(study.models) * len(study.tunable_layers) * len(study.seeds)
-    assert Cell("sst2", "m/x", "all", 1).dvc_stage == "train@sst2-m/x-all-1"
+def test_profiles_become_dvc_arguments_that_replace_mappings(params):
+    overrides = load_profile("glue-bert-base", ROOT)
+    arguments = dvc_arguments(overrides, params)
+    assert "~studies.ablation.encoders" in arguments and "+studies.ablation.encoders={bert-base-cased:" \
+        "'bert-base-cased'}" in arguments
+    assert "++studies.ablation.tunable_layers=[0,1,2,3,4,5,'all']" in arguments
+    with pytest.raises(FileNotFoundError, match="No profile 'glue-bert-bas'.*Did you mean 'glue-bert-base'"):
+        load_profile("glue-bert-bas", ROOT)
 
 
 def test_dvc_stages_and_catalog_paths_agree_with_the_code(params):
-    """The cell layout is written in dvc.yaml (outs) and conf/base/catalog.yml: they must name the same folders."""
+    """The cell key and folders are written in dvc.yaml and conf/base/catalog.yml: they must name what the code
+    names."""
     from dvc.repo import Repo
     from kedro.config import OmegaConfigLoader
 
     from pipelines.settings import CONFIG_LOADER_ARGS
 
-    cells = validate_params(params).study.cells()
+    plan = plan_studies(params)
     with Repo(str(ROOT)) as repo:
         stages = {stage.addressing: stage for stage in repo.index.stages}
-    cell = cells[-1]
-    stage = stages[cell.dvc_stage]
-    out = str(stage.outs[0].fs_path).removeprefix(str(ROOT) + "/")
-    runtime = {"cell": cell.as_dict()}
-    loader = OmegaConfigLoader(str(ROOT / "conf"), runtime_params=runtime, **CONFIG_LOADER_ARGS)
-    catalog = loader["catalog"]
-    assert catalog["cell_metrics"]["filepath"] == f"{out}/metrics.json"
-    evaluate = stages[f"evaluate@{cell.task}-{cell.model}"]
-    assert catalog["task_evaluations"]["path"] == str(evaluate.outs[0].fs_path).removeprefix(str(ROOT) + "/")
-    assert out.startswith(catalog["task_models"]["path"] + "/")
-    features = [d for d in stage.deps if "03_features" in str(d.fs_path)][0]
-    assert str(features.fs_path).removeprefix(str(ROOT) + "/") == str(
-        feature_cache_dir(catalog["feature_cache"]["path"], cell.task, cell.model) / "tokenized")
+    train_stages = {name for name in stages if name.startswith("train-")}
+    assert train_stages == {cell.dvc_stage for cell in plan.cells()}
+    for cell in (plan.studies["ner"].cells[-1], plan.studies["multi_encoder"].cells[0]):
+        stage = stages[cell.dvc_stage]
+        out = str(stage.outs[0].fs_path).removeprefix(str(ROOT) + "/")
+        runtime = {"study": cell.study, "cell": cell.key}
+        catalog = OmegaConfigLoader(str(ROOT / "conf"), runtime_params=runtime, **CONFIG_LOADER_ARGS)["catalog"]
+        assert catalog["trained_cell"]["path"] == out == f"data/04_models/{cell.path}"
+        deps = {str(d.fs_path).removeprefix(str(ROOT) + "/") for d in stage.deps}
+        assert catalog["cell_plan"]["filepath"] in deps
+        assert f"{catalog['feature_manifests']['path']}/{cell.setting_key}.json" in deps
+        assert f"{catalog['prepared_corpora']['path']}/{cell.task}" in deps
+    for study in plan.studies:
+        catalog = OmegaConfigLoader(str(ROOT / "conf"), runtime_params={"study": study},
+                                    **CONFIG_LOADER_ARGS)["catalog"]
+        aggregate = stages[f"aggregate@{study}"]
+        outs = {str(o.fs_path).removeprefix(str(ROOT) + "/") for o in aggregate.outs}
+        assert {catalog["report_markdown"]["filepath"], catalog["report_metrics"]["filepath"],
+                catalog["report_tables"]["path"]} == outs
 
 
 def test_kedro_parameters_are_params_yaml_only(params):
@@ -145,8 +217,7 @@ def test_kedro_parameters_are_params_yaml_only(params):
     from pipelines.settings import CONFIG_LOADER_ARGS
 
     assert not list((ROOT / "conf").rglob("parameters*"))
-    loaded = OmegaConfigLoader(str(ROOT / "conf"), **CONFIG_LOADER_ARGS)["parameters"]
-    assert loaded == params
+    assert OmegaConfigLoader(str(ROOT / "conf"), **CONFIG_LOADER_ARGS)["parameters"] == params
 
 
 def test_prepare_caps_sizes_at_the_split(toy_corpus):
@@ -156,8 +227,8 @@ def test_prepare_caps_sizes_at_the_split(toy_corpus):
         calls.append(options)
         return toy_corpus
 
-    prepare_corpus(load, section("prepare", {"train_size": 10, "dev_size": 10_000}))
+    prepare_corpus(load, DataSpec(train_size=10, dev_size=10_000))
     assert calls[-1] == {"train_size": 10, "dev_size": None, "seed": 42, "balanced": None}
     calls.clear()
-    prepare_corpus(load, section("prepare", {"train_size": None, "dev_size": None}))
+    prepare_corpus(load, DataSpec())
     assert calls == [{}]

@@ -5,6 +5,7 @@ import torch
 import transformers
 
 from layertune import LanguageModel, ModelTrainer, TaskModel, TextClassifier, TextRegressor
+from layertune.metrics import compute_metrics
 from tests.conftest import ARCHITECTURES, toy_sentiment_corpus
 
 FAST = dict(epochs=2, batch_size=8, learning_rate=1e-3, seed=3)
@@ -67,12 +68,12 @@ def test_outputs_written_and_reloaded_model_predicts_identically(tiny_bert, toy_
     result = ModelTrainer(model, toy_corpus, cache_dir=tmp_path / "cache").train(tmp_path / "run", progress=False,
                                                                                 **FAST)
     assert {p.name for p in (tmp_path / "run").iterdir()} == {
-        "metrics.json", "history.json", "run_info.json", "drift.csv", "best-model"}
+        "metrics.json", "history.json", "run_info.json", "drift.csv", "predictions.json", "model"}
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["eval_accuracy"] == result.best_metrics["eval_accuracy"]
     assert len(json.loads((tmp_path / "run" / "history.json").read_text())) == FAST["epochs"]
     sentences = ["the movie was great", "a film so awful", "story"]
-    reloaded = TaskModel.from_pretrained(tmp_path / "run" / "best-model")
+    reloaded = TaskModel.from_pretrained(tmp_path / "run" / "model")
     assert isinstance(reloaded, TextClassifier) and reloaded.encoder.tunable_layers == 2
     model.eval()
     assert reloaded.predict(sentences) == model.predict(sentences)
@@ -89,15 +90,33 @@ def test_best_epoch_weights_are_restored(tiny_bert, toy_corpus, tmp_path):
 
 
 def test_head_learning_rate_reaches_the_optimizer(tiny_bert, toy_corpus, tmp_path):
-    trainer = ModelTrainer(build(tiny_bert, 1), toy_corpus)
-    from layertune.trainer import TrainingArguments
-
-    groups = trainer._parameter_groups(TrainingArguments(learning_rate=2e-5, head_learning_rate=2e-3))
+    trainer = ModelTrainer(build(tiny_bert, 1), toy_corpus, cache_dir=tmp_path)
+    trainer.train(progress=False, **{**FAST, "epochs": 1, "learning_rate": 2e-5}, head_learning_rate=2e-3)
     head_ids = {id(p) for p in trainer.model.head_parameters()}
-    for group in groups:
+    optimized = 0
+    for group in trainer.optimizer.param_groups:  # the optimizer train() built and stepped
         is_head = {id(p) in head_ids for p in group["params"]}
         assert len(is_head) == 1
-        assert group["lr"] == (2e-3 if is_head.pop() else 2e-5)
+        assert group["initial_lr"] == (2e-3 if is_head.pop() else 2e-5)
+        optimized += len(group["params"])
+    assert optimized == sum(p.requires_grad for p in trainer.model.parameters())
+
+
+def test_best_epoch_predictions_are_saved_in_corpus_order(tiny_bert, toy_corpus, tmp_path):
+    result = ModelTrainer(build(tiny_bert, 2), toy_corpus, cache_dir=tmp_path).train(progress=False, **FAST)
+    dev = result.predictions["dev"]
+    assert dev["references"] == toy_corpus.dev["label"]  # corpus order, though dev is scored longest first
+    assert compute_metrics(["accuracy"], dev["predictions"], dev["references"])["accuracy"] == \
+        result.best_metrics["eval_accuracy"]
+
+
+def test_a_labelled_test_split_is_scored_with_the_best_weights(tiny_bert, tmp_path):
+    corpus = toy_sentiment_corpus(32, 16)
+    corpus.test = toy_sentiment_corpus(32, 12).dev
+    result = ModelTrainer(build(tiny_bert, 1), corpus, cache_dir=tmp_path).train(progress=False, **FAST)
+    assert len(result.predictions["test"]["predictions"]) == 12
+    assert set(result.test_metrics) == {"test_loss", "test_accuracy"}
+    assert result.summary()["test_accuracy"] == result.test_metrics["test_accuracy"]
 
 
 def test_regressor_trains_on_a_score(tiny_bert, tmp_path):
@@ -117,6 +136,9 @@ def test_regressor_trains_on_a_score(tiny_bert, tmp_path):
         ({"batch_size": "big"}, "batch_size"),
         ({"learnig_rate": 1e-3}, "learnig_rate"),
         ({"frozen_prefix_cache": "sometimes"}, "frozen_prefix_cache"),
+        ({"learning_rate": float("nan")}, "learning_rate: Input should be a finite number"),
+        ({"weight_decay": float("inf")}, "weight_decay: Input should be a finite number"),
+        ({"batch_size": "16"}, "batch_size: Input should be a valid integer"),
     ],
 )
 def test_bad_training_arguments_fail_before_training(tiny_bert, toy_corpus, tmp_path, arguments, message):
@@ -146,9 +168,21 @@ def test_model_and_corpus_must_fit(tiny_bert, toy_corpus):
         ModelTrainer(TextRegressor(LanguageModel(tiny_bert, 0)), toy_corpus)
 
 
-def test_optimizer_is_fused_adamw_except_under_fp16():
-    from layertune.trainer import _adamw
+@pytest.mark.parametrize(("mixed_precision", "fused"), [("no", True), ("fp16", False)])
+def test_optimizer_is_fused_adamw_except_under_fp16(tiny_bert, toy_corpus, tmp_path, mixed_precision, fused):
+    """Fused AdamW is Trainer's default kernel (one update for all tensors); under fp16 accelerate must see skipped
+    steps, so train() builds the unfused one."""
+    trainer = ModelTrainer(build(tiny_bert, 1), toy_corpus, cache_dir=tmp_path)
+    trainer.train(progress=False, **{**FAST, "epochs": 1}, mixed_precision=mixed_precision)
+    assert isinstance(trainer.optimizer, torch.optim.AdamW)
+    assert bool(trainer.optimizer.defaults["fused"]) is fused
 
-    groups = [{"params": [torch.nn.Parameter(torch.zeros(3))], "lr": 1e-3, "weight_decay": 0.0}]
-    assert _adamw(groups).defaults["fused"] is True  # Trainer's default kernel: one update for all tensors
-    assert not _adamw(groups, fused=False).defaults["fused"]  # fp16: accelerate must see skipped steps
+
+def test_a_non_finite_loss_stops_training_with_a_clear_error(tiny_bert, tmp_path):
+    corpus = toy_sentiment_corpus(16, 8, regression=True)
+    corpus.train = corpus.train.map(lambda row, i: {"label": float("inf") if i == 3 else row["label"]},
+                                    with_indices=True)
+    trainer = ModelTrainer(TextRegressor(LanguageModel(tiny_bert, tunable_layers=1)), corpus, cache_dir=tmp_path)
+    with pytest.raises(FloatingPointError, match=r"training loss became (inf|nan) at epoch 1, step \d+"):
+        trainer.train(tmp_path / "run", progress=False, **FAST)
+    assert not (tmp_path / "run").exists()

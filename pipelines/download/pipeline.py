@@ -4,4 +4,4 @@ from pipelines.download.nodes import download_corpora
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return Pipeline([node(download_corpora, "parameters", "raw_corpora", name="download_corpora")])
+    return Pipeline([node(download_corpora, "download_plan", "raw_corpora", name="download_corpora")])

@@ -4,8 +4,5 @@ from pipelines.evaluate.nodes import evaluate
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return Pipeline([
-        node(evaluate, ["task_models", "task_trainings", "prepared_corpora", "params:cell", "params:study",
-                        "params:tokenize", "params:evaluate"],
-             ["task_predictions", "task_evaluations"], name="evaluate_cells"),
-    ])
+    return Pipeline([node(evaluate, ["study_plan", "study_cells", "prepared_corpora"], "cell_scores",
+                          name="score_cells")])

@@ -4,7 +4,5 @@ from pipelines.prepare.nodes import prepare_corpora
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return Pipeline([
-        node(prepare_corpora, ["raw_corpora", "params:study", "params:prepare"], "prepared_corpora",
-             name="prepare_corpora"),
-    ])
+    return Pipeline([node(prepare_corpora, ["raw_corpora", "prepare_plan"], "prepared_corpora",
+                          name="prepare_corpora")])

@@ -1,75 +1,192 @@
-"""One cell of a layer-ablation study: (task, model, tunable_layers, seed) → a folder of results."""
+"""One cell: which data, which encoder(s), which head, how it trains → a folder of results.
+
+A `CellSpec` is the whole recipe, typed and checked: a `CorpusSpec`, one `EncoderSpec` per language model (several
+are combined by a `CombineSpec`), a `HeadSpec` and the `TrainingArguments` (seed included). Each spec has exactly
+the arguments of the library object it builds (`LanguageModel`, `MultiEncoder`, the heads, `ModelTrainer.train`),
+so anything the library can do, a cell can do. `train_cell` is the one way to train a cell: the command line, the
+study pipeline and your own code all go through it.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import transformers
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
 
-from layertune.corpora import load_corpus
-from layertune.corpus import Corpus
-from layertune.heads import TaskModel, TextClassifier, TextRegressor
-from layertune.language_model import LanguageModel, Pooling
-from layertune.trainer import ModelTrainer, TrainingArguments, TrainingResult
+from layertune.training_args import TrainingArguments
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from layertune.corpus import Corpus
+    from layertune.heads import TaskModel
+    from layertune.trainer import TrainingResult
+
+TunableLayers = int | Literal["all"]
 
 
-class CorpusSpec(BaseModel):
-    """Which data a cell trains on: a task name (or HF dataset + config) and optional seeded subsampling."""
+class Spec(BaseModel):
+    """Strict like `TrainingArguments`: no unknown keys, no strings for numbers, no NaN."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class CorpusSpec(Spec):
+    """Arguments of `load_corpus`: a registry task, hub id or local path, and a seeded subsample."""
 
     task: str
     config: str | None = None
-    train_size: PositiveInt | None = None
-    dev_size: PositiveInt | None = None
-    data_seed: int = 42
+    train_size: PositiveInt | None = Field(None, description="at most this many training examples; null: all")
+    dev_size: PositiveInt | None = Field(None, description="at most this many dev examples; null: all")
+    seed: int = Field(42, description="seed of the subsample (and of a dev split carved from train)")
+    balanced: bool | None = Field(None, description="equal classes; null: the task's default (IMDb: balanced)")
 
-    def load(self, data_mirror: str | Path | None = None) -> Corpus:
+    def load(self, data_mirror: str | os.PathLike | None = None) -> Corpus:
+        from layertune.corpora import load_corpus
+
         return load_corpus(self.task, self.config, data_mirror=data_mirror, train_size=self.train_size,
-                           dev_size=self.dev_size, seed=self.data_seed)
+                           dev_size=self.dev_size, seed=self.seed, balanced=self.balanced)
 
 
-class EncoderSpec(BaseModel):
-    """The `LanguageModel` of a cell."""
+class EncoderSettings(Spec):
+    """Every argument of `LanguageModel` besides the model and its tunable layers."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    tunable_layers: int | Literal["all"] = "all"
-    pooling: Pooling = "cls"
-    hidden_dropout_prob: float | None = Field(None, ge=0, lt=1)
+    pooling: Literal["cls", "mean", "pooler"] = "cls"
+    hidden_dropout_prob: float | None = Field(None, ge=0, lt=1, description="null: the checkpoint's")
     freeze_embeddings: bool = False
     frozen_dropout: bool = False
     trust_remote_code: bool = False
-
-    def build(self) -> LanguageModel:
-        return LanguageModel(self.model, tunable_layers=self.tunable_layers, pooling=self.pooling,
-                             hidden_dropout_prob=self.hidden_dropout_prob, freeze_embeddings=self.freeze_embeddings,
-                             frozen_dropout=self.frozen_dropout, trust_remote_code=self.trust_remote_code)
+    revision: str | None = None
 
 
-def build_model(encoder: LanguageModel, corpus: Corpus, head: str = "linear") -> TaskModel:
-    """The head that fits the corpus's task type."""
-    if corpus.task_type == "regression":
-        return TextRegressor(encoder, head=head)
-    if corpus.task_type == "token_classification":
-        from layertune.token_classification import TokenClassifier
+class EncoderSpec(EncoderSettings):
+    """One `LanguageModel`."""
 
-        return TokenClassifier(encoder, len(corpus.label_names), label_names=list(corpus.label_names))
-    return TextClassifier(encoder, corpus.num_classes, label_names=list(corpus.label_names), head=head)
+    model: str
+    tunable_layers: TunableLayers = "all"
+
+    def build(self) -> nn.Module:
+        from layertune.language_model import LanguageModel
+
+        return LanguageModel(self.model, self.tunable_layers, **self.model_dump(exclude={"model", "tunable_layers"}))
 
 
-def run_cell(corpus_spec: CorpusSpec, encoder_spec: EncoderSpec, training: TrainingArguments,
-             output_dir: str | Path, *, head: str = "linear", data_mirror: str | Path | None = None,
-             cache_dir: str | Path | None = None, progress: bool = True) -> TrainingResult:
-    """Train one cell and write ``metrics.json``, ``history.json``, ``drift.csv``, ``best-model/`` to ``output_dir``.
+class CombineSpec(Spec):
+    """How a `MultiEncoder` combines its language models."""
 
-    The seed in ``training`` is set before the head is built, so the whole cell is reproducible.
+    method: Literal["concat", "dme"]
+    dropout: float = Field(0.0, ge=0, lt=1, description="on the combined vector")
+    projection_size: PositiveInt | None = Field(None, description="dme's common size; null: the largest hidden size")
+
+
+class HeadSpec(Spec):
+    """The task head's arguments (`TextClassifier`, `TextRegressor`, `TokenClassifier`)."""
+
+    head: Literal["linear", "mlp"] = "linear"
+    head_hidden_size: PositiveInt | None = None
+    head_dropout: NonNegativeFloat = Field(0.1, lt=1)
+
+
+class CellSpec(Spec):
+    """Everything one cell trains with. Two or more encoders need ``combine``; one must not have it."""
+
+    corpus: CorpusSpec
+    encoders: list[EncoderSpec] = Field(min_length=1)
+    combine: CombineSpec | None = None
+    head: HeadSpec = HeadSpec()
+    training: TrainingArguments = TrainingArguments()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CellSpec:
+        if (len(self.encoders) > 1) != (self.combine is not None):
+            raise ValueError(f"{len(self.encoders)} encoder(s) with combine={self.combine}: several language "
+                             "models need a combine method (concat or dme), a single one has none")
+        rates = self.training.learning_rate
+        if isinstance(rates, list) and len(rates) != len(self.encoders):
+            raise ValueError(f"training.learning_rate lists {len(rates)} rates for {len(self.encoders)} encoders: "
+                             "give one rate, or one per encoder in the same order")
+        return self
+
+    def build_model(self, corpus: Corpus) -> TaskModel:
+        """The encoder(s) and the head that fits ``corpus``, initialised from ``training.seed``."""
+        import transformers
+
+        from layertune.heads import build_model
+        from layertune.multi_encoder import MultiEncoder
+
+        transformers.set_seed(self.training.seed)  # before the head is built: its initial weights are part of the cell
+        language_models = [spec.build() for spec in self.encoders]
+        encoder = language_models[0] if self.combine is None else MultiEncoder(
+            language_models, self.combine.method, self.combine.dropout, self.combine.projection_size)
+        return build_model(encoder, corpus, **self.head.model_dump())
+
+
+@dataclass
+class TrainedCell:
+    """A trained cell: its spec, what training measured, and the model at its best epoch."""
+
+    spec: CellSpec
+    result: TrainingResult
+    model: TaskModel
+
+    def save(self, directory: str | Path) -> Path:
+        """The cell's folder, written all at once (an interrupted save leaves the old folder, or nothing):
+        ``cell.json`` (the spec) and the files of `TrainingResult.save`, model included."""
+        from layertune.io import atomic_directory
+
+        with atomic_directory(directory) as staging:
+            (staging / "cell.json").write_text(self.spec.model_dump_json(indent=2) + "\n")
+            self.result.save(staging, self.model)
+        return Path(directory)
+
+
+def train_cell(spec: CellSpec, output_dir: str | Path | None = None, *, corpus: Corpus | None = None,
+               cache_dir: str | Path | None = None, data_mirror: str | os.PathLike | None = None,
+               progress: bool = True) -> TrainedCell:
+    """Train one cell, and write its folder to ``output_dir`` if given.
+
+    ``corpus`` is the cell's data when already loaded (the pipeline's prepared splits); otherwise it is loaded from
+    ``spec.corpus``. ``cache_dir`` holds the tokenized splits and frozen-prefix states (see `layertune.frozen_prefix`).
     """
-    corpus = corpus_spec.load(data_mirror)
-    transformers.set_seed(training.seed)
-    model = build_model(encoder_spec.build(), corpus, head)
+    from layertune.trainer import ModelTrainer
+
+    corpus = corpus if corpus is not None else spec.corpus.load(data_mirror)
+    model = spec.build_model(corpus)
     trainer = ModelTrainer(model, corpus, cache_dir=cache_dir)
-    return trainer.train(output_dir, progress=progress, **training.model_dump())
+    trained = TrainedCell(spec, trainer.train(args=spec.training, progress=progress), trainer.model)
+    if output_dir is not None:
+        trained.save(output_dir)
+    return trained
+
+
+@dataclass(frozen=True)
+class CellFolder:
+    """Read access to a saved cell folder: each file is read when asked for."""
+
+    path: Path
+
+    def spec(self) -> CellSpec:
+        return CellSpec.model_validate_json((self.path / "cell.json").read_text())
+
+    def metrics(self) -> dict:
+        return json.loads((self.path / "metrics.json").read_text())
+
+    def history(self) -> list[dict]:
+        return json.loads((self.path / "history.json").read_text())
+
+    def predictions(self) -> dict[str, dict[str, list]]:
+        return json.loads((self.path / "predictions.json").read_text())
+
+    def drift(self):
+        import pandas as pd
+
+        return pd.read_csv(self.path / "drift.csv")
+
+    def model(self, *, trust_remote_code: bool = False) -> TaskModel:
+        from layertune.heads import TaskModel
+
+        return TaskModel.from_pretrained(self.path / "model", trust_remote_code=trust_remote_code)

@@ -1,4 +1,9 @@
-"""Command line: ``layertune train-cell --task sst2 --model all-MiniLM-L6-v2 --tunable-layers 2 --seed 1 ...``."""
+"""Command line: ``layertune train-cell --task sst2 --model sentence-transformers/all-MiniLM-L6-v2 --tunable-layers 2
+--seed 1 --output-dir runs/sst2-k2``, or ``layertune train-cell --spec cell.json --output-dir runs/x``.
+
+Every option is a field of `layertune.cell.CellSpec` (``--seed`` is the training seed, ``--data-seed`` the
+subsample's), generated from it, so the command line takes exactly what the library takes, checked the same way.
+"""
 
 from __future__ import annotations
 
@@ -6,61 +11,83 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+
+# (section of CellSpec, its model, options renamed where two sections share a field name)
+_SECTIONS = (("corpus", "CorpusSpec", {"seed": "data_seed"}), ("encoder", "EncoderSpec", {}),
+             ("head", "HeadSpec", {}), ("training", "TrainingArguments", {}))
 
 
-def _layers(value: str) -> int | str:
-    return value if value == "all" else int(value)
+def _models() -> list[tuple[str, type[BaseModel], dict[str, str]]]:
+    from layertune import cell
+
+    return [(section, getattr(cell, name), renamed) for section, name, renamed in _SECTIONS]
+
+
+def _value(text: str) -> Any:
+    """A command-line value as YAML 1.2 would read it: 3, 2e-5, true, null, 'all', or a list like [1e-4,3e-5]."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    if text.startswith("["):
+        return [_value(part.strip()) for part in text[1:-1].split(",") if part.strip()]
+    return {"true": True, "false": False, "null": None}.get(text, text)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="layertune", description=__doc__)
+    parser = argparse.ArgumentParser(prog="layertune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    cell = commands.add_parser("train-cell", help="train one (task, model, tunable_layers, seed) cell")
-    cell.add_argument("--task", required=True, help="cola, sst2, mrpc, rte, stsb, imdb, or a HF dataset name")
-    cell.add_argument("--config", help="dataset config, e.g. --task glue --config mrpc")
-    cell.add_argument("--model", required=True, help="local folder, packaged model or Hugging Face hub id")
-    cell.add_argument("--tunable-layers", type=_layers, default="all", help="0 … L, or 'all'")
-    cell.add_argument("--seed", type=int, default=42)
+    cell = commands.add_parser("train-cell", help="train one cell and write its folder")
     cell.add_argument("--output-dir", required=True)
-    cell.add_argument("--train-size", type=int)
-    cell.add_argument("--dev-size", type=int)
-    cell.add_argument("--pooling", default="cls")
-    cell.add_argument("--learning-rate", type=float, default=5e-5)
-    cell.add_argument("--head-learning-rate", type=float)
-    cell.add_argument("--batch-size", type=int, default=16)
-    cell.add_argument("--epochs", type=int, default=3)
-    cell.add_argument("--weight-decay", type=float, default=0.0)
-    cell.add_argument("--warmup-ratio", type=float, default=0.0)
-    cell.add_argument("--max-length", type=int)
-    cell.add_argument("--no-frozen-prefix-cache", action="store_true", help="always run the frozen layers")
+    cell.add_argument("--spec", type=Path, help="a CellSpec as JSON (options given too override it)")
     cell.add_argument("--data-mirror", help="local data folder (default: $LAYERTUNE_DATA_MIRROR)")
     cell.add_argument("--cache-dir", help="tokenized-data and frozen-prefix cache (default: $LAYERTUNE_CACHE)")
+    for section, model, renamed in _models():
+        group = cell.add_argument_group(f"{section} ({model.__name__})")
+        for name, field in model.model_fields.items():
+            option = renamed.get(name, name)
+            help_text = field.description or ""
+            group.add_argument(f"--{option.replace('_', '-')}", dest=f"{section}.{name}", type=_value,
+                               default=argparse.SUPPRESS, help=f"{help_text} (default: {field.default!r})".strip())
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from layertune.cell import CorpusSpec, EncoderSpec, run_cell
-    from layertune.trainer import TrainingArguments
+def cell_spec(options: dict[str, Any], base: dict | None = None):
+    """A `CellSpec` from ``{"section.field": value}`` options over ``base`` (a spec as a dict)."""
+    from layertune.cell import CellSpec
 
-    args = _parser().parse_args(argv)
+    spec = json.loads(json.dumps(base or {"corpus": {}, "encoders": [{}]}))
+    for key, value in options.items():
+        section, name = key.split(".")
+        target = spec["encoders"][0] if section == "encoder" else spec.setdefault(section, {})
+        target[name] = value
+    return CellSpec.model_validate(spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from layertune.cell import train_cell
+    from layertune.errors import describe_validation_error
+
+    args = vars(_parser().parse_args(argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        corpus = CorpusSpec(task=args.task, config=args.config, train_size=args.train_size, dev_size=args.dev_size)
-        encoder = EncoderSpec(model=args.model, tunable_layers=args.tunable_layers, pooling=args.pooling)
-        training = TrainingArguments(
-            learning_rate=args.learning_rate, head_learning_rate=args.head_learning_rate,
-            batch_size=args.batch_size, epochs=args.epochs, weight_decay=args.weight_decay,
-            warmup_ratio=args.warmup_ratio, seed=args.seed, max_length=args.max_length,
-            frozen_prefix_cache=False if args.no_frozen_prefix_cache else "auto",
-        )
-        result = run_cell(corpus, encoder, training, args.output_dir, data_mirror=args.data_mirror,
-                          cache_dir=args.cache_dir)
-    except (ValueError, ValidationError, OSError) as error:
+        base = json.loads(args.pop("spec").read_text()) if args.get("spec") else None
+        options = {key: value for key, value in args.items() if "." in key}
+        trained = train_cell(cell_spec(options, base), args["output_dir"], data_mirror=args.get("data_mirror"),
+                             cache_dir=args.get("cache_dir"))
+    except ValidationError as error:
+        print(f"layertune: error: {'; '.join(describe_validation_error(error))}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as error:
         print(f"layertune: error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(result.summary(), indent=2))
+    print(json.dumps(trained.result.summary(), indent=2))
     return 0
 
 

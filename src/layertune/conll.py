@@ -11,8 +11,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
+if TYPE_CHECKING:
+    import datasets
 
 DOCSTART = "-DOCSTART-"
 OUTSIDE = "O"
@@ -97,6 +99,8 @@ def conll_dataset(path: str | os.PathLike, label_names: tuple[str, ...] | list[s
 
     A tag outside ``label_names`` (after IOB1 → IOB2 conversion) is an error naming file and line.
     """
+    import datasets
+
     sentences = read_conll(path, num_columns)
     ids = {name: i for i, name in enumerate(label_names)}
     tags = []
@@ -113,5 +117,7 @@ def conll_dataset(path: str | os.PathLike, label_names: tuple[str, ...] | list[s
 
 def token_features(label_names: tuple[str, ...] | list[str]) -> datasets.Features:
     """The columns of every token-classification split: ``tokens`` (strings) and ``tags`` (class ids)."""
+    import datasets
+
     return datasets.Features({"tokens": datasets.List(datasets.Value("string")),
                               "tags": datasets.List(datasets.ClassLabel(names=list(label_names)))})

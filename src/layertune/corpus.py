@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import datasets
+if TYPE_CHECKING:
+    import datasets
 
 TaskType = Literal["classification", "regression", "token_classification"]
 
@@ -36,10 +37,6 @@ class Corpus:
     def num_classes(self) -> int:
         """Output size of the head: the number of labels, or 1 for regression."""
         return 1 if self.task_type == "regression" else len(self.label_names)
-
-    @property
-    def is_sentence_pair(self) -> bool:
-        return len(self.text_columns) == 2
 
     @property
     def fingerprint(self) -> str:

@@ -37,21 +37,6 @@ def default_cache_root() -> Path:
     return Path(os.environ.get("LAYERTUNE_CACHE", Path.home() / ".cache" / "layertune"))
 
 
-def cache_decision(encoder, setting: bool | str) -> tuple[bool, str]:
-    """Whether the cached path is exact for this encoder, and why (recorded in the run's metadata)."""
-    if setting is False:
-        return False, "disabled by frozen_prefix_cache=False"
-    if encoder.frozen_prefix_layers is None:
-        reason = "every layer trains (tunable_layers='all'): nothing is frozen"
-    elif encoder.frozen_dropout:
-        reason = "frozen layers keep train-mode dropout (frozen_dropout=True), so their output changes each step"
-    else:
-        return True, f"embeddings and the bottom {encoder.frozen_prefix_layers} layers computed once"
-    if setting is True:
-        raise ValueError(f"frozen_prefix_cache=True cannot be honoured: {reason}. Use 'auto' or False.")
-    return False, reason
-
-
 class BoundaryStates(Sequence):
     """Per-example hidden states (tokens, hidden) stored as one flat (total tokens, hidden) array."""
 

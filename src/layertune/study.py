@@ -1,92 +1,84 @@
-"""A layer-ablation study: the schema of ``params.yaml``, its grid of cells, profiles, and dev-set evaluation.
+"""Studies: grids of cells declared in ``params.yaml``, checked once, and the plan every pipeline stage works from.
 
-``params.yaml`` is the one parameter file: DVC reads it for each stage's ``params`` and the train ``matrix``, Kedro
-reads it as its parameters. :func:`validate_params` checks all of it before any work starts and names the offending
-key (``train.learning_rate``, ``study.tunable_layers[2]``) in the error. A profile (``profiles/<name>.yaml``) is a
-set of overrides of existing keys, applied as ``dvc exp run -S key=value`` arguments (:func:`profile_overrides`).
+Every study under ``studies:`` has the same shape::
+
+    studies:
+      <name>:
+        report: {kind: layers, tolerance: 0.01}     # which report function, and its options
+        tasks: [sst2, stsb]                          # ┐
+        encoders: {<encoder name>: <model>, ...}     # │ the grid: one cell per
+        tunable_layers: [0, 1, 2, all]               # │ task × encoder × tunable layers × seed
+        seeds: [1, 2]                                # ┘
+        data: {train_size: 300, dev_size: null}      # CorpusSpec (less the task)
+        encoder: {pooling: mean}                     # LanguageModel arguments for every encoder
+        head: {head: linear}                         # the task head's arguments
+        training: {learning_rate: 2.0e-4, ...}       # ModelTrainer.train arguments (the seed comes from seeds)
+        per_tunable_layers: {0: {head_learning_rate: 3.0e-3}}   # training overrides for one K
+
+An encoder is a model (``minilm: sentence-transformers/all-MiniLM-L6-v2``), a model with its own settings and
+learning rate (``roberta: {model: roberta-base, hidden_dropout_prob: 0.4, learning_rate: 1.0e-5}``), or several of
+the study's encoders combined (``dme: {combine: dme, members: [minilm, roberta]}``). Encoder names name folders and
+DVC stages, so each cell has a readable key: ``<task>-<encoder>-<tunable_layers>-<seed>``, the name DVC's matrix
+gives the cell's ``train-<study>`` stage.
+
+`validate_params` checks the whole file once and names every bad key by its dotted path. `plan_studies` turns it
+into typed objects: one `StudyCell` per cell (the `CellSpec` it trains) and, per study, the slice of the study each
+stage reads, so that a stage reruns exactly when what it reads changes.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import re
-import sys
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    ConfigDict,
+    Discriminator,
     Field,
     NonNegativeFloat,
-    PlainValidator,
     PositiveFloat,
     PositiveInt,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from layertune.errors import choices_hint
+from layertune.cell import CellSpec, CombineSpec, CorpusSpec, EncoderSettings, EncoderSpec, HeadSpec, Spec, TunableLayers
+from layertune.errors import choices_hint, describe_validation_error
+from layertune.training_args import TrainingArguments
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-    from layertune.corpus import Corpus
-
-
-
-def _tunable_layers(value: Any) -> int | str:
-    if value == "all" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        return value
-    raise ValueError("must be 'all' or an int >= 0 (the number of top layers that train)")
-
-
-def _sentence_task(task: str) -> str:
-    from layertune.corpora import TASKS
-
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}.{choices_hint(task, sentence_tasks())}")
-    if TASKS[task].task_type not in ("classification", "regression"):
-        raise ValueError(f"{task!r} is a {TASKS[task].task_type} task; a study trains sentence (pair) "
-                         f"classification or regression: {', '.join(sentence_tasks())}")
-    return task
-
-
-def sentence_tasks() -> list[str]:
-    from layertune.corpora import TASKS
-
-    return [name for name, spec in TASKS.items() if spec.task_type in ("classification", "regression")]
-
-
-TunableLayers = Annotated[int | str, PlainValidator(_tunable_layers)]
-Task = Annotated[str, AfterValidator(_sentence_task)]
-ModelName = Annotated[str, AfterValidator(lambda name: check_model_name(name))]
-
-# Layer counts of common hub models, so a study can be validated offline (the hub is asked only for others).
+SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_LAYER_ATTRIBUTES = ("num_hidden_layers", "n_layers", "num_layers")
+# Layer counts of common hub models, so that a study can be checked offline (the hub is asked only for others).
 KNOWN_MODEL_LAYERS = {
     "bert-base-cased": 12, "bert-base-uncased": 12, "bert-large-cased": 24, "bert-large-uncased": 24,
-    "google-bert/bert-base-cased": 12, "google-bert/bert-base-uncased": 12,
+    "google-bert/bert-base-cased": 12, "google-bert/bert-base-uncased": 12, "SpanBERT/spanbert-base-cased": 12,
     "roberta-base": 12, "roberta-large": 24, "FacebookAI/roberta-base": 12, "FacebookAI/roberta-large": 24,
-    "distilbert-base-uncased": 6, "distilbert-base-cased": 6, "distilbert/distilbert-base-uncased": 6,
+    "google/electra-base-discriminator": 12, "distilbert-base-uncased": 6, "distilbert-base-cased": 6,
+    "distilbert/distilbert-base-uncased": 6,
 }
-_LAYER_ATTRIBUTES = ("num_hidden_layers", "n_layers", "num_layers")
-_SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]*$")
+
+
+# Training keys that decide what the tokenize stage caches for every cell, and the seed (the seeds axis).
+STUDY_WIDE_TRAINING = {"max_length", "cache_dtype", "frozen_prefix_cache", "seed"}
 
 
 class ParamsError(ValueError):
     """``params.yaml`` is invalid; the message names every bad key by its dotted path."""
 
 
-class _Section(BaseModel):
-    # strict: "3" is not an int and 1e-3 written as a string is not a float (YAML 1.1 reads `1e-3` as a string).
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+def _slug(value: str, what: str) -> str:
+    if not SLUG.match(value):
+        raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.' or '-' (it names folders and DVC "
+                         "stages)")
+    return value
 
 
 def _unique(values: list, what: str) -> list:
@@ -96,196 +88,276 @@ def _unique(values: list, what: str) -> list:
     return values
 
 
-class StudySection(_Section):
-    """The grid: every task × model × tunable_layers × seed is one cell (one DVC ``train@...`` stage)."""
+def layers_order(values: Iterable[TunableLayers]) -> list[TunableLayers]:
+    """0, 1, 2, … then 'all': the row order of an ablation table."""
+    return sorted(set(values), key=lambda k: (k == "all", k if k != "all" else 0))
 
-    name: str = Field(description="names the MLflow experiment ('layertune-<name>') and the reports")
-    tasks: list[Task] = Field(min_length=1)
-    models: list[ModelName] = Field(min_length=1)
+
+# ------------------------------------------------------------------------------------------------------- schema
+
+
+# The report functions of `layertune.reports.REPORTS` (named here too: checking params.yaml imports no reports).
+ReportKind = Literal["layers", "ner", "encoders"]
+
+
+class ReportSpec(Spec):
+    """Which report function builds the study's report (`layertune.reports.REPORTS`), and its options."""
+
+    kind: ReportKind
+    tolerance: NonNegativeFloat = Field(0.01, description="a setting within this of the best (metric units: 0.01 = "
+                                                          "1 point) counts as good enough")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="of the intervals and tests")
+    resamples: PositiveInt = Field(1000, description="bootstrap resamples of dev examples and seeds")
+    examples: int = Field(5, ge=0, description="dev examples shown one by one (dme attention, tagged sentences)")
+
+
+class DataSpec(Spec):
+    """`CorpusSpec` less the task: the same subsample for every task of the study."""
+
+    train_size: PositiveInt | None = None
+    dev_size: PositiveInt | None = None
+    seed: int = 42
+    balanced: bool | None = None
+
+
+class SingleEncoder(EncoderSettings):
+    """A model with settings of its own (anything unset comes from the study's ``encoder`` section)."""
+
+    model: str
+    learning_rate: PositiveFloat | None = Field(None, description="this model's rate; null: training.learning_rate")
+
+
+class CombinedEncoder(Spec):
+    """Several of the study's single encoders, combined by a `MultiEncoder`."""
+
+    combine: Literal["concat", "dme"]
+    members: list[str] = Field(min_length=2)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    projection_size: PositiveInt | None = None
+
+
+def _encoder_kind(entry: Any) -> str:
+    if isinstance(entry, str):
+        return "model"
+    return "combined" if isinstance(entry, Mapping) and "combine" in entry or isinstance(entry, CombinedEncoder) \
+        else "single"
+
+
+# A model id, a model with settings, or a combination; tagged so that an error names only the form that was meant.
+EncoderEntry = Annotated[Annotated[str, Tag("model")] | Annotated[SingleEncoder, Tag("single")]
+                         | Annotated[CombinedEncoder, Tag("combined")], Discriminator(_encoder_kind)]
+ENCODER_TAGS = ("model", "single", "combined")
+
+
+class StudySpec(Spec):
+    """One study of ``params.yaml``: its grid, the shared settings of its cells, and its report."""
+
+    report: ReportSpec
+    tasks: list[str] = Field(min_length=1)
+    encoders: dict[str, EncoderEntry] = Field(min_length=1)
     tunable_layers: list[TunableLayers] = Field(min_length=1)
     seeds: list[int] = Field(min_length=1)
+    data: DataSpec = DataSpec()
+    encoder: EncoderSettings = EncoderSettings()
+    head: HeadSpec = HeadSpec()
+    training: TrainingArguments = TrainingArguments()
+    per_tunable_layers: dict[TunableLayers, dict[str, Any]] = Field(
+        {}, description="training arguments for one tunable-layers value, e.g. {0: {head_learning_rate: 3.0e-3}}")
 
-    @field_validator("name")
+    @field_validator("tasks")
     @classmethod
-    def _slug(cls, value: str) -> str:
-        if not _SLUG.match(value):
-            raise ValueError(f"must be letters, digits, '_', '.' or '-' (it names folders); got {value!r}")
-        return value
+    def _tasks(cls, tasks: list[str]) -> list[str]:
+        from layertune.tasks import TASKS
 
-    @field_validator("tasks", "models", "seeds")
+        for task in tasks:
+            if task not in TASKS:
+                raise ValueError(f"unknown task {task!r}.{choices_hint(task, TASKS)}")
+        return _unique(tasks, "tasks")
+
+    @field_validator("encoders")
     @classmethod
-    def _no_repeats(cls, values: list, info) -> list:
-        return _unique(values, info.field_name)
+    def _encoder_names(cls, encoders: dict) -> dict:
+        for name in encoders:
+            _slug(name, "encoder name")
+        return encoders
 
     @field_validator("tunable_layers")
     @classmethod
-    def _sorted_layers(cls, values: list) -> list:
+    def _layers(cls, values: list) -> list:
+        for value in values:
+            if value != "all" and value < 0:
+                raise ValueError(f"tunable layers must be 'all' or an int >= 0; got {value}")
         return _unique(values, "tunable_layers")
 
-    def cells(self) -> list[Cell]:
-        return [Cell(t, m, k, s) for t, m, k, s in itertools.product(self.tasks, self.models, self.tunable_layers,
-                                                                      self.seeds)]
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, seeds: list[int]) -> list[int]:
+        return _unique(seeds, "seeds")
+
+    @field_validator("per_tunable_layers", mode="before")
+    @classmethod
+    def _numeric_keys(cls, overrides: Any) -> Any:
+        # Mapping keys pass through JSON and some YAML writers as text: "0" is the tunable-layers value 0.
+        if isinstance(overrides, Mapping):
+            return {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in overrides.items()}
+        return overrides
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudySpec:
+        for name, entry in self.encoders.items():
+            if isinstance(entry, CombinedEncoder):
+                for member in entry.members:
+                    if not isinstance(self.encoders.get(member), (str, SingleEncoder)):
+                        single = [n for n, e in self.encoders.items() if not isinstance(e, CombinedEncoder)]
+                        raise ValueError(f"encoders.{name}.members: {member!r} is not a single encoder of this "
+                                         f"study.{choices_hint(member, single)}")
+        for k, overrides in self.per_tunable_layers.items():
+            if k not in self.tunable_layers:
+                raise ValueError(f"per_tunable_layers has {k!r}, which is not in tunable_layers {self.tunable_layers}")
+            if shared := sorted(set(overrides) & STUDY_WIDE_TRAINING):
+                raise ValueError(f"per_tunable_layers.{k}: {', '.join(shared)} can only be set for the whole study "
+                                 "(in training): the tokenized features and cached states are shared by its cells")
+        for k in self.tunable_layers:
+            self.training_for(k, seed=0)  # a bad override fails here, naming its key
+        return self
+
+    # -------------------------------------------------------------------------------------------------- cells
+
+    def members(self, encoder: str) -> list[tuple[str, SingleEncoder]]:
+        """The single encoders behind ``encoder`` (itself, or a combination's members), with their settings."""
+        entry = self.encoders[encoder]
+        names = entry.members if isinstance(entry, CombinedEncoder) else [encoder]
+        return [(name, self._single(self.encoders[name])) for name in names]
+
+    @staticmethod
+    def _single(entry: str | SingleEncoder) -> SingleEncoder:
+        return SingleEncoder(model=entry) if isinstance(entry, str) else entry
+
+    def encoder_specs(self, encoder: str, tunable_layers: TunableLayers) -> list[EncoderSpec]:
+        specs = []
+        for _, single in self.members(encoder):
+            settings = {**self.encoder.model_dump(), **single.model_dump(include=single.model_fields_set)}
+            settings.pop("learning_rate", None)
+            specs.append(EncoderSpec(tunable_layers=tunable_layers, **settings))
+        return specs
+
+    def training_for(self, tunable_layers: TunableLayers, seed: int, encoder: str | None = None) -> TrainingArguments:
+        """The study's training arguments, with the overrides of ``per_tunable_layers[K]``, the cell's seed and, for
+        ``encoder``, each member's own learning rate."""
+        values = {**self.training.model_dump(), **self.per_tunable_layers.get(tunable_layers, {}), "seed": seed}
+        if encoder is not None:
+            rates = [single.learning_rate or values["learning_rate"] for _, single in self.members(encoder)]
+            values["learning_rate"] = rates if len(rates) > 1 else rates[0]
+        try:
+            return TrainingArguments.model_validate(values)
+        except ValidationError as error:
+            raise _nested(error, ("per_tunable_layers", tunable_layers)) from None
+
+    def cell_spec(self, task: str, encoder: str, tunable_layers: TunableLayers, seed: int) -> CellSpec:
+        entry = self.encoders[encoder]
+        combine = (CombineSpec(method=entry.combine, dropout=entry.dropout, projection_size=entry.projection_size)
+                   if isinstance(entry, CombinedEncoder) else None)
+        return CellSpec(corpus=CorpusSpec(task=task, **self.data.model_dump()),
+                        encoders=self.encoder_specs(encoder, tunable_layers), combine=combine, head=self.head,
+                        training=self.training_for(tunable_layers, seed, encoder))
 
 
-class CellSection(_Section):
-    """The one cell that ``kedro run --pipeline train|evaluate`` acts on; DVC passes each with ``--params``."""
-
-    task: str
-    model: ModelName
-    tunable_layers: TunableLayers
-    seed: int
+def _nested(error: ValidationError, prefix: tuple) -> ParamsError:
+    return ParamsError("; ".join(describe_validation_error(error, prefix)))
 
 
-class DownloadSection(_Section):
-    mirror: str | None = Field(None, description="folder with glue/ and imdb/; $LAYERTUNE_DATA_MIRROR wins; "
-                                                 "null and no variable: the Hugging Face hub")
+class DownloadSection(Spec):
+    mirror: str | None = Field(None, description="folder with glue/, imdb/, ner/; $LAYERTUNE_DATA_MIRROR wins; null "
+                                                 "and no variable: the Hugging Face hub")
 
 
-class PrepareSection(_Section):
-    train_size: PositiveInt | None = Field(None, description="at most this many training examples (seeded)")
-    dev_size: PositiveInt | None = Field(None, description="at most this many dev examples (seeded)")
-    balanced: bool | None = Field(None, description="equal classes; null: the task's default (IMDb balanced)")
-    seed: int = 42
+class StudyParams(Spec):
+    """All of ``params.yaml``."""
 
-
-class TokenizeSection(_Section):
-    max_length: PositiveInt | None = Field(None, description="truncation length; null: the task's default")
-    frozen_prefix: bool = Field(True, description="cache the frozen layers' output for every boundary")
-    cache_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-
-
-class TrainSection(_Section):
-    learning_rate: PositiveFloat = 5e-5
-    head_learning_rate: PositiveFloat | None = None
-    batch_size: PositiveInt = 16
-    epochs: PositiveInt = 3
-    weight_decay: NonNegativeFloat = 0.0
-    warmup_ratio: float = Field(0.0, ge=0, le=1)
-    max_grad_norm: PositiveFloat | None = 1.0
-    pooling: Literal["cls", "mean", "pooler"] = "cls"
-    head: Literal["linear", "mlp"] = "linear"
-    group_by_length: bool = False
-    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
-
-
-class EvaluateSection(_Section):
-    batch_size: PositiveInt = 64
-
-
-class AggregateSection(_Section):
-    tolerance: NonNegativeFloat = Field(0.01, description="recommend the smallest K within this of the best mean "
-                                                         "score (absolute, in metric units: 0.01 = 1 point)")
-
-
-class StudyParams(_Section):
-    """All of ``params.yaml``. Every section is required, so a missing or misspelt section is an error."""
-
-    study: StudySection
-    cell: CellSection
     download: DownloadSection
-    prepare: PrepareSection
-    tokenize: TokenizeSection
-    train: TrainSection
-    evaluate: EvaluateSection
-    aggregate: AggregateSection
-    # Studies of their own, each a single stage: their keys are checked by layertune.ner_study.NerParams and
-    # layertune.multi_study.StudySpec when that stage starts, before any training (keeps this module torch-free).
-    ner: dict[str, Any] | None = None
-    multi_encoder: dict[str, Any] | None = None
+    studies: dict[str, StudySpec] = Field(min_length=1)
+
+    @field_validator("studies")
+    @classmethod
+    def _study_names(cls, studies: dict) -> dict:
+        for name in studies:
+            _slug(name, "study name")
+        return studies
 
     @model_validator(mode="after")
     def _layers_in_range(self) -> StudyParams:
-        for index, model in enumerate(self.study.models):
-            limit = model_layers(model, where=f"study.models[{index}]")
-            for position, k in enumerate(self.study.tunable_layers):
-                if k != "all" and k > limit:
-                    raise ParamsError(f"study.tunable_layers[{position}]: {k} is out of range: {model!r} has "
-                                      f"{limit} layers, so tunable layers go from 0 to {limit} (or 'all').")
+        for study_name, study in self.studies.items():
+            for encoder in study.encoders:
+                for member, single in study.members(encoder):
+                    limit = model_layers(single.model, where=f"studies.{study_name}.encoders.{member}")
+                    for position, k in enumerate(study.tunable_layers):
+                        if k != "all" and k > limit:
+                            raise ParamsError(
+                                f"studies.{study_name}.tunable_layers[{position}]: {k} is out of range: encoder "
+                                f"{member!r} ({single.model}) has {limit} layers, so tunable layers go from 0 to "
+                                f"{limit} (or 'all').")
         return self
 
 
-SECTIONS: dict[str, type[_Section]] = {name: f.annotation for name, f in StudyParams.model_fields.items()}
-
-
-# ------------------------------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------------------------------- validation
 
 
 def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> StudyParams:
     """The whole parameter file, checked; raises `ParamsError` naming each bad key by its dotted path."""
+    for name, study in (params.get("studies") or {}).items():
+        if isinstance(study, Mapping) and "seed" in (study.get("training") or {}):
+            raise ParamsError(f"{source} is invalid:\n  studies.{name}.training.seed: each cell's seed comes from "
+                              f"studies.{name}.seeds; remove this key")
     try:
         return StudyParams.model_validate(dict(params))
     except ValidationError as error:
-        raise ParamsError(_describe(error, StudyParams, source)) from None
+        raise ParamsError(_describe(error, source)) from None
+    except ParamsError as error:
+        raise ParamsError(f"{source} is invalid:\n  {error}") from None
 
 
-def section(name: str, values: Mapping[str, Any], source: str = "params.yaml") -> Any:
-    """One section (``"train"``, ``"study"`` …) checked on its own, keys named ``<name>.<key>`` in errors."""
-    if name not in SECTIONS:
-        raise ParamsError(f"{source}: unknown section {name!r}.{choices_hint(name, SECTIONS)}")
-    model = SECTIONS[name]
-    try:
-        return model.model_validate(dict(values))
-    except ValidationError as error:
-        raise ParamsError(_describe(error, model, source, prefix=(name,))) from None
+def _describe(error: ValidationError, source: str) -> str:
+    lines = describe_validation_error(error, known_keys=_known_keys, union_tags=ENCODER_TAGS)
+    return f"{source} is invalid:\n  " + "\n  ".join(lines)
 
 
-def _describe(error: ValidationError, model: type[BaseModel], source: str, prefix: tuple = ()) -> str:
-    lines = []
-    for item in error.errors():
-        location = (*prefix, *item["loc"])
-        key = _dotted(location)
-        if not key:  # a check across keys, which names its keys itself
-            lines.append(item["msg"].removeprefix("Value error, "))
-        elif item["type"] == "extra_forbidden":
-            parent = _model_at(model, location[len(prefix):-1])
-            known = list(parent.model_fields) if parent else []
-            lines.append(f"{key}: unknown key.{choices_hint(location[-1], known)}")
-        elif item["type"] == "missing":
-            lines.append(f"{key}: required key is missing")
-        else:
-            message = item["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}: {message} (got {item['input']!r})")
-    return f"{source} is invalid:\n  " + "\n  ".join(dict.fromkeys(lines))
-
-
-def _dotted(location: Iterable) -> str:
-    text = ""
+def _known_keys(location: tuple) -> list[str]:
+    """The keys valid at ``location`` (for 'did you mean'): walk the schema, stepping over mapping keys."""
+    annotation: Any = StudyParams
     for part in location:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else str(part)
-    return text
+        model = _model_in(annotation)
+        if model is not None and isinstance(part, str) and part in model.model_fields:
+            annotation = model.model_fields[part].annotation
+        elif get_origin(annotation) is dict:
+            annotation = get_args(annotation)[1]  # `part` was a key of the mapping: go to its values
+    model = _model_in(annotation)
+    return list(model.model_fields) if model else []
 
 
-def _model_at(model: type[BaseModel], path: tuple) -> type[BaseModel] | None:
-    for part in path:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
-            return None
-        model = field.annotation
-    return model
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class of an annotation (the first one inside a union or Annotated), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        if (model := _model_in(argument)) is not None and get_origin(annotation) is not dict:
+            return model
+    return None
 
 
-def check_model_name(name: str) -> str:
-    """A model name becomes folder names (``data/04_models/<task>/<model>/…``) in the catalog and in dvc.yaml, so it
-    must be a relative path inside them: a hub id (``org/name``), a packaged name, or a folder below the project."""
-    parts = Path(name).parts
-    if not name or Path(name).is_absolute() or name.startswith("~") or ".." in parts or not _MODEL_NAME.match(name):
-        raise ValueError(f"{name!r} cannot name a folder of the study: use a hub id ('org/name'), a packaged model, "
-                         f"or a relative path without '..' (link a local model into the project)")
-    return name
-
-
+@functools.cache
 def model_layers(name: str, where: str = "model") -> int:
-    """How many transformer layers ``name`` has: from its config when local or packaged, else a table of known
-    hub models, else the hub's config. Unknown names raise `ParamsError` naming ``where``."""
-    from layertune.language_model import PACKAGED_MODELS, resolve_model_path
+    """How many transformer layers ``name`` has: from its config when local, packaged or mirrored, else a table of
+    known hub models, else the hub's config. An unknown name raises `ParamsError` naming ``where``."""
+    from layertune.model_paths import MODEL_MIRROR_ENV, PACKAGED_MODELS, resolve_model_path
 
-    folder = Path(resolve_model_path(name))
-    if (folder / "config.json").is_file():
-        config = json.loads((folder / "config.json").read_text())
-        return next(config[a] for a in _LAYER_ATTRIBUTES if a in config)
+    config_file = Path(resolve_model_path(name)) / "config.json"
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text())
+            return next(config[a] for a in _LAYER_ATTRIBUTES if a in config)
+        except (json.JSONDecodeError, StopIteration):
+            raise ParamsError(f"{where}: {config_file} is not a model config with a layer count "
+                              f"({', '.join(_LAYER_ATTRIBUTES)})") from None
     if name in KNOWN_MODEL_LAYERS:
         return KNOWN_MODEL_LAYERS[name]
     try:
@@ -294,246 +366,149 @@ def model_layers(name: str, where: str = "model") -> int:
         config = transformers.AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as error:
         known = [*PACKAGED_MODELS, *KNOWN_MODEL_LAYERS]
-        raise ParamsError(f"{where}: unknown model {name!r}: not a local folder, not a packaged model, not a known "
-                          f"hub model, and the hub did not provide it ({type(error).__name__})."
-                          f"{choices_hint(name, known)}") from None
+        mirror = os.environ.get(MODEL_MIRROR_ENV)
+        raise ParamsError(f"{where}: unknown model {name!r}: not a local folder, not a packaged model, not in the "
+                          f"model mirror (${MODEL_MIRROR_ENV}={mirror!r}), not a known hub model, and the hub did "
+                          f"not provide it ({type(error).__name__}).{choices_hint(name, known)}") from None
     return next(getattr(config, a) for a in _LAYER_ATTRIBUTES if hasattr(config, a))
 
 
-# ----------------------------------------------------------------------------------------------------- cells
+# --------------------------------------------------------------------------------------------------------- plan
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One (task, model, tunable_layers, seed) point of the grid."""
+class StudyCell(Spec):
+    """One cell of a study: where it sits in the grid, and the `CellSpec` it trains."""
 
+    study: str
     task: str
-    model: str
-    tunable_layers: int | str
+    encoder: str
+    tunable_layers: TunableLayers
     seed: int
+    spec: CellSpec
 
-    @classmethod
-    def from_params(cls, values: Mapping[str, Any]) -> Cell:
-        checked = section("cell", values)
-        return cls(checked.task, checked.model, checked.tunable_layers, checked.seed)
+    @property
+    def key(self) -> str:
+        """The name DVC's matrix gives this cell (its values joined by '-', in the matrix's order)."""
+        return "-".join(str(v) for v in (self.task, self.encoder, self.tunable_layers, self.seed))
+
+    @property
+    def path(self) -> str:
+        """``<study>/<key>``: the cell's folder below data/04_models, and the ``--params cell=`` value."""
+        return f"{self.study}/{self.key}"
 
     @property
     def dvc_stage(self) -> str:
-        """The name DVC's matrix gives this cell's train stage (values joined by '-', in matrix order)."""
-        return f"train@{self.task}-{self.model}-{self.tunable_layers}-{self.seed}"
+        return f"train-{self.study}@{self.key}"
 
-    def as_dict(self) -> dict:
-        return {"task": self.task, "model": self.model, "tunable_layers": self.tunable_layers, "seed": self.seed}
+    @property
+    def setting_key(self) -> str:
+        """``<task>-<encoder>-<tunable_layers>``: the key less the seed, shared by the cells of one setting."""
+        return "-".join(str(v) for v in (self.task, self.encoder, self.tunable_layers))
 
-
-def layers_order(values: Iterable[int | str]) -> list[int | str]:
-    """0, 1, 2, … then 'all': the row order of an ablation table."""
-    return sorted(set(values), key=lambda k: (k == "all", k if k != "all" else 0))
-
-
-# ------------------------------------------------------------------------------------------- stage building blocks
+    @property
+    def setting(self) -> tuple[str, str, TunableLayers]:
+        """What the cell measures, seeds aside."""
+        return self.task, self.encoder, self.tunable_layers
 
 
-def data_mirror(download: DownloadSection) -> str | None:
-    """Where download reads from: ``$LAYERTUNE_DATA_MIRROR`` when set (CI points it anywhere), else
-    ``download.mirror``; None lets `load_corpus` fall back to the Hugging Face hub."""
-    from layertune.corpora import MIRROR_ENV
+class StudyPlan(Spec):
+    """A validated study and its cells: what the evaluate and aggregate stages read."""
 
-    return None if os.environ.get(MIRROR_ENV) else download.mirror
+    name: str
+    spec: StudySpec
+    cells: list[StudyCell]
 
-
-def prepare_corpus(load: Callable[..., Corpus], prepare: PrepareSection) -> Corpus:
-    """The seeded subsample a study trains on: at most ``train_size`` / ``dev_size`` examples (stratified, or
-    balanced), dev carved from train when the task has none. ``load(**options)`` is `load_corpus` on raw files."""
-    full = load()
-    sizes = {"train_size": prepare.train_size, "dev_size": prepare.dev_size}
-    for split, size in (("train", prepare.train_size), ("dev", prepare.dev_size)):
-        if size is not None and size >= len(getattr(full, split)):
-            sizes[f"{split}_size"] = None  # "at most": a smaller split is kept whole
-    if sizes == {"train_size": None, "dev_size": None} and prepare.balanced is None:
-        return full
-    return load(**sizes, seed=prepare.seed, balanced=prepare.balanced)
+    def cell(self, key: str) -> StudyCell:
+        for cell in self.cells:
+            if cell.key == key:
+                return cell
+        raise KeyError(f"{self.name} has no cell {key!r}.{choices_hint(key, [c.key for c in self.cells])}")
 
 
-def feature_cache_dir(root: str | Path, task: str, model: str) -> Path:
-    """The cache of one (task, model): ``tokenized/`` and ``frozen_prefix/`` below ``<root>/<task>/<model>``."""
-    return Path(root) / task / check_model_name(model)
+class PreparePlan(Spec):
+    """What the prepare stage reads: the study's tasks and subsample."""
+
+    tasks: list[str]
+    data: DataSpec
 
 
-def build_features(corpus: Corpus, model: str, tunable_layers: Iterable[int | str], tokenize: TokenizeSection,
-                   cache_dir: str | Path, encoder: Any = None) -> dict:
-    """Tokenize ``corpus`` for ``model`` and, in one forward pass per split, cache the hidden states entering every
-    frozen/tunable boundary the study needs; every train cell then finds them in ``cache_dir``.
+class CellFeatures(Spec):
+    """The cached features the cells of one setting read (whatever their seed): the task, and per language model
+    the index of the model in its `FeaturePlan` and the frozen-prefix boundary it trains from (None: no cache)."""
 
-    Returns a manifest of what the cache holds (tokenized folders and frozen-prefix entries)."""
-    import torch
-
-    from layertune.frozen_prefix import FrozenPrefixCache
-    from layertune.language_model import LanguageModel
-    from layertune.tokenization import tokenize_corpus
-
-    cache_dir = Path(cache_dir)
-    encoder = encoder or LanguageModel(model, tunable_layers=0)
-    tokenized = tokenize_corpus(corpus, encoder.tokenizer, max_length=tokenize.max_length,
-                                cache_dir=cache_dir / "tokenized")
-    manifest = {"examples": {split: len(data) for split, data in tokenized.items()},
-                "tokens": {split: int(sum(data["length"])) for split, data in tokenized.items()}}
-    if not tokenize.frozen_prefix:
-        return manifest
-    boundaries = sorted({encoder.num_layers - k for k in tunable_layers if k != "all"})
-    cache = FrozenPrefixCache(cache_dir / "frozen_prefix", dtype=tokenize.cache_dtype, progress=False)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    for split in ("train", "dev"):
-        cache.build(encoder, tokenized[split], boundaries, device=device)
-    manifest["frozen_prefix_boundaries"] = boundaries
-    return manifest
+    task: str
+    models: list[int]
+    boundaries: list[int | None]
 
 
-def train_cell(corpus: Corpus, cell: Cell, train: TrainSection, tokenize: TokenizeSection,
-               cache_dir: str | Path | None = None) -> tuple[Any, Any]:
-    """Train one cell; returns the `TrainingResult` and the model with its best epoch's weights."""
-    import transformers
+class FeaturePlan(Spec):
+    """What the tokenize stage reads: each language model of the study (as its cells build it, less what does not
+    change its frozen output), every boundary its cells train from, and how they tokenize and cache."""
 
-    from layertune.cell import EncoderSpec, build_model
-    from layertune.trainer import ModelTrainer, TrainingArguments
-
-    arguments = TrainingArguments(
-        learning_rate=train.learning_rate, head_learning_rate=train.head_learning_rate,
-        batch_size=train.batch_size, epochs=train.epochs, weight_decay=train.weight_decay,
-        warmup_ratio=train.warmup_ratio, max_grad_norm=train.max_grad_norm, seed=cell.seed,
-        group_by_length=train.group_by_length, mixed_precision=train.mixed_precision,
-        max_length=tokenize.max_length, cache_dtype=tokenize.cache_dtype,
-        frozen_prefix_cache="auto" if tokenize.frozen_prefix else False,
-    )
-    transformers.set_seed(cell.seed)  # before the head is built: its initial weights are part of the cell
-    encoder = EncoderSpec(model=cell.model, tunable_layers=cell.tunable_layers, pooling=train.pooling).build()
-    trainer = ModelTrainer(build_model(encoder, corpus, train.head), corpus, cache_dir=cache_dir)
-    result = trainer.train(None, progress=False, **arguments.model_dump())
-    return result, trainer.model
+    tasks: list[str]
+    models: list[EncoderSpec]
+    boundaries: list[list[int]]  # per model, every boundary any cell needs
+    settings: dict[str, CellFeatures]  # by setting key (`StudyCell.setting_key`): adding a seed changes nothing here
+    max_length: PositiveInt | None
+    cache_dtype: Literal["float32", "float16", "bfloat16"]
 
 
-def evaluate_model(model: Any, corpus: Corpus, tokenize: TokenizeSection, batch_size: int) -> tuple[pd.DataFrame,
-                                                                                             dict[str, float]]:
-    """Dev-set predictions of a saved model (``index``, ``label``, ``prediction``, plus label names when the task
-    has them) and the task's metrics. The whole model runs, as at inference, on the same tokenization as training
-    (tokenized into a temporary folder: the study's cache belongs to the tokenize stage)."""
-    import tempfile
-
-    import pandas as pd
-    import torch
-    from torch.utils.data import DataLoader
-
-    from layertune.batching import Examples
-    from layertune.metrics import compute_metrics
-    from layertune.tokenization import tokenize_corpus
-
-    tokenizer = model.encoder.tokenizer
-    with tempfile.TemporaryDirectory(prefix="layertune-evaluate-") as scratch:
-        dev = tokenize_corpus(corpus, tokenizer, max_length=tokenize.max_length, cache_dir=scratch)["dev"]
-        examples = Examples(dev, tokenizer.pad_token_id or 0)
-    # Batches of similar lengths waste little on padding; the rows are put back in dev order afterwards.
-    order = sorted(range(len(examples)), key=lambda i: examples.lengths[i])
-    loader = DataLoader(examples, batch_size=batch_size, sampler=order, collate_fn=examples.collate)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device).eval()
-    predictions, references = [None] * len(order), [None] * len(order)
-    with torch.no_grad():
-        for start, batch in zip(range(0, len(order), batch_size), loader):
-            batch = {k: v.to(device) for k, v in batch.items()}
-            batch_predictions, batch_references = model.metric_inputs(model(batch).float(), batch["labels"])
-            for index, prediction, reference in zip(order[start:], batch_predictions, batch_references):
-                predictions[index], references[index] = prediction, reference
-    table = pd.DataFrame({"index": range(len(references)), "label": references, "prediction": predictions})
-    if corpus.label_names:
-        names = list(corpus.label_names)
-        table["label_name"] = [names[i] for i in references]
-        table["prediction_name"] = [names[i] for i in predictions]
-    return table, compute_metrics(corpus.metrics, predictions, references)
+class DownloadPlan(Spec):
+    tasks: list[str]
+    mirror: str | None
 
 
-# -------------------------------------------------------------------------------------------------- profiles
+class Plan(BaseModel):
+    """Everything the stages read, derived from params.yaml."""
+
+    download: DownloadPlan
+    studies: dict[str, StudyPlan]
+    prepare: dict[str, PreparePlan]
+    features: dict[str, FeaturePlan]
+
+    def cells(self) -> list[StudyCell]:
+        return [cell for study in self.studies.values() for cell in study.cells]
 
 
-def profile_names(root: str | Path = ".") -> list[str]:
-    """The profiles shipped in ``<root>/profiles``."""
-    return sorted(p.stem for p in (Path(root) / "profiles").glob("*.yaml"))
+def study_cells(name: str, study: StudySpec) -> list[StudyCell]:
+    """Every task × encoder × tunable layers × seed, in the order of DVC's matrix."""
+    return [StudyCell(study=name, task=task, encoder=encoder, tunable_layers=k, seed=seed,
+                      spec=study.cell_spec(task, encoder, k, seed))
+            for task, encoder, k, seed in itertools.product(study.tasks, study.encoders, study.tunable_layers,
+                                                             study.seeds)]
 
 
-def load_profile(name_or_path: str | Path, root: str | Path = ".") -> dict[str, Any]:
-    """A profile's overrides ``{dotted.key: value}`` from ``profiles/<name>.yaml`` (or a path)."""
-    import yaml
+def feature_plan(study: StudySpec, cells: list[StudyCell]) -> FeaturePlan:
+    from layertune.training_args import cache_decision
 
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = Path(root) / "profiles" / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"No profile {str(name_or_path)!r} ({path} is missing)."
-                                f"{choices_hint(name_or_path, profile_names(root))}")
-    overrides = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
-        raise ParamsError(f"{path}: a profile is a mapping of dotted keys to values, e.g. 'train.epochs: 1'.")
-    return overrides
-
-
-def apply_overrides(params: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` with each ``dotted.key`` replaced; a key that is not already there is an error (as for -S)."""
-    merged = json.loads(json.dumps(dict(params)))
-    for key, value in overrides.items():
-        node, parts = merged, key.split(".")
-        for part in parts[:-1]:
-            if not isinstance(node, dict) or part not in node:
-                raise ParamsError(f"profile key {key!r}: {part!r} is not a section of params.yaml")
-            node = node[part]
-        if parts[-1] not in node:
-            raise ParamsError(f"profile key {key!r}: no such key in params.yaml.{choices_hint(parts[-1], node)}")
-        node[parts[-1]] = value
-    return merged
+    models: list[EncoderSpec] = []
+    boundaries: list[set[int]] = []
+    layout: dict[str, CellFeatures] = {}
+    for cell in cells:
+        indices, cell_boundaries = [], []
+        for spec in cell.spec.encoders:
+            # The frozen states depend on the weights and config, not on which top layers train or how they pool.
+            base = spec.model_copy(update={"tunable_layers": "all", "pooling": "cls"})
+            if base not in models:
+                models.append(base)
+                boundaries.append(set())
+            indices.append(models.index(base))
+            frozen = None if spec.tunable_layers == "all" else model_layers(spec.model) - spec.tunable_layers
+            used, _ = cache_decision(frozen, spec.frozen_dropout, cell.spec.training.frozen_prefix_cache)
+            cell_boundaries.append(frozen if used else None)
+            if used:
+                boundaries[indices[-1]].add(frozen)
+        layout[cell.setting_key] = CellFeatures(task=cell.task, models=indices, boundaries=cell_boundaries)
+    return FeaturePlan(tasks=study.tasks, models=models, boundaries=[sorted(b) for b in boundaries], settings=layout,
+                       max_length=study.training.max_length, cache_dtype=study.training.cache_dtype)
 
 
-def profile_overrides(overrides: Mapping[str, Any]) -> list[str]:
-    """``dvc exp run`` arguments for a profile: ``-S key=value`` with values in Hydra's override syntax."""
-    arguments = []
-    for key, value in overrides.items():
-        arguments += ["-S", f"{key}={_hydra_value(value)}"]
-    return arguments
-
-
-def _hydra_value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m layertune.study <profile>`` prints the ``dvc exp run`` arguments that select it;
-    ``--check`` validates params.yaml with the profile applied instead."""
-    import argparse
-
-    import yaml
-
-    parser = argparse.ArgumentParser(prog="python -m layertune.study", description=main.__doc__)
-    parser.add_argument("profile", help=f"a name in profiles/ ({', '.join(profile_names())}) or a path")
-    parser.add_argument("--check", action="store_true", help="validate params.yaml with the profile applied")
-    parser.add_argument("--params", default="params.yaml")
-    args = parser.parse_args(argv)
-    try:
-        overrides = load_profile(args.profile)
-        if args.check:
-            validate_params(apply_overrides(yaml.safe_load(Path(args.params).read_text()), overrides))
-            print(f"{args.profile}: valid")
-        else:
-            print(" ".join(profile_overrides(overrides)))
-    except (ParamsError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def plan_studies(params: Mapping[str, Any]) -> Plan:
+    """params.yaml → the `Plan`: validated once, every cell resolved to its `CellSpec`."""
+    checked = validate_params(params)
+    studies = {name: StudyPlan(name=name, spec=study, cells=study_cells(name, study))
+               for name, study in checked.studies.items()}
+    tasks = list(dict.fromkeys(task for study in checked.studies.values() for task in study.tasks))
+    return Plan(download=DownloadPlan(tasks=tasks, mirror=checked.download.mirror), studies=studies,
+                prepare={name: PreparePlan(tasks=s.tasks, data=s.data) for name, s in checked.studies.items()},
+                features={name: feature_plan(s.spec, s.cells) for name, s in studies.items()})

@@ -28,7 +28,7 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from layertune.batching import IGNORE_INDEX
-from layertune.corpora import TASKS
+from layertune.tasks import TASKS
 from layertune.corpus import Corpus
 
 logger = logging.getLogger(__name__)

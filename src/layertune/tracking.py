@@ -86,24 +86,22 @@ class CellRun:
         logger.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_id, run_name, experiment, uri)
         return cls(client, run.info.run_id)
 
-    def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
-        from mlflow.entities import Metric
+    def log_metrics(self, metrics: Mapping[str, Any], step: int = 0,
+                    history: list[Mapping[str, Any]] = (), tags: Mapping[str, str] | None = None) -> None:
+        """Final ``metrics`` and per-epoch ``history`` records (``step`` = epoch) in as few calls as MLflow allows
+        (1,000 metrics each), with ``tags``."""
+        from mlflow.entities import Metric, RunTag
 
         now = int(time.time() * 1000)
-        entries = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items()) if _is_number(v)]
-        for start in range(0, len(entries), 1000):  # log_batch takes at most 1000 metrics
-            self.client.log_batch(self.run_id, metrics=entries[start : start + 1000])
-
-    def log_history(self, history: list[Mapping[str, Any]]) -> None:
-        """Per-epoch records as metric histories, ``step`` = epoch."""
-        for record in history:
-            self.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=int(record["epoch"]))
+        entries = [Metric(k, float(v), now, int(record["epoch"])) for record in history
+                   for k, v in sorted(record.items()) if k != "epoch" and _is_number(v)]
+        entries += [Metric(k, float(v), now, step) for k, v in sorted(metrics.items()) if _is_number(v)]
+        run_tags = [RunTag(k, str(v)) for k, v in sorted((tags or {}).items())]
+        for start in range(0, max(len(entries), 1), 1000):
+            self.client.log_batch(self.run_id, metrics=entries[start : start + 1000], tags=run_tags if not start else [])
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
         self.client.log_dict(self.run_id, data, artifact_file)
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
 
     def end(self, status: str) -> None:
         if self.ended is None:
@@ -111,50 +109,48 @@ class CellRun:
             self.ended = status
             logger.info("MLflow run %s ended %s", self.run_id, status)
 
-    @property
-    def status(self) -> str:
-        return self.client.get_run(self.run_id).info.status
+
+def experiment_name(study: str) -> str:
+    """One MLflow experiment per study."""
+    return f"layertune-{study}"
 
 
-@contextlib.contextmanager
-def track_run(experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
-              uri: str | None = None) -> Iterator[CellRun]:
-    """A run for the block: FINISHED if it completes, FAILED on an exception, KILLED on Ctrl-C or SIGTERM."""
-    run = CellRun.start(experiment, run_name, params, tags, uri)
-    try:
-        with sigterm_raises():
-            yield run
-    except BaseException as error:
-        run.end(end_status(error))
-        raise
-    run.end(FINISHED)
-
-
-# --------------------------------------------------------------------------------------- what a cell reports
-
-
-def cell_params(cell: Mapping[str, Any], sections: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Flat, stable parameter names for comparing runs: task, model, tunable_layers, seed, learning_rate, …"""
-    prepare, tokenize = sections.get("prepare", {}), sections.get("tokenize", {})
+def cell_params(cell) -> dict[str, Any]:
+    """Flat, stable parameter names for comparing a study's runs (a `layertune.study.StudyCell`): its place in the
+    grid, then every setting of its spec; per-encoder settings of a combination are lists, one value per model."""
+    spec = cell.spec
+    encoders = [encoder.model_dump() for encoder in spec.encoders]
+    per_encoder = {key: [e[key] for e in encoders] if len(encoders) > 1 else encoders[0][key] for key in encoders[0]}
+    corpus = spec.corpus.model_dump()
     return {
-        **cell,
-        **sections.get("train", {}),
-        "train_size": prepare.get("train_size"), "dev_size": prepare.get("dev_size"),
-        "data_seed": prepare.get("seed"), "balanced": prepare.get("balanced"),
-        "max_length": tokenize.get("max_length"), "frozen_prefix_cache": tokenize.get("frozen_prefix"),
-        "cache_dtype": tokenize.get("cache_dtype"), "study": sections.get("study", {}).get("name"),
+        "study": cell.study, "task": cell.task, "encoder": cell.encoder, "tunable_layers": cell.tunable_layers,
+        "seed": cell.seed, "models": per_encoder.pop("model"), "combine": spec.combine and spec.combine.method,
+        **{k: v for k, v in per_encoder.items() if k != "tunable_layers"},
+        "train_size": corpus["train_size"], "dev_size": corpus["dev_size"], "data_seed": corpus["seed"],
+        "balanced": corpus["balanced"], **spec.head.model_dump(),
+        **(spec.combine.model_dump(exclude={"method"}) if spec.combine else {}),
+        **spec.training.model_dump(exclude={"seed"}),
     }
 
 
 def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     """A cell's summary as run metrics: the best epoch's scores as ``best_eval_*`` (the unprefixed names hold the
-    per-epoch history), plus time, throughput and parameter counts as they are."""
+    per-epoch history), test scores, time, throughput and parameter counts as they are."""
     metrics = {}
     for key, value in summary.items():
         if not _is_number(value) or key in ("seed", "tunable_layers"):
             continue
         metrics[f"best_{key}" if key.startswith("eval_") else key] = value
     return metrics
+
+
+def log_result(run: CellRun, result, model_path: str | None = None) -> None:
+    """What a cell's `TrainingResult` reports: per-epoch history, final metrics, the saved model's path (a tag), and
+    the summary and history as JSON artifacts."""
+    run.log_metrics(final_metrics(result.summary()), history=result.history,
+                    tags={"model_path": model_path} if model_path else None)
+    run.log_dict(result.summary(), "metrics.json")
+    run.log_dict(result.history, "history.json")
 
 
 def cell_tags(stage: str | None = None, study: str | None = None) -> dict[str, str]:

@@ -8,58 +8,29 @@ import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
-
 import pandas as pd
 import torch
 import transformers
 from accelerate import Accelerator
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from layertune.batching import make_loader
 from layertune.corpus import Corpus
 from layertune.drift import parameter_drift
+from layertune.errors import describe_validation_error
 from layertune.heads import TaskModel
 from layertune.io import atomic_directory, write_json
 from layertune.metrics import compute_metrics
+from layertune.training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
 
-class TrainingArguments(BaseModel):
-    """Validated before any work starts; an unknown or mistyped argument is named in the error."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    learning_rate: float | list[float] = Field(5e-5, description="one rate, or one per encoder of a MultiEncoder")
-    head_learning_rate: float | None = Field(None, gt=0, description="the head's own rate; default learning_rate")
-    batch_size: PositiveInt = 16
-    eval_batch_size: PositiveInt | None = None
-    epochs: PositiveInt = 3
-    shuffle_data: bool = True
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_ratio: float = Field(0.0, ge=0, le=1)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    seed: int = 42
-    group_by_length: bool = False
-    frozen_prefix_cache: bool | Literal["auto"] = "auto"
-    cache_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    max_length: PositiveInt | None = None
-    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
-
-    @field_validator("learning_rate")
-    @classmethod
-    def _positive_rates(cls, value):
-        rates = value if isinstance(value, list) else [value]
-        if not rates or any(r <= 0 for r in rates):
-            raise ValueError(f"learning rates must be positive; got {value!r}")
-        return value
-
-
 @dataclass
 class TrainingResult:
-    """What a training run measured. ``history`` holds one record per epoch."""
+    """What a training run measured. ``history`` holds one record per epoch; ``predictions`` the best epoch's
+    predictions and references per scored split (``dev``, and ``test`` where the corpus has labelled test data)."""
 
     history: list[dict]
     best_epoch: int
@@ -71,29 +42,51 @@ class TrainingResult:
     trainable_parameters: int
     total_parameters: int
     frozen_prefix_cache: dict
-    drift: pd.DataFrame = field(repr=False)
+    predictions: dict[str, dict[str, list]] = field(repr=False)
+    test_metrics: dict[str, float] = field(default_factory=dict)
+    drift: pd.DataFrame = field(default=None, repr=False)
 
     @property
     def best_score(self) -> float:
         return self.best_metrics[f"eval_{self.main_metric}"]
 
     def summary(self) -> dict:
-        """Flat, JSON-ready final figures (no per-epoch history, no drift table)."""
+        """Flat, JSON-ready final figures (no per-epoch history, predictions or drift table)."""
         data = asdict(self)
-        for key in ("history", "drift", "best_metrics", "frozen_prefix_cache"):
+        for key in ("history", "drift", "best_metrics", "frozen_prefix_cache", "predictions", "test_metrics"):
             data.pop(key)
-        return {**data, **self.best_metrics, "frozen_prefix_cache_used": self.frozen_prefix_cache["used"]}
+        return {**data, **self.best_metrics, **self.test_metrics,
+                "frozen_prefix_cache_used": self.frozen_prefix_cache["used"]}
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, model: TaskModel) -> None:
+        """The run's files in ``directory`` (which the caller makes atomic): ``metrics.json``, ``history.json``,
+        ``predictions.json``, ``run_info.json``, ``drift.csv`` and the best model in ``model/``."""
         directory = Path(directory)
         write_json(directory / "metrics.json", self.summary())
         write_json(directory / "history.json", self.history)
+        write_json(directory / "predictions.json", self.predictions)
         write_json(directory / "run_info.json", {"frozen_prefix_cache": self.frozen_prefix_cache})
-        self.drift.to_csv(directory / "drift.csv", index=False)
+        self.drift.to_csv(directory / "drift.csv", index=False, lineterminator="\n")
+        model.save(directory / "model")
+
+
+def training_arguments(args: TrainingArguments | None, arguments: dict) -> TrainingArguments:
+    """``args`` as given, or keyword arguments checked into one; a bad value is a ValueError naming it."""
+    if args is not None:
+        if arguments:
+            raise TypeError(f"Give a TrainingArguments or keyword arguments, not both (got {sorted(arguments)} too).")
+        return args
+    try:
+        return TrainingArguments(**arguments)
+    except ValidationError as error:
+        raise ValueError("Invalid training arguments: " + "; ".join(describe_validation_error(error))) from None
 
 
 class ModelTrainer:
-    """Trains ``model`` on ``corpus``: ``ModelTrainer(model, corpus).train(learning_rate=5e-5, epochs=3)``."""
+    """Trains ``model`` on ``corpus``: ``ModelTrainer(model, corpus).train(learning_rate=5e-5, epochs=3)``.
+
+    After `train`, ``trainer.optimizer`` is the optimizer it used (as in Hugging Face's ``Trainer``).
+    """
 
     def __init__(self, model: TaskModel, corpus: Corpus, *, cache_dir: str | Path | None = None) -> None:
         if model.task_type != corpus.task_type:
@@ -106,48 +99,53 @@ class ModelTrainer:
         self.model = model
         self.corpus = corpus
         self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.optimizer: torch.optim.Optimizer | None = None
 
-    def train(self, output_dir: str | Path | None = None, *, progress: bool = True, **arguments) -> TrainingResult:
-        """Train, evaluate on dev after each epoch, restore the best epoch's weights, and report.
+    def train(self, output_dir: str | Path | None = None, *, args: TrainingArguments | None = None,
+              progress: bool = True, **arguments) -> TrainingResult:
+        """Train, evaluate on dev after each epoch, restore the best epoch's weights, score test, and report.
 
-        With ``output_dir``, writes ``metrics.json``, ``history.json``, ``drift.csv`` and ``best-model/``
-        there, all at once at the end (an interrupted run leaves nothing behind).
+        Takes a `TrainingArguments` (``args=``) or its fields as keyword arguments. With ``output_dir``, writes
+        the files of `TrainingResult.save` there, all at once at the end (an interrupted run leaves nothing).
         """
-        args = TrainingArguments(**arguments)
+        args = training_arguments(args, arguments)
         model = self.model
-        accelerator = Accelerator(mixed_precision=_mixed_precision(args.mixed_precision))
+        accelerator = _accelerator(_mixed_precision(args.mixed_precision))
         transformers.set_seed(args.seed)
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
-        train_data, dev_data, cache_info = model.encoder.prepare_examples(
+        splits, cache_info = model.encoder.prepare_examples(
             self.corpus, max_length=args.max_length, cache_dir=self.cache_dir,
             frozen_prefix_cache=args.frozen_prefix_cache, cache_dtype=args.cache_dtype, device=accelerator.device,
         )
-        train_loader = make_loader(train_data, args.batch_size, shuffle=args.shuffle_data, seed=args.seed,
+        train_loader = make_loader(splits["train"], args.batch_size, shuffle=args.shuffle_data, seed=args.seed,
                                    group_by_length=args.group_by_length)
-        # Dev is only scored, so its order is free: longest first, each batch padded to about its own length.
-        dev_loader = make_loader(dev_data, args.eval_batch_size or args.batch_size, longest_first=True)
+        # Scored splits are only scored, so their order is free: longest first, each batch padded to about its own
+        # length (predictions are put back in corpus order).
+        score_loaders = {split: make_loader(examples, args.eval_batch_size or args.batch_size, longest_first=True)
+                         for split, examples in splits.items() if split != "train"}
 
         model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by the parameters' device
-        optimizer = _adamw(parameter_groups, fused=accelerator.mixed_precision != "fp16")
+        self.optimizer = _adamw(parameter_groups, fused=accelerator.mixed_precision != "fp16")
         total_steps = args.epochs * len(train_loader)
         scheduler = transformers.get_linear_schedule_with_warmup(
-            optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps
+            self.optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps
         )
         initial_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        model, optimizer, scheduler = accelerator.prepare(model, self.optimizer, scheduler)
 
-        history, best, best_weights = [], None, None
+        history, best, best_weights, best_predictions = [], None, None, None
         main_key = f"eval_{self.corpus.main_metric}"
         train_time = 0.0
         for epoch in range(1, args.epochs + 1):
             model.train()
             started, losses = time.perf_counter(), []
             bar = tqdm(train_loader, desc=f"epoch {epoch}/{args.epochs}", disable=not progress, leave=False)
-            for batch in bar:
+            for step, batch in enumerate(bar, start=1):
                 batch = _to(batch, accelerator.device)
                 with accelerator.autocast():
                     loss = model.loss(model(batch), batch["labels"])
+                _check_finite(loss, epoch, step, args)
                 accelerator.backward(loss)
                 if args.max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -159,43 +157,50 @@ class ModelTrainer:
             epoch_time = time.perf_counter() - started
             train_time += epoch_time
 
+            scores, dev_predictions = self.evaluate(score_loaders["dev"], accelerator)
             record = {"epoch": epoch, "train_loss": sum(losses) / len(losses), "epoch_time_s": epoch_time,
-                      "train_samples_per_s": len(train_data) / epoch_time,
-                      "learning_rate": scheduler.get_last_lr()[0], **self.evaluate(dev_loader, accelerator)}
+                      "train_samples_per_s": len(splits["train"]) / epoch_time,
+                      "learning_rate": scheduler.get_last_lr()[0], **scores}
             history.append(record)
             logger.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items()})
             if best is None or record[main_key] > best[main_key]:
-                best = record
+                best, best_predictions = record, dev_predictions
                 best_weights = {k: v.detach().clone() for k, v in _trainable_state(model).items()}
 
         model = accelerator.unwrap_model(model)
         model.load_state_dict(best_weights, strict=False)
+        predictions, test_metrics = {"dev": best_predictions}, {}
+        if "test" in score_loaders:
+            scores, predictions["test"] = self.evaluate(score_loaders["test"], accelerator)
+            test_metrics = {f"test_{k.removeprefix('eval_')}": v for k, v in scores.items()}
         result = TrainingResult(
             history=history,
             best_epoch=best["epoch"],
             best_metrics={k: v for k, v in best.items() if k.startswith("eval_")},
             main_metric=self.corpus.main_metric,
             train_time_s=train_time,
-            samples_per_s=args.epochs * len(train_data) / train_time,
+            samples_per_s=args.epochs * len(splits["train"]) / train_time,
             peak_memory_mb=_peak_memory_mb(accelerator.device),
             trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
             total_parameters=sum(p.numel() for p in model.parameters()),
             frozen_prefix_cache=cache_info,
+            predictions=predictions,
+            test_metrics=test_metrics,
             drift=parameter_drift(model, initial_state),
         )
         if output_dir is not None:
             with atomic_directory(output_dir) as staging:
-                result.save(staging)
-                model.save(staging / "best-model")
+                result.save(staging, model)
         return result
 
     @torch.no_grad()
-    def evaluate(self, loader, accelerator: Accelerator) -> dict[str, float]:
-        """Dev loss (the mean over all loss terms, whatever the batches) and the task's metrics, keys prefixed
-        ``eval_`` as in Hugging Face."""
+    def evaluate(self, loader, accelerator: Accelerator) -> tuple[dict[str, float], dict[str, list]]:
+        """Loss (the mean over all loss terms, whatever the batches) and the task's metrics, keys prefixed
+        ``eval_`` as in Hugging Face; and the predictions and references in corpus order."""
         model = self.model
         model.eval()
-        total_loss, terms, predictions, references = 0.0, 0, [], []
+        total_loss, terms, predictions, references = 0.0, 0, {}, {}
+        order = iter(loader.sampler)  # which examples each batch holds
         for batch in loader:
             batch = _to(batch, accelerator.device)
             with accelerator.autocast():
@@ -203,11 +208,14 @@ class ModelTrainer:
                 batch_terms = model.loss_terms(batch["labels"])
                 total_loss += model.loss(outputs, batch["labels"]).item() * batch_terms
                 terms += batch_terms
-            batch_predictions, batch_references = model.metric_inputs(outputs.float(), batch["labels"])
-            predictions += batch_predictions
-            references += batch_references
+            for prediction, reference in zip(*model.metric_inputs(outputs.float(), batch["labels"])):
+                index = next(order)
+                predictions[index], references[index] = prediction, reference
+        in_order = sorted(predictions)
+        predictions, references = [predictions[i] for i in in_order], [references[i] for i in in_order]
         scores = compute_metrics(self.corpus.metrics, predictions, references)
-        return {"eval_loss": total_loss / max(terms, 1), **{f"eval_{k}": v for k, v in scores.items()}}
+        return ({"eval_loss": total_loss / max(terms, 1), **{f"eval_{k}": v for k, v in scores.items()}},
+                {"predictions": predictions, "references": references})
 
     # ----------------------------------------------------------------------------------------------------------
 
@@ -222,6 +230,15 @@ class ModelTrainer:
             {"params": [p for p in head if p.dim() < 2], "lr": head_lr, "weight_decay": 0.0},
         ]
         return [g for g in groups if g["params"]]
+
+
+def _check_finite(loss: torch.Tensor, epoch: int, step: int, args: TrainingArguments) -> None:
+    """A NaN or infinite loss poisons every weight it reaches: stop the run instead of saving a broken model."""
+    if not torch.isfinite(loss.detach()).all():
+        raise FloatingPointError(
+            f"The training loss became {loss.item()} at epoch {epoch}, step {step} (learning_rate="
+            f"{args.learning_rate}, head_learning_rate={args.head_learning_rate}, mixed_precision="
+            f"{args.mixed_precision!r}). Lower the learning rates, or check the labels for extreme values.")
 
 
 def _adamw(parameter_groups: list[dict], fused: bool = True) -> torch.optim.AdamW:
@@ -246,6 +263,15 @@ def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Only trainable tensors can change, so only they need a copy to remember the best epoch."""
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     return {k: v for k, v in model.state_dict().items() if k in trainable}
+
+
+def _accelerator(mixed_precision: str) -> Accelerator:
+    """A fresh Accelerator for each run. accelerate keeps one process-wide state, which refuses a second precision;
+    like `transformers.TrainingArguments`, start from a clean one (the distributed setup, PartialState, is kept)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(mixed_precision=mixed_precision)
 
 
 def _mixed_precision(setting: str) -> str:

@@ -1,3 +1,0 @@
-from pipelines.multi_encoder.pipeline import create_pipeline
-
-__all__ = ["create_pipeline"]

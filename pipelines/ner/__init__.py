@@ -1,3 +1,0 @@
-from pipelines.ner.pipeline import create_pipeline
-
-__all__ = ["create_pipeline"]

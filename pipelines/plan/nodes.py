@@ -1,0 +1,33 @@
+"""plan: params.yaml checked once and resolved into what each later stage reads, plus each stage's code
+fingerprint. Stages depend on these files, not on params.yaml or the source tree, so a stage reruns exactly when
+what it reads changes."""
+
+from pathlib import Path
+
+import layertune
+import pipelines
+from layertune import study
+from layertune.provenance import stage_fingerprint
+
+PROJECT = Path(pipelines.__file__).resolve().parent.parent
+# What every stage runs besides its own pipeline: hooks, datasets and settings, followed into their imports; the
+# registry and configuration, hashed as they are (the registry imports every stage's pipeline, but runs only one).
+FOLLOWED = ("pipelines/hooks.py", "pipelines/datasets.py", "pipelines/settings.py")
+HASHED = ("pipelines/pipeline_registry.py", "conf/base/catalog.yml", "conf/logging.yml")
+
+
+def plan_studies(parameters: dict) -> tuple:
+    """The download plan, and per study: its plan, prepare and tokenize slices, and one spec per cell."""
+    plan = study.plan_studies(parameters)
+    cells = {f"{cell.study}/cells/{cell.key}": cell for cell in plan.cells()}
+    return plan.download, plan.studies, plan.prepare, plan.features, cells
+
+
+def code_fingerprints() -> dict[str, dict]:
+    """Per stage, the hash of every source file it runs (see `layertune.provenance`)."""
+    from pipelines.pipeline_registry import STAGES
+
+    packages = {"layertune": Path(layertune.__file__).resolve().parent, "pipelines": PROJECT / "pipelines"}
+    followed, hashed = [PROJECT / name for name in FOLLOWED], [PROJECT / name for name in HASHED]
+    return {stage: stage_fingerprint(PROJECT / "pipelines" / stage, followed, hashed, packages, PROJECT)
+            for stage in STAGES if stage != "plan"}

@@ -1,0 +1,293 @@
+"""What every report is built from: the study's results, per-setting statistics, score text, Markdown tables,
+and figures.
+
+A *setting* is a cell without its seed: (task, encoder, tunable layers). Its statistics are the mean and sample std
+of its seeds' dev scores, and a bootstrap interval over dev examples and seeds (`layertune.statistics`); the draws
+are shared by every setting of a task, so differences between settings are paired. Scores are shown in points
+(×100), as published tables do; metrics files keep metric units, rounded, so equal results give equal bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from layertune.statistics import Resamples, interval
+from layertune.study import StudyPlan, layers_order
+
+if TYPE_CHECKING:
+    from layertune.cell import CellFolder
+    from layertune.corpus import Corpus
+
+DISPLAY_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "rte": "RTE", "stsb": "STS-B", "imdb": "IMDb",
+                 "conll2003": "CoNLL-2003"}
+DIGITS = 4  # metrics-file rounding: far below seed-to-seed spread, above float noise
+
+
+@dataclass
+class StudyResults:
+    """Everything a report may read: the plan, evaluate's score table (one row per cell), each cell's saved folder
+    by key, and the prepared corpora by task (loaded when called)."""
+
+    plan: StudyPlan
+    scores: pd.DataFrame
+    cells: Mapping[str, CellFolder]
+    corpora: Mapping[str, Callable[[], Corpus]]
+
+    @property
+    def options(self):
+        return self.plan.spec.report
+
+
+@dataclass
+class Report:
+    """``<study>.md``, ``<study>/metrics.json``, ``<study>/<table>.csv`` and ``<study>/figures/<name>.png``."""
+
+    markdown: str
+    metrics: dict
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Setting:
+    """One (task, encoder, tunable layers): its seeds' scores and the bootstrap resamples of their mean."""
+
+    task: str
+    encoder: str
+    tunable_layers: int | str
+    metric: str
+    scores: list[float]
+    samples: np.ndarray = field(repr=False)
+    confidence: float = 0.95
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.scores))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.scores, ddof=1)) if len(self.scores) > 1 else math.nan
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return interval(self.samples, self.confidence)
+
+
+def settings(results: StudyResults, split: str = "dev") -> list[Setting]:
+    """Every setting of the study, in grid order, with paired bootstrap resamples per task."""
+    from layertune.metrics import metric_for
+
+    plan, options = results.plan, results.options
+    found = []
+    for task in plan.spec.tasks:
+        cells = [cell for cell in plan.cells if cell.task == task]
+        groups = {cell.setting: [c for c in cells if c.setting == cell.setting] for cell in cells}
+        corpus = results.corpora[task]()
+        references = results.cells[cells[0].key].predictions()[split]["references"]
+        draws = Resamples.draw(len(references), len(plan.spec.seeds), options.resamples)
+        metrics = metric_for(corpus.main_metric, corpus.metrics)
+        for (_, encoder, layers), group in groups.items():
+            predictions = [results.cells[cell.key].predictions()[split] for cell in group]
+            if any(p["references"] != references for p in predictions):
+                raise ValueError(f"{task}: the cells of {plan.name} were scored on different {split} examples")
+            samples = draws.scores(metrics, corpus.main_metric, [p["predictions"] for p in predictions], references)
+            scores = results.scores.set_index("key").loc[[cell.key for cell in group], f"{split}_{corpus.main_metric}"]
+            found.append(Setting(task, encoder, layers, corpus.main_metric, [float(s) for s in scores], samples,
+                                 options.confidence))
+    return found
+
+
+def settings_table(found: list[Setting]) -> pd.DataFrame:
+    """One row per setting: mean, std, interval and seed count, in metric units."""
+    return pd.DataFrame([{"task": s.task, "encoder": s.encoder, "tunable_layers": str(s.tunable_layers),
+                          "metric": s.metric, "seeds": len(s.scores), "mean": s.mean, "std": s.std,
+                          "ci_low": s.interval[0], "ci_high": s.interval[1]} for s in found])
+
+
+# ------------------------------------------------------------------------------------------------------- text
+
+
+def display(task: str) -> str:
+    return DISPLAY_NAMES.get(task, task)
+
+
+def points(value: float) -> str:
+    return "–" if value is None or math.isnan(value) else f"{100 * value:.1f}"
+
+
+def signed_points(value: float) -> str:
+    return f"{100 * value:+.1f}"
+
+
+def score_text(setting: Setting) -> str:
+    """``76.2 ± 1.2 [74.0, 78.1]``: mean ± std over seeds, and the bootstrap interval (points)."""
+    low, high = setting.interval
+    spread = "" if math.isnan(setting.std) else f" ± {points(setting.std)}"
+    return f"{points(setting.mean)}{spread} [{points(low)}, {points(high)}]"
+
+
+def markdown_table(header: list[str], rows: list[list[Any]], align: str | None = None) -> str:
+    """A GitHub Markdown table; ``align`` is one character per column, ``l`` or ``r`` (default: first left)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    rules = ["---" if a == "l" else "---:" for a in align]
+    lines = [header, rules, *[[str(value) for value in row] for row in rows]]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
+
+
+def round_metric(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else round(float(value), DIGITS)
+
+
+def layers_value(value: Any) -> int | str:
+    return "all" if str(value) == "all" else int(value)
+
+
+def in_layers_order(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by tunable layers (0, 1, … all), keeping the order of everything else."""
+    order = {str(k): i for i, k in enumerate(layers_order(table["tunable_layers"].map(layers_value)))}
+    return table.iloc[table["tunable_layers"].astype(str).map(order).argsort(kind="stable")].reset_index(drop=True)
+
+
+def setup_text(results: StudyResults) -> str:
+    """What was trained: data, encoders, training, and how uncertainty is shown."""
+    spec, options = results.plan.spec, results.options
+    data = spec.data
+    sizes = (f"{data.train_size:,} training examples" if data.train_size else "all training examples") + ", " + (
+        f"{data.dev_size:,} dev examples" if data.dev_size else "the full dev set") + f" (subsample seed {data.seed})"
+    encoders = "; ".join(f"`{name}`: " + " + ".join(single.model for _, single in spec.members(name))
+                         + (f" ({entry.combine})" if hasattr(entry, "combine") else "")
+                         for name, entry in spec.encoders.items())
+    training = spec.training
+    return (
+        "## Setup\n\n"
+        f"- Data: {sizes}.\n"
+        f"- Encoders: {encoders}; pooling {spec.encoder.pooling}; a {spec.head.head} head.\n"
+        f"- Training: {training.epochs} epoch(s), batch {training.batch_size}, learning rate "
+        f"{training.learning_rate:g} (head {training.head_learning_rate or training.learning_rate:g})"
+        + ("".join(f"; with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
+                   for k, o in spec.per_tunable_layers.items())) +
+        f"; the epoch with the best dev score is kept; seeds {', '.join(map(str, spec.seeds))}.\n"
+        f"- Scores in points (×100): mean ± std over seeds, and in brackets a {options.confidence:.0%} bootstrap "
+        f"interval over dev examples and seeds ({options.resamples:,} resamples). Dev also picks the best epoch, so "
+        "scores are slightly optimistic.\n"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- figures
+
+
+def theme() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")
+
+
+def quality_figure(table: pd.DataFrame, title: str):
+    """Dev score against tunable layers, one panel per task, one line per encoder, bootstrap intervals as bars."""
+    import matplotlib.pyplot as plt
+
+    theme()
+    tasks = list(dict.fromkeys(table["task"]))
+    figure, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4), squeeze=False)
+    for axis, task in zip(axes[0], tasks):
+        part = table[table["task"] == task]
+        order = [str(k) for k in layers_order(part["tunable_layers"].map(layers_value))]
+        for offset, (encoder, rows) in enumerate(part.groupby("encoder", sort=False)):
+            rows = rows.set_index("tunable_layers").loc[[k for k in order if k in set(rows["tunable_layers"])]]
+            # Side by side, centred on the tick, so that intervals of several encoders do not hide each other.
+            x = np.array([order.index(k) for k in rows.index]) + 0.08 * (offset - (part["encoder"].nunique() - 1) / 2)
+            axis.errorbar(x, 100 * rows["mean"], yerr=[100 * (rows["mean"] - rows["ci_low"]),
+                                                        100 * (rows["ci_high"] - rows["mean"])],
+                          marker="o", capsize=3, label=encoder)
+        axis.set(xticks=range(len(order)), xticklabels=order, xlabel="tunable top layers",
+                 ylabel=f"dev {part['metric'].iloc[0]} (points)", title=display(task))
+        axis.legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+def time_figure(scores: pd.DataFrame):
+    """Training time per cell against tunable layers (mean over seeds, one line per task and encoder)."""
+    import seaborn as sns
+
+    theme()
+    data = in_layers_order(scores.assign(series=scores["task"].map(display) + " / " + scores["encoder"]))
+    grid = sns.catplot(data, kind="point", x="tunable_layers", y="train_time_s", hue="series", errorbar="sd",
+                       height=4, aspect=1.5)
+    grid.set_axis_labels("tunable top layers", "training time (s)")
+    grid.figure.suptitle("Training time vs tunable layers (mean ± sd over seeds)", y=1.03)
+    return grid.figure
+
+
+def learning_curves_figure(results: StudyResults, task: str, encoder: str):
+    """Train and dev loss and the dev score per epoch, a panel per tunable-layers value, a line per seed."""
+    import seaborn as sns
+
+    theme()
+    rows = []
+    for cell in results.plan.cells:
+        if (cell.task, cell.encoder) != (task, encoder):
+            continue
+        metric = results.scores.set_index("key").loc[cell.key, "metric"]
+        for record in results.cells[cell.key].history():
+            for series, panel in (("train_loss", "loss"), ("eval_loss", "loss"), (f"eval_{metric}", metric)):
+                rows.append({"tunable_layers": str(cell.tunable_layers), "seed": str(cell.seed),
+                             "epoch": record["epoch"], "series": series, "panel": panel, "value": record[series]})
+    curves = pd.DataFrame(rows)
+    order = [str(k) for k in layers_order(curves["tunable_layers"].map(layers_value))]
+    grid = sns.relplot(curves, kind="line", x="epoch", y="value", hue="series", style="seed", col="tunable_layers",
+                       row="panel", col_order=order, facet_kws={"sharey": "row"}, height=2.6, aspect=1.0, marker="o")
+    grid.set_titles("{row_name} | layers {col_name}")
+    grid.figure.suptitle(f"Learning curves: {display(task)}, {encoder}", y=1.02)
+    return grid.figure
+
+
+def drift_figure(results: StudyResults):
+    """Relative L2 change of each encoder part from its pretrained weights (mean over seeds), per task and encoder
+    of single language models: rows are parts, columns tunable layers."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from layertune.drift import layer_drift
+
+    theme()
+    rows = []
+    for cell in results.plan.cells:
+        if len(cell.spec.encoders) == 1:
+            parts = layer_drift(results.cells[cell.key].drift())
+            rows += [{"task": cell.task, "encoder": cell.encoder, "tunable_layers": str(cell.tunable_layers),
+                      "part": row.part, "relative_l2": row.relative_l2} for row in parts.itertuples()
+                     if row.part != "head"]  # the head starts random in every cell: its change says nothing
+    if not rows:
+        return None
+    long = pd.DataFrame(rows).groupby(["task", "encoder", "part", "tunable_layers"], sort=False)["relative_l2"].mean()
+    panels = list(long.reset_index().groupby(["task", "encoder"], sort=False))
+    figure, axes = plt.subplots(1, len(panels), figsize=(1.0 + 3.4 * len(panels), 4.4), squeeze=False)
+    for axis, ((task, encoder), part) in zip(axes[0], panels):
+        matrix = 100 * part.pivot(index="part", columns="tunable_layers", values="relative_l2")
+        order = [str(k) for k in layers_order(part["tunable_layers"].map(layers_value))]
+        matrix = matrix.reindex(index=sorted(matrix.index, key=_part_order), columns=order)
+        sns.heatmap(matrix, ax=axis, cmap="viridis", annot=True, fmt=".1f", annot_kws={"size": 7},
+                    cbar_kws={"label": "relative L2 change (%)"})
+        axis.set(title=f"{display(task)} ({encoder})", xlabel="tunable top layers", ylabel="")
+    figure.suptitle("Drift of the encoder from its pretrained weights (mean over seeds)")
+    figure.tight_layout()
+    return figure
+
+
+def _part_order(part: str) -> tuple:
+    if part == "embeddings":
+        return (0, 0)
+    if part.startswith("layer."):
+        return (1, int(part.split(".")[1]))
+    return (2, {"pooler": 0}.get(part, 1))

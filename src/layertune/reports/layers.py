@@ -1,0 +1,168 @@
+"""The layer-ablation report: per task and encoder, the dev score for each number of tunable layers, and the fewest
+layers that are not worse than the best by more than the tolerance, decided by a paired test.
+
+The rule: the *best* setting is the one with the highest mean score. A setting is good enough when a one-sided
+paired bootstrap (same dev examples, same seeds) shows that its shortfall from the best is below the tolerance.
+The recommendation is the fewest tunable layers that is good enough. Where a setting with fewer layers is neither
+shown good enough nor shown worse by more than the tolerance, the data cannot decide whether it would do, and the
+report names the candidates instead of a winner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from layertune.reports.common import (
+    Report,
+    Setting,
+    StudyResults,
+    display,
+    drift_figure,
+    in_layers_order,
+    learning_curves_figure,
+    markdown_table,
+    points,
+    quality_figure,
+    round_metric,
+    score_text,
+    settings,
+    settings_table,
+    setup_text,
+    signed_points,
+    time_figure,
+)
+from layertune.statistics import Comparison, within_tolerance
+from layertune.study import layers_order
+
+VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
+
+
+@dataclass
+class Recommendation:
+    """The answer for one task and encoder: the best setting, every setting against it, and the recommendation
+    (``recommended`` is None where the data cannot decide; ``candidates`` then lists the layer counts in question)."""
+
+    task: str
+    encoder: str
+    best: Setting
+    comparisons: dict[str, Comparison]
+    recommended: int | str | None
+    candidates: list[int | str]
+
+
+def recommend(group: list[Setting], tolerance: float, confidence: float) -> Recommendation:
+    """The fewest tunable layers shown within ``tolerance`` of the best (see the module's rule)."""
+    best = max(group, key=lambda s: s.mean)
+    order = layers_order(s.tunable_layers for s in group)
+    ordered = sorted(group, key=lambda s: order.index(s.tunable_layers))
+    comparisons = {str(s.tunable_layers): _against(s, best, tolerance, confidence) for s in ordered}
+    verdicts = [(s.tunable_layers, comparisons[str(s.tunable_layers)].verdict) for s in ordered]
+    position = next(i for i, (_, verdict) in enumerate(verdicts) if verdict == "yes")  # the best at the latest
+    first = verdicts[position][0]
+    undecided = [k for k, verdict in verdicts[:position] if verdict == "undecided"]
+    return Recommendation(best.task, best.encoder, best, comparisons, None if undecided else first,
+                          [*undecided, first] if undecided else [])
+
+
+def _against(setting: Setting, best: Setting, tolerance: float, confidence: float) -> Comparison:
+    if setting is best:  # good enough by definition (with tolerance 0 its own test could not pass)
+        return Comparison(0.0, 0.0, 0.0, "yes")
+    return within_tolerance(setting.samples, best.samples, setting.mean - best.mean, tolerance, confidence)
+
+
+def recommendations(found: list[Setting], tolerance: float, confidence: float) -> list[Recommendation]:
+    groups: dict[tuple[str, str], list[Setting]] = {}
+    for setting in found:
+        groups.setdefault((setting.task, setting.encoder), []).append(setting)
+    return [recommend(group, tolerance, confidence) for group in groups.values()]
+
+
+def answer_text(recommendation: Recommendation) -> str:
+    if recommendation.recommended is not None:
+        return f"**{recommendation.recommended}**"
+    return "cannot decide: " + " or ".join(str(k) for k in recommendation.candidates)
+
+
+def rule_text(tolerance: float, confidence: float) -> str:
+    return (f"Recommended: the fewest tunable layers whose score is not worse than the best setting's (highest mean) "
+            f"by more than {100 * tolerance:g} point(s), shown by a one-sided paired bootstrap at {confidence:.0%} "
+            "(same dev examples and seeds). *Within tolerance?* says what the test shows: yes, no (worse by more "
+            "than the tolerance) or undecided; where a setting with fewer layers is undecided, the data cannot "
+            "decide whether it would do, and no single number is named.\n")
+
+
+def task_section(results: StudyResults, found: list[Setting], chosen: list[Recommendation]) -> str:
+    """Per task: a table per encoder (rows: tunable layers), then the recommendation."""
+    scores = results.scores.set_index("key")
+    lines = []
+    for recommendation in chosen:
+        task, encoder = recommendation.task, recommendation.encoder
+        rows = []
+        for setting in (s for s in found if (s.task, s.encoder) == (task, encoder)):
+            comparison = recommendation.comparisons[str(setting.tunable_layers)]
+            cells = [c for c in results.plan.cells if c.setting == (task, encoder, setting.tunable_layers)]
+            trainable = int(scores.loc[cells[0].key, "trainable_parameters"])
+            seconds = scores.loc[[c.key for c in cells], "train_time_s"].mean()
+            versus = "best" if setting is recommendation.best else (
+                f"{signed_points(comparison.difference)} [{signed_points(comparison.low)}, "
+                f"{signed_points(comparison.high)}]")
+            rows.append([setting.tunable_layers, f"{trainable:,}", score_text(setting), versus,
+                         VERDICTS[comparison.verdict], f"{seconds:.1f}"])
+        rows = sorted(rows, key=lambda row: layers_order([r[0] for r in rows]).index(row[0]))
+        metric = recommendation.best.metric
+        lines += [f"## {display(task)} ({metric}), {encoder}\n",
+                  markdown_table(["tunable layers", "trainable parameters", f"{metric} (points)",
+                                  "vs best (points)", "within tolerance?", "training time (s)"], rows, "lrrrlr"),
+                  f"Recommended number of tunable layers: {answer_text(recommendation)} "
+                  f"(best: {recommendation.best.tunable_layers}, {points(recommendation.best.mean)}).\n"]
+    return "\n".join(lines)
+
+
+def report_metrics(found: list[Setting], chosen: list[Recommendation], tolerance: float) -> dict:
+    """``{task: {encoder: {metric, mean: {K: …}, std, ci_low, ci_high, best_layers, recommended_layers, …}}}``."""
+    metrics: dict = {}
+    for setting in found:
+        entry = metrics.setdefault(setting.task, {}).setdefault(setting.encoder, {
+            "metric": setting.metric, "mean": {}, "std": {}, "ci_low": {}, "ci_high": {}, "seeds": len(setting.scores)})
+        k = str(setting.tunable_layers)
+        entry["mean"][k], entry["std"][k] = round_metric(setting.mean), round_metric(setting.std)
+        entry["ci_low"][k], entry["ci_high"][k] = map(round_metric, setting.interval)
+    for recommendation in chosen:
+        metrics[recommendation.task][recommendation.encoder].update(
+            best_layers=recommendation.best.tunable_layers, recommended_layers=recommendation.recommended,
+            undecided_between=recommendation.candidates, tolerance=tolerance,
+            within_tolerance={k: c.verdict for k, c in recommendation.comparisons.items()})
+    return metrics
+
+
+def layer_figures(results: StudyResults, table: pd.DataFrame) -> dict:
+    figures = {"quality_vs_layers": quality_figure(in_layers_order(table), "Dev score vs tunable layers "
+                                                   "(bars: bootstrap interval over dev examples and seeds)"),
+               "training_time_vs_layers": time_figure(results.scores)}
+    drift = drift_figure(results)
+    if drift is not None:
+        figures["drift_heatmap"] = drift
+    for task in results.plan.spec.tasks:
+        for encoder in results.plan.spec.encoders:
+            figures[f"curves_{task}_{encoder}"] = learning_curves_figure(results, task, encoder)
+    return figures
+
+
+def layers_report(results: StudyResults) -> Report:
+    """``reports/<study>.md``: setup, the rule, a table and a recommendation per task and encoder, figures."""
+    options = results.options
+    found = settings(results)
+    chosen = recommendations(found, options.tolerance, options.confidence)
+    figures = layer_figures(results, settings_table(found))
+    markdown = "\n".join([
+        f"# Layer ablation: {results.plan.name}\n",
+        setup_text(results),
+        rule_text(options.tolerance, options.confidence),
+        task_section(results, found, chosen),
+        "## Figures\n",
+        *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures],
+    ])
+    return Report(markdown, report_metrics(found, chosen, options.tolerance),
+                  {"settings": settings_table(found), "cells": results.scores}, figures)

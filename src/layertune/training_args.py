@@ -1,0 +1,60 @@
+"""`TrainingArguments`: every argument of `ModelTrainer.train`, as one typed, checked object.
+
+Kept free of torch so that checking a study's parameters (the plan stage) costs milliseconds, not seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+
+
+class TrainingArguments(BaseModel):
+    """Every argument of `ModelTrainer.train`, checked once before any work: an unknown, mistyped or non-finite
+    value is named in the error. The study's ``training`` sections are this model too, so the library and
+    params.yaml accept exactly the same values."""
+
+    # strict: "16" is not an int and "1e-3" is not a float (YAML 1.1 reads an exponent without a dot as a string).
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+    learning_rate: float | list[float] = Field(5e-5, description="one rate, or one per encoder of a MultiEncoder")
+    head_learning_rate: float | None = Field(None, gt=0, description="the head's own rate; default learning_rate")
+    batch_size: PositiveInt = 16
+    eval_batch_size: PositiveInt | None = Field(None, description="default: batch_size")
+    epochs: PositiveInt = 3
+    shuffle_data: bool = True
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0, le=1)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    seed: int = 42
+    group_by_length: bool = False
+    frozen_prefix_cache: bool | Literal["auto"] = "auto"
+    cache_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    max_length: PositiveInt | None = Field(None, description="truncation length; default: the task's")
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _positive_rates(cls, value):
+        rates = value if isinstance(value, list) else [value]
+        if not rates or any(r <= 0 for r in rates):
+            raise ValueError(f"learning rates must be positive; got {value!r}")
+        return value
+
+
+def cache_decision(frozen_prefix_layers: int | None, frozen_dropout: bool, setting: bool | str) -> tuple[bool, str]:
+    """Whether training from cached states is exact for an encoder with ``frozen_prefix_layers`` frozen (None:
+    everything trains), and why (recorded in the run's metadata). ``setting`` True insists, and fails where the
+    cache cannot be exact; "auto" uses it where it can; False never."""
+    if setting is False:
+        return False, "disabled by frozen_prefix_cache=False"
+    if frozen_prefix_layers is None:
+        reason = "every layer trains (tunable_layers='all'): nothing is frozen"
+    elif frozen_dropout:
+        reason = "frozen layers keep train-mode dropout (frozen_dropout=True), so their output changes each step"
+    else:
+        return True, f"embeddings and the bottom {frozen_prefix_layers} layers computed once"
+    if setting is True:
+        raise ValueError(f"frozen_prefix_cache=True cannot be honoured: {reason}. Use 'auto' or False.")
+    return False, reason

@@ -1,0 +1,68 @@
+"""Stage code fingerprints: each stage depends on exactly the source it runs (dvc.yaml's deps cannot drift)."""
+
+import ast
+import shutil
+from pathlib import Path
+
+import layertune
+from layertune.provenance import import_closure, stage_fingerprint
+from pipelines.plan.nodes import FOLLOWED, HASHED, PROJECT, code_fingerprints
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_closure_follows_imports_inside_functions(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("from . import c\nimport json\n")
+    (package / "sub" / "c.py").write_text("")
+    (package / "unused.py").write_text("")
+    found = {p.relative_to(tmp_path).as_posix() for p in import_closure([package / "a.py"], {"pkg": package})}
+    assert found == {"pkg/__init__.py", "pkg/a.py", "pkg/sub/__init__.py", "pkg/sub/b.py", "pkg/sub/c.py"}
+
+
+def test_training_runs_the_trainer_and_no_report_code():
+    fingerprints = code_fingerprints()
+    train, aggregate = set(fingerprints["train"]), set(fingerprints["aggregate"])
+    assert {"layertune/trainer.py", "layertune/cell.py", "layertune/frozen_prefix.py", "pipelines/hooks.py",
+            "layertune/tracking.py", "conf/base/catalog.yml"} <= train  # trainer: imported inside train_cell
+    assert not {name for name in train if name.startswith(("layertune/reports/", "pipelines/aggregate/"))}
+    assert {"layertune/reports/layers.py", "layertune/reports/ner.py", "layertune/reports/encoders.py",
+            "layertune/statistics.py"} <= aggregate
+    assert not {name for name in fingerprints["prepare"] if name.startswith("layertune/reports/")}
+
+
+def test_editing_a_report_changes_only_the_aggregate_fingerprint(tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "pipelines", project / "pipelines")
+    shutil.copytree(ROOT / "conf", project / "conf")
+    library = project / "layertune"
+    shutil.copytree(Path(layertune.__file__).parent, library)
+    packages = {"layertune": library, "pipelines": project / "pipelines"}
+
+    def fingerprint(stage):
+        return stage_fingerprint(project / "pipelines" / stage, [project / f for f in FOLLOWED],
+                                 [project / f for f in HASHED], packages, project)
+
+    before = {stage: fingerprint(stage) for stage in ("train", "aggregate")}
+    with open(library / "reports" / "layers.py", "a") as source:
+        source.write("\n# an edit\n")
+    assert fingerprint("train") == before["train"] and fingerprint("aggregate") != before["aggregate"]
+    with open(library / "trainer.py", "a") as source:
+        source.write("\n# an edit\n")
+    assert fingerprint("train") != before["train"]
+
+
+def test_the_package_imports_its_modules_by_name():
+    """The closure cannot see a name taken from the lazy exports of layertune/__init__.py, so the project's own
+    code imports layertune.<module>, never ``from layertune import <Class>``."""
+    modules = {p.stem for p in Path(layertune.__file__).parent.iterdir()}
+    offenders = []
+    for path in [*Path(layertune.__file__).parent.rglob("*.py"), *(PROJECT / "pipelines").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "layertune":
+                offenders += [f"{path.name}: {a.name}" for a in node.names if a.name not in modules]
+    assert offenders == []
