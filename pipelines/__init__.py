@@ -1,3 +1,3 @@
-"""The Kedro project of layertune: one pipeline per DVC stage (download → prepare → tokenize → train → evaluate →
-aggregate). Nodes are thin functions over `layertune`; every path is in ``conf/base/catalog.yml``; every parameter
-is in the root ``params.yaml``."""
+"""The Kedro project of layertune: one pipeline per DVC stage (plan → download → prepare → tokenize → train →
+evaluate → aggregate). Nodes are thin functions over `layertune`; every path is in ``conf/base/catalog.yml``; every
+parameter is in the root ``params.yaml``."""

@@ -147,7 +147,8 @@ def test_reports_of_all_three_kinds(built):
     layers = json.loads((project / "reports/layers.json").read_text())
     assert set(layers["sst2"]["tiny"]["mean"]) == {"0", "2"} and layers["sst2"]["tiny"]["seeds"] == 2
     assert "recommended_layers" in layers["sst2"]["tiny"] and "ci_low" in layers["sst2"]["tiny"]
-    assert "| tunable layers | trainable parameters | accuracy (points) |" in (project / "reports/layers.md").read_text()
+    markdown = (project / "reports/layers.md").read_text()
+    assert "| tunable layers | trainable parameters | accuracy (points) |" in markdown
     assert (project / "reports/layers/figures/quality_vs_layers.png").stat().st_size > 1000
     tags = (project / "reports/tags.md").read_text()
     assert "Baselines without a model" in tags and "test F1" in tags

@@ -54,7 +54,8 @@ def test_pairing_separates_what_separate_intervals_cannot():
     assert better_or_worse(sa, sa, observed=0.0).verdict == "undecided"
 
 
-@pytest.mark.parametrize(("accuracy", "n", "verdict"), [(0.90, 2000, "yes"), (0.60, 2000, "no"), (0.88, 100, "undecided")])
+@pytest.mark.parametrize(("accuracy", "n", "verdict"),
+                         [(0.90, 2000, "yes"), (0.60, 2000, "no"), (0.88, 100, "undecided")])
 def test_within_tolerance_says_what_the_data_shows(accuracy, n, verdict):
     rng = np.random.default_rng(3)
     best = correct_by_chance(rng, n, 0.90)

@@ -157,7 +157,7 @@ class FrozenPrefixCache:
             order = np.argsort(examples.lengths, kind="stable")  # similar lengths together: little padding
             batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
             description = f"caching layers < {max(boundaries)} ({len(examples):,} examples)"
-            for indices in tqdm(batches, desc=description, disable=not self.progress, leave=False):
+            for indices in tqdm(batches, desc=description, disable=None if self.progress else True, leave=False):
                 batch = examples.collate([examples[i] for i in indices])
                 batch = {k: v.to(device) for k, v in batch.items()}
                 captured = encoder.boundary_states(batch, boundaries)

@@ -50,7 +50,16 @@ from pydantic import (
     model_validator,
 )
 
-from layertune.cell import CellSpec, CombineSpec, CorpusSpec, EncoderSettings, EncoderSpec, HeadSpec, Spec, TunableLayers
+from layertune.cell import (
+    CellSpec,
+    CombineSpec,
+    CorpusSpec,
+    EncoderSettings,
+    EncoderSpec,
+    HeadSpec,
+    Spec,
+    TunableLayers,
+)
 from layertune.errors import choices_hint, describe_validation_error
 from layertune.training_args import TrainingArguments
 

@@ -98,7 +98,8 @@ class CellRun:
         entries += [Metric(k, float(v), now, step) for k, v in sorted(metrics.items()) if _is_number(v)]
         run_tags = [RunTag(k, str(v)) for k, v in sorted((tags or {}).items())]
         for start in range(0, max(len(entries), 1), 1000):
-            self.client.log_batch(self.run_id, metrics=entries[start : start + 1000], tags=run_tags if not start else [])
+            self.client.log_batch(self.run_id, metrics=entries[start : start + 1000],
+                                  tags=run_tags if not start else [])
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
         self.client.log_dict(self.run_id, data, artifact_file)

@@ -140,7 +140,9 @@ class ModelTrainer:
         for epoch in range(1, args.epochs + 1):
             model.train()
             started, losses = time.perf_counter(), []
-            bar = tqdm(train_loader, desc=f"epoch {epoch}/{args.epochs}", disable=not progress, leave=False)
+            # disable=None: a bar on a terminal, none in logs (a DVC stage's output)
+            bar = tqdm(train_loader, desc=f"epoch {epoch}/{args.epochs}", disable=None if progress else True,
+                       leave=False)
             for step, batch in enumerate(bar, start=1):
                 batch = _to(batch, accelerator.device)
                 with accelerator.autocast():
