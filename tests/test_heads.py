@@ -1,10 +1,15 @@
 import json
 
 import pytest
+import safetensors.torch
 import torch
 import transformers
 
 from layertune import LanguageModel, TaskModel, TextClassifier, TextRegressor, TokenClassifier
+
+
+def flip_last_byte(data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 1])
 
 
 @pytest.fixture
@@ -38,7 +43,9 @@ def test_saved_folder_holds_no_pickle(saved):
     [
         (lambda p: (p / "model.safetensors").unlink(), "missing model.safetensors"),
         (lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:100]),
-         "corrupt or partial"),
+         "does not match the checksum"),
+        (lambda p: (p / "model.safetensors").write_bytes(flip_last_byte((p / "model.safetensors").read_bytes())),
+         "does not match the checksum"),
         (lambda p: (p / "config.json").write_text("{not json"), "config.json is corrupt"),
         (lambda p: (p / "config.json").write_text(json.dumps({"class": "Nope"})), "not a layertune model config"),
     ],
@@ -115,3 +122,44 @@ def test_a_saved_folder_cannot_turn_on_remote_code(saved, tmp_path, model_type):
         with pytest.raises(ValueError, match="needs code that ships with the model .* pass trust_remote_code=True"):
             TaskModel.from_pretrained(path)
     assert not marker.exists()
+
+
+def test_a_head_only_model_stores_about_its_head(tiny_bert, tmp_path):
+    model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=0), 2, label_names=["no", "yes"])
+    path = model.save(tmp_path / "model")
+    head_bytes = sum(p.numel() * p.element_size() for p in model.head.parameters())
+    assert (path / "model.safetensors").stat().st_size < head_bytes + 1024  # the head and a header
+    assert sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) < head_bytes + 8192
+    reloaded = TaskModel.from_pretrained(path)
+    batch = model.encoder.tokenize(["the movie was great"])
+    torch.testing.assert_close(reloaded(batch), model.eval()(batch), rtol=0, atol=0)
+
+
+def test_full_fine_tuning_stores_everything(tiny_bert, tmp_path):
+    model = TextRegressor(LanguageModel(tiny_bert, tunable_layers="all"))
+    path = model.save(tmp_path / "model")
+    config = json.loads((path / "config.json").read_text())
+    assert config["weights"]["base"] is None and (path / "encoder" / "tokenizer.json").is_file()
+    assert set(safetensors.torch.load_file(path / "model.safetensors")) == set(model.state_dict())
+
+
+def test_a_different_base_model_is_refused(tiny_bert, tmp_path):
+    import shutil
+
+    from layertune.testing import make_tiny_model
+
+    base = shutil.copytree(tiny_bert, tmp_path / "base")
+    model = TextClassifier(LanguageModel(base, tunable_layers=1), 2)
+    path = model.save(tmp_path / "model")
+    make_tiny_model(base, "bert", seed=7)  # the same name now holds other weights
+    with pytest.raises(ValueError, match="base weights found for .* differ from the ones the model .* was trained on"):
+        TaskModel.from_pretrained(path)
+
+
+def test_a_config_that_does_not_fit_the_weights_is_named(saved):
+    _, path = saved
+    config = json.loads((path / "config.json").read_text())
+    config["num_classes"], config["label_names"] = 3, None
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="model.safetensors does not fit its config.json .* size"):
+        TaskModel.from_pretrained(path)

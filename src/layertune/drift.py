@@ -10,22 +10,26 @@ from torch import nn
 def parameter_drift(model: nn.Module, reference: dict[str, torch.Tensor]) -> pd.DataFrame:
     """One row per parameter tensor: mean absolute change and relative L2 change against ``reference``.
 
-    ``reference`` is a state dict taken before training (pretrained encoder weights, initial head).
-    Frozen tensors come out at exactly 0.0. The L2 norms are kept so `layer_drift` can aggregate exactly.
+    ``reference`` holds the values training started from (pretrained encoder weights, initial head) of the tensors
+    that could change; a tensor it leaves out was frozen, so its change is exactly 0 and its own value is the
+    reference (no copy of a frozen model is needed). The L2 norms are kept so `layer_drift` can aggregate exactly.
     """
     parts = model.parameter_parts() if hasattr(model, "parameter_parts") else {}
     rows = []
     for name, parameter in model.named_parameters():
-        before = reference[name].to(torch.float64)
-        after = parameter.detach().cpu().to(torch.float64)
-        change = after - before
-        delta_l2, reference_l2 = change.norm().item(), before.norm().item()
+        if name in reference:
+            before = reference[name].to(torch.float64)
+            change = parameter.detach().cpu().to(torch.float64) - before
+            delta_l2, reference_l2, mean_abs = change.norm().item(), before.norm().item(), change.abs().mean().item()
+        else:
+            delta_l2, mean_abs = 0.0, 0.0
+            reference_l2 = parameter.detach().float().norm().item()
         rows.append({
             "parameter": name,
             "part": parts.get(name, "other"),
             "trainable": parameter.requires_grad,
             "numel": parameter.numel(),
-            "mean_abs_change": change.abs().mean().item(),
+            "mean_abs_change": mean_abs,
             "relative_l2": delta_l2 / reference_l2 if reference_l2 > 0 else delta_l2,
             "delta_l2": delta_l2,
             "reference_l2": reference_l2,

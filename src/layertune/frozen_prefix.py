@@ -24,6 +24,7 @@ import torch
 import xxhash
 from tqdm.auto import tqdm
 
+from layertune import timing
 from layertune.batching import Examples
 from layertune.io import atomic_directory, write_json
 
@@ -101,7 +102,7 @@ class FrozenPrefixCache:
             part = parts[name]
             if part in ("embeddings", "other") or (part.startswith("layer.") and int(part[6:]) < boundary):
                 digest.update(name.encode())
-                digest.update(parameter.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                digest.update(parameter.detach().cpu().contiguous().view(torch.uint8).numpy())  # no copy
         for column in ("input_ids", "token_type_ids", "attention_mask"):
             if column in tokenized.column_names:
                 # Whole Arrow columns (selections applied) rather than row by row: a row-wise read costs ~1 s
@@ -139,6 +140,7 @@ class FrozenPrefixCache:
         return BoundaryStates(flat, offsets, meta["dtype"])
 
     @torch.no_grad()
+    @timing.compute("caching")
     def _compute(self, encoder, tokenized, boundaries: list[int], keys: dict[int, str], device) -> None:
         examples = Examples(tokenized, encoder.tokenizer.pad_token_id or 0)
         offsets = np.concatenate([[0], np.cumsum(examples.lengths)]).astype(np.int64)

@@ -24,6 +24,7 @@ from layertune.language_model import LanguageModel
 logger = logging.getLogger(__name__)
 
 HEAD_TYPES = ("linear", "mlp")
+MIN_FROZEN_SHARE = 0.1  # below this share of frozen weights, a saved model stores everything (no base needed)
 _MODEL_CLASSES: dict[str, type[TaskModel]] = {}
 
 
@@ -129,12 +130,26 @@ class TaskModel(nn.Module):
         return {}
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``config.json``, ``model.safetensors`` and the encoder's config + tokenizer; all or nothing."""
+        """Write ``config.json``, ``model.safetensors`` and the encoder's config; all or nothing.
+
+        A model that kept at least a tenth of its weights frozen stores only what it trained (tunable layers, head,
+        combination): the frozen rest is the base model's, which `from_pretrained` loads again by name and checks
+        against a content hash recorded here. A model that trained (nearly) everything stores everything, tokenizer
+        included, and needs no base."""
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        trained = {name for name, parameter in self.named_parameters() if parameter.requires_grad}
+        frozen = {k: v for k, v in state.items() if k not in trained}
+        frozen_share = sum(p.numel() for p in self.parameters() if not p.requires_grad) / max(
+            sum(p.numel() for p in self.parameters()), 1)
+        if frozen_share < MIN_FROZEN_SHARE:
+            frozen = {}
         with atomic_directory(directory) as staging:
-            self.encoder.save_config(staging / "encoder")
-            state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-            safetensors.torch.save_file(state, staging / "model.safetensors")
-            write_json(staging / "config.json", self.config())
+            self.encoder.save_config(staging / "encoder", tokenizer=not frozen)
+            safetensors.torch.save_file({k: v for k, v in state.items() if k not in frozen},
+                                        staging / "model.safetensors")
+            weights = {"file_xxh3": file_digest(staging / "model.safetensors"),
+                       "base": {"frozen_xxh3": tensors_digest(frozen)} if frozen else None}
+            write_json(staging / "config.json", {**self.config(), "weights": weights})
         return Path(directory)
 
     @classmethod
@@ -142,26 +157,29 @@ class TaskModel(nn.Module):
         """Load a model written by `save`; the class is read from its config (works on the base class too).
 
         ``trust_remote_code`` comes from the caller only, never from the folder: a saved folder cannot make its
-        loader run code that ships with it.
+        loader run code that ships with it. A model that stored only what it trained is rebuilt on its base model;
+        if those base weights differ from the ones it was trained on, that is an error, not a silent mix.
         """
         directory = Path(directory)
-        missing = [f for f in ("config.json", "model.safetensors", "encoder") if not (directory / f).exists()]
-        if missing:
-            raise ValueError(f"{directory} is not a complete saved layertune model: missing {', '.join(missing)}.")
-        try:
-            config = json.loads((directory / "config.json").read_text())
-            model_class = _MODEL_CLASSES[config["class"]]
-        except (json.JSONDecodeError, KeyError) as error:
-            raise ValueError(f"{directory}/config.json is corrupt or not a layertune model config ({error}).") from None
-        if cls is not TaskModel and not issubclass(model_class, cls):
-            raise ValueError(f"{directory} holds a {config['class']}, not a {cls.__name__}.")
-        encoder = load_encoder(directory / "encoder", config["encoder"], trust_remote_code=trust_remote_code)
-        model = model_class._from_config(encoder, config)
+        config = _read_config(directory, cls)
+        weights = config.get("weights") or {}
+        encoder = load_encoder(directory / "encoder", config["encoder"], trust_remote_code=trust_remote_code,
+                               pretrained=weights.get("base") is not None)
+        model = _MODEL_CLASSES[config["class"]]._from_config(encoder, config)
+        if weights.get("file_xxh3") and file_digest(directory / "model.safetensors") != weights["file_xxh3"]:
+            raise ValueError(f"{directory}/model.safetensors does not match the checksum in its config.json: the file "
+                             "was changed or damaged after it was saved. Retrain or restore it.")
         try:
             state = safetensors.torch.load_file(directory / "model.safetensors")
         except Exception as error:  # safetensors raises its own error types for truncated/corrupt files
             raise ValueError(f"{directory}/model.safetensors is corrupt or partial ({error}).") from None
-        model.load_state_dict(state)
+        if weights.get("base") is not None:
+            _check_base(model, state, weights["base"], config["encoder"], directory)
+        try:
+            model.load_state_dict(state, strict=weights.get("base") is None)
+        except RuntimeError as error:
+            raise ValueError(f"{directory}/model.safetensors does not fit its config.json (a class count or size "
+                             f"differs): {str(error).splitlines()[-1].strip()}") from None
         model.eval()
         return model
 
@@ -170,19 +188,70 @@ class TaskModel(nn.Module):
         raise NotImplementedError
 
 
+def _read_config(directory: Path, cls: type[TaskModel]) -> dict:
+    missing = [f for f in ("config.json", "model.safetensors", "encoder") if not (directory / f).exists()]
+    if missing:
+        raise ValueError(f"{directory} is not a complete saved layertune model: missing {', '.join(missing)}.")
+    try:
+        config = json.loads((directory / "config.json").read_text())
+        model_class = _MODEL_CLASSES[config["class"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{directory}/config.json is corrupt or not a layertune model config ({error}).") from None
+    if cls is not TaskModel and not issubclass(model_class, cls):
+        raise ValueError(f"{directory} holds a {config['class']}, not a {cls.__name__}.")
+    return config
+
+
+def _check_base(model: TaskModel, stored: dict, base: dict, encoder: dict, directory: Path) -> None:
+    """The base weights under the stored ones must be those the model was trained on."""
+    current = model.state_dict()
+    if unknown := sorted(set(stored) - set(current)):
+        raise ValueError(f"{directory}/model.safetensors holds tensors this model does not have: {unknown[:3]}")
+    frozen = {k: v for k, v in current.items() if k not in stored}
+    if tensors_digest(frozen) != base["frozen_xxh3"]:
+        names = [e["name"] for e in encoder.get("language_models", [encoder])]
+        raise ValueError(f"The base weights found for {', '.join(map(repr, names))} differ from the ones the model in "
+                         f"{directory} was trained on (content hash of its frozen tensors): another version or "
+                         "revision of the model is installed or mirrored. Load the base it was trained on.")
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """A content hash of named tensors: names, dtypes, shapes and bytes."""
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(2**24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _check_sentences(sentences) -> None:
     if isinstance(sentences, (str, tuple)):
         raise TypeError(f"predict takes a list of sentences (or of sentence pairs), not one {type(sentences).__name__}"
                         f": wrap it in a list, e.g. predict([{sentences!r}]).")
 
 
-def load_encoder(directory: Path, settings: dict, *, trust_remote_code: bool = False) -> nn.Module:
-    """Rebuild a saved encoder (single or multi) from its settings, without downloading any weights."""
+def load_encoder(directory: Path, settings: dict, *, trust_remote_code: bool = False,
+                 pretrained: bool = False) -> nn.Module:
+    """Rebuild a saved encoder (single or multi) from its settings: random weights, or ``pretrained`` the base
+    models' (see `LanguageModel.from_config`)."""
     if "language_models" in settings:
         from layertune.multi_encoder import MultiEncoder
 
-        return MultiEncoder.from_config(directory, settings, trust_remote_code=trust_remote_code)
-    return LanguageModel.from_config(directory, settings, trust_remote_code=trust_remote_code)
+        return MultiEncoder.from_config(directory, settings, trust_remote_code=trust_remote_code, pretrained=pretrained)
+    return LanguageModel.from_config(directory, settings, trust_remote_code=trust_remote_code, pretrained=pretrained)
 
 
 def _head_arguments(config: dict) -> dict:

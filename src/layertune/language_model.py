@@ -90,6 +90,7 @@ class LanguageModel(nn.Module):
         self.freeze_embeddings = freeze_embeddings
         self.frozen_dropout = frozen_dropout
         self.trust_remote_code = trust_remote_code
+        self.revision = revision
         path = resolve_model_path(name_or_path)
         config = _load_config(path, trust_remote_code, revision)
         if hidden_dropout_prob is not None:
@@ -105,8 +106,10 @@ class LanguageModel(nn.Module):
         self._apply_freezing()
 
     @classmethod
-    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False) -> LanguageModel:
-        """Rebuild from a saved config + tokenizer folder with random weights (a state dict is loaded next).
+    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False,
+                    pretrained: bool = False) -> LanguageModel:
+        """Rebuild from a saved config folder: with random weights (the whole state dict is loaded next), or with
+        ``pretrained`` the base model's weights (``settings["name"]``), under which only trained tensors load.
 
         ``trust_remote_code`` is the caller's decision alone: nothing in the saved folder can turn it on."""
         self = cls.__new__(cls)
@@ -116,27 +119,34 @@ class LanguageModel(nn.Module):
         self.freeze_embeddings = settings["freeze_embeddings"]
         self.frozen_dropout = settings["frozen_dropout"]
         self.trust_remote_code = trust_remote_code
+        self.revision = settings.get("revision")
         config = _load_config(str(directory), trust_remote_code, None)
-        self.model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
+        if pretrained:
+            self.model, self.tokenizer = _base_model(self.name, config, trust_remote_code, self.revision)
+        else:
+            self.model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
         self._init_structure()
         self.tunable_layers = self._resolve_tunable_layers(settings["tunable_layers"], None)
         self._apply_freezing()
         return self
 
     def settings(self) -> dict:
-        """What `from_config` needs besides the HF config and tokenizer files."""
+        """What `from_config` needs besides the HF config (and tokenizer) files."""
         return {
             "name": self.name,
+            "revision": self.revision,
             "tunable_layers": self.tunable_layers,
             "pooling": self.pooling,
             "freeze_embeddings": self.freeze_embeddings,
             "frozen_dropout": self.frozen_dropout,
         }
 
-    def save_config(self, directory: str | Path) -> None:
+    def save_config(self, directory: str | Path, tokenizer: bool = True) -> None:
+        """The HF config (hidden dropout and all), and the tokenizer unless it comes from the base model."""
         self.model.config.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
+        if tokenizer:
+            self.tokenizer.save_pretrained(directory)
 
     # ----------------------------------------------------------------------------------------------------------
     # Structure and freezing
@@ -407,6 +417,21 @@ def _load_config(path: str, trust_remote_code: bool, revision: str | None) -> tr
             f"did not provide it (offline, or no such repository).{choices_hint(path, offline)[:-1]} "
             f"(available offline), or any local folder in Hugging Face layout. Details: {error}"
         ) from None
+
+
+def _base_model(name: str, config, trust_remote_code: bool, revision: str | None):
+    """The pretrained weights and tokenizer of ``name``, under ``config`` (the saved one: dropout and all)."""
+    path = resolve_model_path(name)
+    try:
+        model = transformers.AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
+                                                       revision=revision)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                               revision=revision)
+    except OSError as error:
+        raise OSError(f"This model stores only the tensors it trained; the frozen rest comes from its base model "
+                      f"{name!r}, which cannot be loaded here: not a local folder (relative to {Path.cwd()}), not "
+                      f"packaged, not in the model mirror, and the hub did not provide it ({error}).") from None
+    return model, tokenizer
 
 
 def _set_hidden_dropout(config: transformers.PretrainedConfig, probability: float) -> None:

@@ -229,15 +229,16 @@ class MultiEncoder(nn.Module):
             "projection_size": self.projection_size,
         }
 
-    def save_config(self, directory: str | Path) -> None:
+    def save_config(self, directory: str | Path, tokenizer: bool = True) -> None:
         for prefix, lm in zip(self.prefixes, self.language_models):
-            lm.save_config(Path(directory) / prefix[:-1])
+            lm.save_config(Path(directory) / prefix[:-1], tokenizer)
 
     @classmethod
-    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False) -> MultiEncoder:
-        """Rebuild from `save_config`'s folders and `settings`, with random weights (a state dict is loaded next)."""
+    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False,
+                    pretrained: bool = False) -> MultiEncoder:
+        """Rebuild from `save_config`'s folders and `settings` (see `LanguageModel.from_config`)."""
         language_models = [LanguageModel.from_config(Path(directory) / f"lm{index}", lm_settings,
-                                                     trust_remote_code=trust_remote_code)
+                                                     trust_remote_code=trust_remote_code, pretrained=pretrained)
                            for index, lm_settings in enumerate(settings["language_models"])]
         return cls(language_models, settings["combine_method"], settings["dropout"], settings["projection_size"])
 

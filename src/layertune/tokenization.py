@@ -27,6 +27,7 @@ from pathlib import Path
 import datasets
 from transformers import PreTrainedTokenizerBase
 
+from layertune import timing
 from layertune.batching import IGNORE_INDEX
 from layertune.tasks import TASKS
 from layertune.corpus import Corpus
@@ -113,11 +114,12 @@ def _tokenized_split(corpus: Corpus, split: str, ds: datasets.Dataset, tokenizer
         _report_truncation(corpus.name, split, meta["num_truncated"], meta["num_examples"], max_length, cached=True)
         _report_unscored_words(corpus.name, split, meta.get("num_unscored_words", 0), cached=True)
         return datasets.load_from_disk(path)
-    if words:
-        tokenized, num_truncated, num_unscored = _tokenize_words(ds, tokenizer, max_length, key)
-    else:
-        tokenized, num_truncated = _tokenize(ds, tokenizer, corpus.text_columns, max_length, key)
-        num_unscored = 0
+    with timing.compute("tokenizing"):
+        if words:
+            tokenized, num_truncated, num_unscored = _tokenize_words(ds, tokenizer, max_length, key)
+        else:
+            tokenized, num_truncated = _tokenize(ds, tokenizer, corpus.text_columns, max_length, key)
+            num_unscored = 0
     _report_truncation(corpus.name, split, num_truncated, len(tokenized), max_length, cached=False)
     _report_unscored_words(corpus.name, split, num_unscored, cached=False)
     meta = {"corpus": corpus.name, "split": split, "tokenizer": identity, "max_length": max_length,

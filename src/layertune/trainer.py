@@ -15,6 +15,7 @@ from accelerate import Accelerator
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
+from layertune import timing
 from layertune.batching import make_loader
 from layertune.corpus import Corpus
 from layertune.drift import parameter_drift
@@ -131,7 +132,7 @@ class ModelTrainer:
         scheduler = transformers.get_linear_schedule_with_warmup(
             self.optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps
         )
-        initial_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        initial_state = {k: v.detach().cpu().clone() for k, v in _trainable_state(model).items()}  # for the drift
         model, optimizer, scheduler = accelerator.prepare(model, self.optimizer, scheduler)
 
         history, best, best_weights, best_predictions = [], None, None, None
@@ -158,6 +159,7 @@ class ModelTrainer:
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
             epoch_time = time.perf_counter() - started
             train_time += epoch_time
+            timing.add("training", epoch_time)
 
             scores, dev_predictions = self.evaluate(score_loaders["dev"], accelerator)
             record = {"epoch": epoch, "train_loss": sum(losses) / len(losses), "epoch_time_s": epoch_time,
@@ -196,6 +198,7 @@ class ModelTrainer:
         return result
 
     @torch.no_grad()
+    @timing.compute("scoring")
     def evaluate(self, loader, accelerator: Accelerator) -> tuple[dict[str, float], dict[str, list]]:
         """Loss (the mean over all loss terms, whatever the batches) and the task's metrics, keys prefixed
         ``eval_`` as in Hugging Face; and the predictions and references in corpus order."""
