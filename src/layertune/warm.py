@@ -11,6 +11,7 @@ sees a source file it imported change (or installed packages change) refuses and
 code: a new server starts. It also exits after ``LAYERTUNE_WARM_IDLE`` seconds without work (default 120).
 
 ``LAYERTUNE_WARM=0`` runs commands directly (the same results, a slower start), as do platforms without fork.
+``LAYERTUNE_WARM_PRELOAD`` (comma-separated module names) replaces the modules a server imports first.
 This module uses the standard library only, so a call itself starts in milliseconds.
 """
 
@@ -186,7 +187,8 @@ def serve(path: Path) -> int:
     stale, and exit once every child has reported back."""
     import threading
 
-    for module in PRELOAD:
+    preload = os.environ.get("LAYERTUNE_WARM_PRELOAD")
+    for module in PRELOAD if preload is None else [m for m in preload.split(",") if m]:
         with contextlib.suppress(Exception):  # a missing optional module is imported (and fails) in the command
             __import__(module)
     _import_project()

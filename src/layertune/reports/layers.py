@@ -82,7 +82,8 @@ def recommendations(found: list[Setting], tolerance: float, confidence: float) -
 def answer_text(recommendation: Recommendation) -> str:
     if recommendation.recommended is not None:
         return f"**{recommendation.recommended}**"
-    return "cannot decide: " + " or ".join(str(k) for k in recommendation.candidates)
+    *fewer, last = [str(k) for k in recommendation.candidates]
+    return f"cannot decide: {', '.join(fewer)} or {last}"
 
 
 def rule_text(tolerance: float, confidence: float) -> str:
