@@ -163,3 +163,22 @@ def test_a_config_that_does_not_fit_the_weights_is_named(saved):
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="model.safetensors does not fit its config.json .* size"):
         TaskModel.from_pretrained(path)
+
+
+def test_weights_the_base_checkpoint_lacks_are_stored_not_referenced(tmp_path):
+    """A checkpoint without a pooler (paraphrase-MiniLM-L3-v2 is one) gets a random pooler at every load: it is
+    stored with the trained tensors, so the model reloads exactly."""
+    from layertune.testing import build_tokenizer
+
+    folder = tmp_path / "no-pooler"
+    tokenizer = build_tokenizer(folder)
+    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    transformers.BertModel(config, add_pooling_layer=False).save_pretrained(folder)
+    model = TextClassifier(LanguageModel(folder, tunable_layers=1), 2)
+    assert {"model.pooler.dense.weight", "model.pooler.dense.bias"}.isdisjoint(model.encoder.base_tensors())
+    path = model.save(tmp_path / "model")
+    stored = safetensors.torch.load_file(path / "model.safetensors")
+    assert "encoder.model.pooler.dense.weight" in stored and "encoder.model.embeddings.word_embeddings.weight" not in stored
+    batch = model.encoder.tokenize(["the movie was great"])
+    torch.testing.assert_close(TaskModel.from_pretrained(path)(batch), model.eval()(batch), rtol=0, atol=0)

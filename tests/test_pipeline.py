@@ -161,11 +161,12 @@ def test_reports_of_all_three_kinds(built):
                                                       ["1"]["reference"]})}
 
 
-def test_a_saved_multi_encoder_predicts_with_attention(built):
+def test_a_saved_multi_encoder_predicts_with_attention(built, monkeypatch):
     from layertune.heads import TextClassifier
 
     project, _ = built
-    model = TextClassifier.from_pretrained(project / "data/04_models/combo/sst2-dme-1-1/model")
+    monkeypatch.chdir(project)  # its base models are named relative to the project ("models/tiny-a")
+    model = TextClassifier.from_pretrained("data/04_models/combo/sst2-dme-1-1/model")
     predictions, attention = model.predict_with_attention(["a good film", "worst story ever"])
     assert set(predictions) <= {"negative", "positive"}
     assert [round(sum(row), 6) for row in attention] == [1.0, 1.0] and len(attention[0]) == 2

@@ -138,7 +138,10 @@ class TaskModel(nn.Module):
         included, and needs no base."""
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         trained = {name for name, parameter in self.named_parameters() if parameter.requires_grad}
-        frozen = {k: v for k, v in state.items() if k not in trained}
+        # Frozen and provided by the base checkpoint: these can be left to it (a frozen tensor the checkpoint lacked
+        # was initialized at random, and is stored like a trained one).
+        base = {f"encoder.{name}" for name in self.encoder.base_tensors()}
+        frozen = {k: v for k, v in state.items() if k not in trained and k in base}
         frozen_share = sum(p.numel() for p in self.parameters() if not p.requires_grad) / max(
             sum(p.numel() for p in self.parameters()), 1)
         if frozen_share < MIN_FROZEN_SHARE:

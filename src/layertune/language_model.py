@@ -95,9 +95,10 @@ class LanguageModel(nn.Module):
         config = _load_config(path, trust_remote_code, revision)
         if hidden_dropout_prob is not None:
             _set_hidden_dropout(config, hidden_dropout_prob)
-        self.model = transformers.AutoModel.from_pretrained(
-            path, config=config, trust_remote_code=trust_remote_code, revision=revision
+        self.model, loading = transformers.AutoModel.from_pretrained(
+            path, config=config, trust_remote_code=trust_remote_code, revision=revision, output_loading_info=True
         )
+        self.initialized = set(loading["missing_keys"])  # not in the checkpoint: newly (randomly) initialized
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(
             path, trust_remote_code=trust_remote_code, revision=revision
         )
@@ -122,14 +123,21 @@ class LanguageModel(nn.Module):
         self.revision = settings.get("revision")
         config = _load_config(str(directory), trust_remote_code, None)
         if pretrained:
-            self.model, self.tokenizer = _base_model(self.name, config, trust_remote_code, self.revision)
+            self.model, self.tokenizer, self.initialized = _base_model(self.name, config, trust_remote_code,
+                                                                       self.revision)
         else:
             self.model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
+            self.initialized = {name for name, _ in self.model.state_dict().items()}
         self._init_structure()
         self.tunable_layers = self._resolve_tunable_layers(settings["tunable_layers"], None)
         self._apply_freezing()
         return self
+
+    def base_tensors(self) -> set[str]:
+        """Names (in this module's state dict) of the tensors its checkpoint provided: a saved model can leave these
+        to its base model. Tensors the checkpoint lacked (a pooler, say) were initialized at random."""
+        return {f"model.{name}" for name in self.model.state_dict() if name not in self.initialized}
 
     def settings(self) -> dict:
         """What `from_config` needs besides the HF config (and tokenizer) files."""
@@ -423,15 +431,15 @@ def _base_model(name: str, config, trust_remote_code: bool, revision: str | None
     """The pretrained weights and tokenizer of ``name``, under ``config`` (the saved one: dropout and all)."""
     path = resolve_model_path(name)
     try:
-        model = transformers.AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
-                                                       revision=revision)
+        model, loading = transformers.AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
+                                                                revision=revision, output_loading_info=True)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
                                                                revision=revision)
     except OSError as error:
         raise OSError(f"This model stores only the tensors it trained; the frozen rest comes from its base model "
                       f"{name!r}, which cannot be loaded here: not a local folder (relative to {Path.cwd()}), not "
                       f"packaged, not in the model mirror, and the hub did not provide it ({error}).") from None
-    return model, tokenizer
+    return model, tokenizer, set(loading["missing_keys"])
 
 
 def _set_hidden_dropout(config: transformers.PretrainedConfig, probability: float) -> None:

@@ -194,6 +194,11 @@ class MultiEncoder(nn.Module):
         return [group for lm, rate in zip(self.language_models, rates)
                 for group in lm.optimizer_groups(rate, weight_decay)]
 
+    def base_tensors(self) -> set[str]:
+        """Tensors provided by the encoders' checkpoints (see `LanguageModel.base_tensors`)."""
+        return {f"language_models.{index}.{name}" for index, lm in enumerate(self.language_models)
+                for name in lm.base_tensors()}
+
     def combination_parameters(self) -> list[nn.Parameter]:
         """The projections and attention of dme (none for concat): new weights, trained at the head's rate."""
         return list(self.combine.parameters())
