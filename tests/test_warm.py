@@ -2,9 +2,11 @@
 code and signals; it never runs stale code, and a dead caller stops its command."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,8 +30,10 @@ if command == "wait":
 
 
 @pytest.fixture
-def project(tmp_path, monkeypatch):
-    """A folder with a helper module the server preloads (so it watches it), and a private socket folder."""
+def project(monkeypatch):
+    """A folder with a helper module the server preloads (so it watches it), also its socket folder (short: a
+    socket's path has at most about 100 characters)."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="lw-"))
     (tmp_path / "helper.py").write_text(HELPER)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LAYERTUNE_WARM_DIR", str(tmp_path))
@@ -38,6 +42,7 @@ def project(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1] / "src")]))
     yield tmp_path
     subprocess.run(["pkill", "-f", f"layertune.warm --serve {tmp_path}"], check=False)
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def warm(*args, **kwargs) -> subprocess.CompletedProcess:
@@ -96,3 +101,9 @@ def test_callers_at_once_share_one_server(project):
     assert [caller.returncode for caller in callers] == [0, 0, 0, 0]
     assert all(f"arg={i}" in output for i, output in enumerate(outputs))
     assert len(list(project.glob("layertune-warm-*.sock"))) == 1
+
+
+def test_sockets_are_private_to_their_user(project):
+    warm("show", "-", "0")
+    socket_file = next(project.glob("layertune-warm-*.sock"))
+    assert socket_file.stat().st_mode & 0o777 == 0o600

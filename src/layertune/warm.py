@@ -42,6 +42,7 @@ PRELOAD = ("torch", "transformers", "datasets", "accelerate", "safetensors.torch
            "kedro.framework.session", "kedro.io", "matplotlib.pyplot", "seaborn",
            "transformers.models.bert.modeling_bert", "transformers.models.roberta.modeling_roberta")
 STARTUP_TIMEOUT_S = 120
+MAX_SOCKET_PATH = 100
 MESSAGE = 1 << 20
 
 
@@ -86,8 +87,11 @@ def socket_path() -> Path:
     identity = [os.getcwd(), sys.executable,
                 sorted((k, v) for k, v in os.environ.items() if k.startswith(IMPORT_TIME_ENV))]
     digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
+    name = f"layertune-warm-{os.getuid()}-{digest}.sock"
     folder = Path(os.environ.get("LAYERTUNE_WARM_DIR") or tempfile.gettempdir())
-    return folder / f"layertune-warm-{os.getuid()}-{digest}.sock"
+    if len(str(folder / name)) > MAX_SOCKET_PATH:  # the limit of a Unix socket's address
+        folder = Path(tempfile.gettempdir())
+    return folder / name
 
 
 def call(argv: list[str]) -> int:
@@ -198,6 +202,7 @@ def serve(path: Path) -> int:
     idle_after = float(os.environ.get("LAYERTUNE_WARM_IDLE", "120"))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(str(path))
+    os.chmod(path, 0o600)  # only this user may have the server run commands
     listener.listen(64)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
