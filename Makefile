@@ -1,8 +1,13 @@
 # Two entry points, each doing its own set-up on a fresh machine:
-#   make study   install, then rebuild the default CPU layer-ablation study (`dvc repro`)
+#   make study   install, then build the three default studies (`dvc repro` → reports/)
 #   make test    install, then run the test suite
+# Everything runs from a project virtual environment (.venv): a system Python may refuse packages (PEP 668), and
+# the study should not depend on what else is installed. Set PYTHON to choose the interpreter that creates it.
 SHELL := /bin/bash
-PYTHON ?= python
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
 export KEDRO_DISABLE_TELEMETRY := 1
 export DO_NOT_TRACK := 1
 
@@ -14,14 +19,24 @@ export LAYERTUNE_MODEL_MIRROR ?= $(SHARED)/models
 endif
 
 .PHONY: setup study test benchmark
-setup:
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+
+setup: $(VENV)/installed
+
+# Installed again only when the dependencies change: a second `make` starts at once.
+$(VENV)/installed: pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	touch $@
+
+$(VENV)/bin/python:
+	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "make: '$(PYTHON) -m venv' could not create $(VENV)." \
+	  "On Debian or Ubuntu: sudo apt install python3-venv (or set PYTHON=/path/to/python3 with venv)." >&2; exit 1; }
 
 study: setup
 	dvc repro
 
 test: setup
-	OMP_WAIT_POLICY=PASSIVE $(PYTHON) -m pytest -n 2  # idle OpenMP threads sleep: two workers share two cores
+	OMP_WAIT_POLICY=PASSIVE python -m pytest -n 2  # idle OpenMP threads sleep: two workers share two cores
 
 benchmark: setup
-	$(PYTHON) benchmarks/frozen_prefix_speed.py --json reports/benchmark_frozen_prefix.json
+	python benchmarks/frozen_prefix_speed.py --json reports/benchmarks/frozen_prefix.json
+	python benchmarks/pipeline_speed.py --json reports/benchmarks/pipeline.json

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import signal
 
 from kedro.framework.hooks import hook_impl
 
@@ -32,6 +33,7 @@ class MlflowCellHook:
     @hook_impl
     def after_catalog_created(self, catalog) -> None:
         self.catalog = catalog
+        self._signals.close()  # a SIGTERM ignored after an earlier run FINISHED (see _end) counts again
 
     @hook_impl
     def before_node_run(self, node, inputs) -> None:
@@ -85,3 +87,8 @@ class MlflowCellHook:
             run.end(end_status(error))
         except Exception:  # never hide the cell's own error behind a tracking one
             logger.exception("Could not end MLflow run %s", run.run_id)
+        if error is None:
+            # FINISHED means the outputs are saved; a SIGTERM now would fail the process and make DVC discard a
+            # stage MLflow calls finished. The process is about to exit, so it finishes instead.
+            previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._signals.callback(signal.signal, signal.SIGTERM, previous)

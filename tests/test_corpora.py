@@ -321,3 +321,34 @@ def test_bad_sizes_and_options(data_mirror):
         IMDB(train_size=1, data_mirror=data_mirror)
     with pytest.raises(FileNotFoundError, match="data_mirror='/no/such/folder' is not a folder"):
         load_corpus("cola", data_mirror="/no/such/folder")
+
+
+def _csv(path, text: str, encoding: str = "utf-8"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode(encoding))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        ("sentence,label\ngood film,1\nbad film,\nfine,0\nawful,\n",
+         r"train.csv: column 'label' is blank or missing in 2 of 4 rows \(2, 4;"),
+        ("sentence,label\ngood film,1\n,0\nfine,0\n", r"train.csv: column 'sentence' is blank or missing in 1 of 3 rows \(2;"),
+        ("sentence,label\ngood film,pos\nbad film,pos\n", "every label is 'pos'. A classifier needs at least two classes"),
+        ("", r"train.csv is empty: no header and no rows"),
+        ("sentence,label\n", r"train.csv has a header \(sentence,label\) but no rows"),
+    ],
+)
+def test_bad_local_files_are_named_with_what_is_wrong(tmp_path, train, message):
+    _csv(tmp_path / "data" / "train.csv", train)
+    labels = ("pos", "pos") if "pos" in train else (1, 0)
+    _csv(tmp_path / "data" / "dev.csv", f"sentence,label\ngood,{labels[0]}\nbad,{labels[1]}\n")
+    with pytest.raises(ValueError, match=message):
+        load_corpus(str(tmp_path / "data"))
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    _csv(tmp_path / "data" / "train.csv", "sentence,label\ncafé crème,1\nbad,0\n", encoding="latin-1")
+    with pytest.raises(ValueError, match=r"train.csv is not UTF-8 text \(line 2: byte b'\\xe9'\): save it as UTF-8"):
+        load_corpus(str(tmp_path / "data"))

@@ -91,7 +91,8 @@ def damage_flip_a_byte(path):
 @pytest.mark.parametrize(("file", "damage"), [
     ("states.npy", damage_truncate), ("states.npy", damage_flip_a_byte), ("meta.json", lambda p: p.unlink()),
     ("offsets.npy", lambda p: p.unlink()), ("meta.json", lambda p: p.write_text("{")),
-], ids=["truncated-states", "bad-checksum", "missing-meta", "missing-offsets", "broken-meta"])
+    ("offsets.npy", damage_flip_a_byte),  # one flipped bit in offsets once trained a cell on misaligned states
+], ids=["truncated-states", "bad-checksum", "missing-meta", "missing-offsets", "broken-meta", "flipped-offsets"])
 def test_damaged_entry_is_detected_logged_and_rebuilt_never_used(lm, tokenized, tmp_path, caplog, file, damage):
     store = cache(tmp_path)
     good, key = store.states(lm, tokenized["train"], 2)

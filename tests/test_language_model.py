@@ -70,7 +70,7 @@ def test_summary_counts_trainable_parameters_per_layer(tiny_bert):
     summary = LanguageModel(tiny_bert, tunable_layers=2, pooling="pooler").summary().set_index("part")
     assert list(summary.index) == ["embeddings", "layer.0", "layer.1", "layer.2", "layer.3", "pooler", "total"]
     assert summary.loc["layer.1", "trainable"] == 0 and summary.loc["layer.2", "trainable"] > 0
-    assert summary.loc["total", "total"] == sum(p.numel() for p in LanguageModel(tiny_bert).parameters())
+    assert summary.loc["total", "total"] == sum(p.numel() for p in LanguageModel(tiny_bert, tunable_layers="all").parameters())
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
@@ -85,8 +85,8 @@ def test_starting_from_cached_boundary_is_exact(tiny_model_dirs, architecture):
 
 
 def test_hidden_dropout_override(tiny_model_dirs):
-    assert LanguageModel(tiny_model_dirs["bert"], hidden_dropout_prob=0.4).model.config.hidden_dropout_prob == 0.4
-    assert LanguageModel(tiny_model_dirs["distilbert"], hidden_dropout_prob=0.3).model.config.dropout == 0.3
+    assert LanguageModel(tiny_model_dirs["bert"], "all", hidden_dropout_prob=0.4).model.config.hidden_dropout_prob == 0.4
+    assert LanguageModel(tiny_model_dirs["distilbert"], "all", hidden_dropout_prob=0.3).model.config.dropout == 0.3
 
 
 def test_packaged_minilm_resolves_offline():
@@ -119,3 +119,33 @@ def test_unknown_model_name_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(OSError, match="no-such-model-xyz"):
         LanguageModel("no-such-org/no-such-model-xyz")
+
+
+def test_the_number_of_tunable_layers_must_be_said(tiny_bert):
+    with pytest.raises(ValueError, match=r"Say how many layers .* tunable_layers='all' \(full fine-tuning\)"):
+        LanguageModel(tiny_bert)
+    assert LanguageModel(tiny_bert, frozen_layers=3).tunable_layers == 1
+
+
+def test_a_max_length_the_model_cannot_take_fails_before_tokenizing(tiny_bert, toy_corpus, tmp_path):
+    model = LanguageModel(tiny_bert, tunable_layers=1)
+    with pytest.raises(ValueError, match=r"max_length=4096 is more than .* takes: 128 tokens"):
+        model.prepare_examples(toy_corpus, max_length=4096, cache_dir=tmp_path)
+    assert not (tmp_path / "tokenized").exists()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda folder: (folder / "config.json").unlink(), r"has no config.json \(it holds"),
+        (lambda folder: (folder / "config.json").write_text('{"model_type": "bert",\n'),
+         r"config.json is not valid JSON \(.*\): the model folder is damaged"),
+    ],
+)
+def test_a_damaged_model_folder_is_named(tiny_bert, tmp_path, damage, message):
+    import shutil
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "model")
+    damage(folder)
+    with pytest.raises(OSError, match=message):
+        LanguageModel(folder, tunable_layers=1)

@@ -3,44 +3,14 @@ tagging study, a single-vs-combined study) through the project's own settings, c
 mirror and tiny random models, tracked in a fresh MLflow database."""
 
 import json
-import shutil
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from layertune.testing import make_tiny_model
-
-ROOT = Path(__file__).resolve().parents[1]
-TOY_SENTENCES = ["the movie was great", "a good film", "best story ever", "i love this plot",
-                 "the movie was awful", "a bad film", "worst story ever", "i hate this plot"]
-
-
-def write_toy_mirror(root: Path) -> Path:
-    """glue/SST-2 and ner/conll2003 in their official layouts, a few dozen lines each."""
-    sst2 = root / "glue" / "SST-2"
-    sst2.mkdir(parents=True)
-    for split, repeats in (("train", 6), ("dev", 3)):
-        rows = [f"{s} {'really ' * (i % 3)}\t{int(j < 4)}" for i in range(repeats) for j, s in enumerate(TOY_SENTENCES)]
-        (sst2 / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-    conll = root / "ner" / "conll2003"
-    conll.mkdir(parents=True)
-    sentence = ["EU NNP B-NP I-ORG", "rejects VBZ B-VP O", "German JJ B-NP I-MISC", "call NN I-NP O",
-                "by IN B-PP O", "Peter NNP B-NP I-PER", "in IN B-PP O", "Paris NNP B-NP I-LOC"]
-    for split, repeats in (("train", 12), ("dev", 6), ("test", 5)):
-        (conll / f"{split}.txt").write_text("-DOCSTART- -X- -X- O\n\n" + "\n\n".join(
-            "\n".join(sentence[i % 3 :] + sentence[: i % 3]) for i in range(repeats)) + "\n")
-    return root
-
-
-def study(kind: str, tasks: list, encoders: dict, layers: list, seeds: list, **extra) -> dict:
-    return {"report": {"kind": kind, "resamples": 200, "examples": 2}, "tasks": tasks, "encoders": encoders,
-            "tunable_layers": layers, "seeds": seeds, "data": {"seed": 1},
-            "training": {"learning_rate": 1.0e-3, "batch_size": 8, "epochs": 2, "max_length": 32}, **extra}
-
-
+from tests.projects import make_project, project_env, run, study
 PARAMS = {
     "download": {"mirror": "mirror"},
     "studies": {
@@ -56,59 +26,30 @@ PARAMS = {
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A project folder with this repository's pipelines and conf, the tiny params above, every stage run."""
-    project = tmp_path_factory.mktemp("project")
-    for name in ("pipelines", "conf"):
-        shutil.copytree(ROOT / name, project / name)
-    shutil.copy(ROOT / "pyproject.toml", project)
-    (project / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
-    write_toy_mirror(project / "mirror")
-    make_tiny_model(project / "models" / "tiny-a", "bert", seed=0)
-    make_tiny_model(project / "models" / "tiny-b", "bert", seed=1, extra_words=("really", "peter", "paris"))
-    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "LAYERTUNE_DATA_MIRROR": "",
-           "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT / "src")}
+    project = make_project(tmp_path_factory.mktemp("project"), PARAMS)
     # The plan stage through the command line itself; later stages through a Kedro session, as `kedro run` does.
     subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "plan"], cwd=project, check=True,
-                   env={**__import__("os").environ, **env}, capture_output=True)
-    runs = run_stages(project, env)
-    return project, runs
+                   env={**os.environ, **project_env(project)}, capture_output=True)
+    return project, run_stages(project)
 
 
-def run_stages(project: Path, env: dict) -> dict:
-    import os
-
-    from kedro.framework.session import KedroSession
-    from kedro.framework.startup import bootstrap_project
-
+def run_stages(project: Path) -> dict:
     from layertune.study import StudyPlan
 
-    previous_dir, previous_env = Path.cwd(), dict(os.environ)
-    os.chdir(project)
-    os.environ.update(env)
-    try:
-        bootstrap_project(project)
-
-        def run(pipeline: str, **runtime):
-            with KedroSession.create(project_path=project, runtime_params=runtime) as session:
-                session.run(pipeline_names=[pipeline])
-
-        run("download")
-        plans = {name: StudyPlan.model_validate_json((project / f"data/00_plan/{name}/study.json").read_text())
-                 for name in PARAMS["studies"]}
-        for name, plan in plans.items():
-            run("prepare", study=name)
-            run("tokenize", study=name)
-            cache_before = sorted(p.name for p in (project / "data" / "cache").rglob("*"))
-            for cell in plan.cells:
-                run("train", study=name, cell=cell.key)
-            assert sorted(p.name for p in (project / "data" / "cache").rglob("*")) == cache_before, \
-                "cells found the tokenize stage's caches: they wrote none of their own"
-            run("evaluate", study=name)
-            run("aggregate", study=name)
-        return plans
-    finally:
-        os.chdir(previous_dir)
-        os.environ.clear()
-        os.environ.update(previous_env)
+    run(project, "download")
+    plans = {name: StudyPlan.model_validate_json((project / f"data/00_plan/{name}/study.json").read_text())
+             for name in PARAMS["studies"]}
+    for name, plan in plans.items():
+        run(project, "prepare", study=name)
+        run(project, "tokenize", study=name)
+        cache_before = sorted(p.name for p in (project / "data" / "cache").rglob("*"))
+        for cell in plan.cells:
+            run(project, "train", study=name, cell=cell.key)
+        assert sorted(p.name for p in (project / "data" / "cache").rglob("*")) == cache_before, \
+            "cells found the tokenize stage's caches: they wrote none of their own"
+        run(project, "evaluate", study=name)
+        run(project, "aggregate", study=name)
+    return plans
 
 
 def test_every_cell_of_every_study_has_its_folder(built):

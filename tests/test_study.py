@@ -232,3 +232,10 @@ def test_prepare_caps_sizes_at_the_split(toy_corpus):
     calls.clear()
     prepare_corpus(load, DataSpec())
     assert calls == [{}]
+
+
+def test_a_local_model_config_without_a_layer_count_is_named(params, tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "custom"}')
+    message = error_of(edited(params, "studies.ablation.encoders", {"m": str(tmp_path / "m")}))
+    assert "studies.ablation.encoders.m" in message and "not a model config with a layer count" in message

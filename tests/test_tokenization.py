@@ -181,3 +181,17 @@ def test_token_classification_is_refused(tokenizer, tmp_path):
     corpus.task_type = "token_classification"
     with pytest.raises(ValueError, match="'pairs' is token classification"):
         tokenize_corpus(corpus, tokenizer, cache_dir=tmp_path)
+
+
+def test_a_damaged_tokenized_cache_is_never_used(tokenizer, tmp_path, caplog):
+    from tests.conftest import toy_sentiment_corpus
+
+    corpus = toy_sentiment_corpus(16, 8)
+    first = tokenize_corpus(corpus, tokenizer, cache_dir=tmp_path)
+    arrow = next(p for p in tmp_path.rglob("*.arrow") if "-train-" in str(p.parent))
+    data = bytearray(arrow.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte in the token ids
+    arrow.write_bytes(bytes(data))
+    again = tokenize_corpus(corpus, tokenizer, cache_dir=tmp_path)
+    assert any("damaged" in record.message for record in caplog.records)
+    assert again["train"]["input_ids"] == first["train"]["input_ids"]  # tokenized again, not read from the damage

@@ -300,7 +300,8 @@ def _load_local(name, source, spec: TaskSpec | None, text_columns, label_column:
     if all(_is_conll_file(path) for path in files.values()):
         return _generic_conll(str(label), files, f"Loaded from local CoNLL files: {shown}.")
     splits = {split: _read_table_file(path) for split, path in files.items()}
-    return _generic(str(label), splits, text_columns, label_column, [f"Loaded from local files: {shown}."])
+    return _generic(str(label), splits, text_columns, label_column, [f"Loaded from local files: {shown}."],
+                    sources={split: str(path) for split, path in files.items()})
 
 
 def _split_files(source) -> dict[str, Path]:
@@ -422,9 +423,33 @@ def _label_parser(spec: TaskSpec, path: Path):
 
 def _read_table_file(path: Path) -> datasets.Dataset:
     builder = FILE_TYPES[path.suffix.lower()]
+    if builder != "parquet":
+        _check_text_file(path)
     # Plain TSVs follow the GLUE convention: a quote character is just text.
     options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if path.suffix.lower() == ".tsv" else {}
-    return datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+    except Exception as error:  # datasets wraps the reader's own error (DatasetGenerationError)
+        cause = error
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise ValueError(f"Could not read {path} as {builder}: {type(cause).__name__}: {cause}") from None
+
+
+def _check_text_file(path: Path) -> None:
+    """UTF-8 text with at least one row after a CSV/TSV header: otherwise an error saying so, before any parsing."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise ValueError(f"{path} is empty: no header and no rows.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"{path} is not UTF-8 text (line {line}: byte {data[error.start:error.start + 1]!r}): save "
+                         "it as UTF-8 (from latin-1, say: iconv -f latin1 -t utf-8).") from None
+    rows = [line for line in text.splitlines() if line.strip()]
+    if path.suffix.lower() in (".csv", ".tsv") and len(rows) < 2:
+        raise ValueError(f"{path} has a header ({rows[0]}) but no rows.")
 
 
 def _conform(ds: datasets.Dataset, spec: TaskSpec, where: str = "") -> datasets.Dataset:
@@ -464,7 +489,7 @@ def _encode_labels(ds: datasets.Dataset, names: tuple[str, ...], where: str) -> 
 
 
 def _generic(name: str, splits: dict[str, datasets.Dataset], text_columns, label_column: str,
-             notes: list[str]) -> _Loaded:
+             notes: list[str], sources: dict[str, str] | None = None) -> _Loaded:
     token_columns = _token_columns(splits["train"], text_columns, label_column, name)
     if token_columns is not None:
         return _generic_tokens(name, splits, *token_columns, notes)
@@ -475,6 +500,8 @@ def _generic(name: str, splits: dict[str, datasets.Dataset], text_columns, label
     for split, ds in splits.items():
         _require_columns(ds, [*text_columns, label_column], f"{split} split of {name!r}")
     splits = {s: ds.select_columns([*text_columns, label_column]) for s, ds in splits.items()}
+    _check_complete(splits, [*text_columns, label_column],
+                    {s: (sources or {}).get(s) or f"the {s} split of {name!r}" for s in splits})
     if label_column != "label":
         splits = {s: ds.rename_column(label_column, "label") for s, ds in splits.items()}
     splits, task_type, label_names = _normalize_labels(splits, name)
@@ -483,6 +510,19 @@ def _generic(name: str, splits: dict[str, datasets.Dataset], text_columns, label
     else:
         metrics = ("accuracy", "f1") if len(label_names) == 2 else ("accuracy",)
     return _Loaded(name, splits, text_columns, task_type, label_names, metrics, metrics[0], notes=notes)
+
+
+def _check_complete(splits: dict[str, datasets.Dataset], columns: list[str], where: dict[str, str]) -> None:
+    """Every example needs its text(s) and its label: a blank is an error naming the file, column and rows."""
+    for split, ds in splits.items():
+        for column in columns:
+            blank = [row for row, value in enumerate(ds[column], start=1)
+                     if value is None or (isinstance(value, float) and np.isnan(value))
+                     or (isinstance(value, str) and not value.strip())]
+            if blank:
+                shown = ", ".join(map(str, blank[:5])) + (f" and {len(blank) - 5} more" if len(blank) > 5 else "")
+                raise ValueError(f"{where[split]}: column {column!r} is blank or missing in {len(blank)} of {len(ds)} "
+                                 f"rows ({shown}; data rows counted from 1). Fill them in, or drop those rows.")
 
 
 def _find_label_column(ds: datasets.Dataset, label_column: str, name: str) -> str:
@@ -534,6 +574,9 @@ def _normalize_labels(splits: dict[str, datasets.Dataset], name: str) -> tuple[d
         return {s: ds.cast_column("label", datasets.Value("float32")) for s, ds in splits.items()}, "regression", ()
     values = sorted(set().union(*(ds.unique("label") for ds in splits.values())) - {None}, key=_label_sort_key)
     names = tuple(str(v) for v in values)
+    if len(names) < 2:
+        raise ValueError(f"{name!r}: every label is {names[0] if names else None!r}. A classifier needs at least two "
+                         "classes (and a score to regress on needs numbers with decimals, e.g. 3.0).")
     as_text = {s: ds.cast_column("label", datasets.Value("string")) for s, ds in splits.items()}
     encoded = {s: _encode_labels(ds, names, f"{s} split of {name!r}") for s, ds in as_text.items()}
     return encoded, "classification", names

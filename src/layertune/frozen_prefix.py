@@ -26,12 +26,13 @@ from tqdm.auto import tqdm
 
 from layertune import timing
 from layertune.batching import Examples
-from layertune.io import atomic_directory, write_json
+from layertune.io import atomic_directory, file_digest, write_json
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_FORMAT_VERSION = 3  # 2: data hashed column-wise; 3: the config without the folder it was loaded from
+# 2: data hashed column-wise; 3: the config without the folder it was loaded from; 4: every file checksummed
+_FORMAT_VERSION = 4
 
 
 def default_cache_root() -> Path:
@@ -121,10 +122,12 @@ class FrozenPrefixCache:
             return None  # a miss; an entry folder appears only once complete (atomic rename)
         try:
             meta = json.loads((folder / "meta.json").read_text())
-            offsets = np.load(folder / "offsets.npy")
             path = folder / "states.npy"
-            if path.stat().st_size != meta["states_bytes"] or _file_checksum(path) != meta["checksum"]:
-                raise ValueError("size or checksum mismatch")
+            if path.stat().st_size != meta["states_bytes"] or file_digest(path) != meta["checksum"]:
+                raise ValueError("states.npy: size or checksum mismatch")
+            if file_digest(folder / "offsets.npy") != meta["offsets_checksum"]:
+                raise ValueError("offsets.npy: checksum mismatch")
+            offsets = np.load(folder / "offsets.npy", allow_pickle=False)
             if len(offsets) != meta["examples"] + 1 or offsets[-1] != meta["tokens"]:
                 raise ValueError("offsets do not match the metadata")
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as error:
@@ -179,15 +182,8 @@ class FrozenPrefixCache:
                 write_json(folder / "meta.json", {
                     "boundary": b, "dtype": self.dtype, "examples": len(examples), "tokens": int(offsets[-1]),
                     "hidden_size": hidden, "model": encoder.name, "states_bytes": path.stat().st_size,
-                    "checksum": _file_checksum(path), "format_version": _FORMAT_VERSION,
+                    "checksum": file_digest(path), "offsets_checksum": file_digest(folder / "offsets.npy"),
+                    "format_version": _FORMAT_VERSION,
                 })
         total = sum((self.root / keys[b] / "states.npy").stat().st_size for b in boundaries) / 2**20
         logger.info("Cached boundaries %s of %s: %.1f MiB in %s", boundaries, encoder.name, total, self.root)
-
-
-def _file_checksum(path: Path) -> str:
-    digest = xxhash.xxh3_64()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(2**24):
-            digest.update(chunk)
-    return digest.hexdigest()

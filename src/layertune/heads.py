@@ -18,7 +18,7 @@ from torch import nn
 
 from layertune.batching import IGNORE_INDEX
 from layertune.errors import choices_hint
-from layertune.io import atomic_directory, write_json
+from layertune.io import atomic_directory, file_digest, write_json
 from layertune.language_model import LanguageModel
 
 logger = logging.getLogger(__name__)
@@ -227,16 +227,6 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
         tensor = tensors[name].detach().cpu().contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")
-    return digest.hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    import xxhash
-
-    digest = xxhash.xxh3_128()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(2**24):
-            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,7 +198,11 @@ class LanguageModel(nn.Module):
             if isinstance(frozen_layers, bool) or not isinstance(frozen_layers, int) or not 0 <= frozen_layers <= limit:
                 raise ValueError(f"frozen_layers must be an int from 0 to {limit} ({where}); got {frozen_layers!r}.")
             return limit - frozen_layers
-        if tunable_layers is None or tunable_layers == "all":
+        if tunable_layers is None:
+            raise ValueError(f"Say how many layers of {self.name!r} to tune: tunable_layers=K (the top K of {limit} "
+                             "layers; 0 trains the head alone), tunable_layers='all' (full fine-tuning), or "
+                             "frozen_layers=N (the bottom N frozen).")
+        if tunable_layers == "all":
             return "all"
         if isinstance(tunable_layers, bool) or not isinstance(tunable_layers, int) or not 0 <= tunable_layers <= limit:
             raise ValueError(
@@ -295,6 +300,7 @@ class LanguageModel(nn.Module):
 
         Returns the splits and what ran (recorded in the run's metadata).
         """
+        self._check_max_length(max_length)
         tokenized = tokenize_corpus(corpus, self.tokenizer, max_length=max_length,
                                     cache_dir=cache_dir and Path(cache_dir) / "tokenized")
         pad_id = self.tokenizer.pad_token_id or 0
@@ -317,6 +323,7 @@ class LanguageModel(nn.Module):
         ``boundaries``: what `prepare_examples` of any tunable-layers value with those boundaries will then find.
 
         Returns the tokenized splits' fingerprints and, per boundary and split, the cache entry's key."""
+        self._check_max_length(max_length)
         tokenized = tokenize_corpus(corpus, self.tokenizer, max_length=max_length,
                                     cache_dir=cache_dir and Path(cache_dir) / "tokenized")
         found = {"tokenized": {split: data._fingerprint for split, data in tokenized.items()}, "frozen_prefix": {}}
@@ -327,6 +334,11 @@ class LanguageModel(nn.Module):
                 for boundary, key in zip(sorted(set(boundaries)), cache.build(self, data, boundaries, device=device)):
                     found["frozen_prefix"].setdefault(boundary, {})[split] = key
         return found
+
+    def _check_max_length(self, max_length: int | None) -> None:
+        if max_length is not None and max_length > self.max_length:
+            raise ValueError(f"max_length={max_length} is more than {self.name!r} takes: {self.max_length} tokens (its "
+                             f"position embeddings and tokenizer). Use max_length <= {self.max_length}.")
 
     def model_inputs(self, batch: dict) -> dict:
         """The tokenizer outputs this architecture accepts (DistilBERT takes no token_type_ids, say)."""
@@ -408,6 +420,15 @@ class LanguageModel(nn.Module):
 
 
 def _load_config(path: str, trust_remote_code: bool, revision: str | None) -> transformers.PretrainedConfig:
+    folder = Path(path)
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise OSError(f"{folder} is a folder but not a model in Hugging Face layout: it has no config.json "
+                      f"(it holds {', '.join(sorted(p.name for p in folder.iterdir())[:5]) or 'nothing'}).")
+    if folder.is_dir():
+        try:
+            json.loads((folder / "config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise OSError(f"{folder / 'config.json'} is not valid JSON ({error}): the model folder is damaged.") from None
     try:
         return transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
     except ValueError as error:

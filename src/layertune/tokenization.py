@@ -29,13 +29,14 @@ from transformers import PreTrainedTokenizerBase
 
 from layertune import timing
 from layertune.batching import IGNORE_INDEX
-from layertune.tasks import TASKS
 from layertune.corpus import Corpus
+from layertune.io import file_digest, remove_stale_partials
+from layertune.tasks import TASKS
 
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "LAYERTUNE_CACHE"
-CACHE_FORMAT = 1  # bump when the tokenized columns change, so older caches are not reused
+CACHE_FORMAT = 2  # bump when the tokenized columns or the folder change (2: checksums), so older ones are not used
 META_FILE = "layertune_tokenized.json"
 FALLBACK_MAX_LENGTH = 512
 
@@ -109,8 +110,8 @@ def _tokenized_split(corpus: Corpus, split: str, ds: datasets.Dataset, tokenizer
     words = corpus.task_type == "token_classification"
     key = cache_key(ds._fingerprint, identity, max_length, corpus.text_columns, word_labels=words)
     path = root / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', corpus.name)}-{split}-{key}"
-    if (path / META_FILE).is_file():
-        meta = json.loads((path / META_FILE).read_text())
+    meta = _intact_meta(path)
+    if meta is not None:
         _report_truncation(corpus.name, split, meta["num_truncated"], meta["num_examples"], max_length, cached=True)
         _report_unscored_words(corpus.name, split, meta.get("num_unscored_words", 0), cached=True)
         return datasets.load_from_disk(path)
@@ -206,11 +207,15 @@ def first_piece_labels(word_ids: list[int | None], tags: list[int]) -> list[int]
 
 
 def _save_atomically(ds: datasets.Dataset, path: Path, meta: dict) -> None:
+    """Written beside ``path`` and renamed in when complete; if another process got there first, its folder (the
+    same data) is kept. Staging folders of killed writers are removed (`layertune.io`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    remove_stale_partials(path.parent)
+    tmp = path.parent / f".{path.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         ds.save_to_disk(tmp)
+        meta["checksums"] = {f.name: file_digest(f) for f in sorted(tmp.iterdir())}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))  # written last: marks the folder complete
         try:
             os.rename(tmp, path)  # atomic on one filesystem
@@ -219,6 +224,24 @@ def _save_atomically(ds: datasets.Dataset, path: Path, meta: dict) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _intact_meta(path: Path) -> dict | None:
+    """The metadata of a complete, undamaged cache folder; None for a miss. A damaged one (a file missing or changed
+    since it was written) is removed, logged and tokenized again: a corrupt cache is never used."""
+    if not (path / META_FILE).is_file():
+        return None
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+        damaged = [name for name, digest in meta["checksums"].items()
+                   if not (path / name).is_file() or file_digest(path / name) != digest]
+    except (OSError, ValueError, KeyError) as error:
+        damaged = [f"{META_FILE} ({error})"]
+    if not damaged:
+        return meta
+    logger.warning("Tokenized cache %s is damaged (%s); tokenizing again.", path, ", ".join(damaged))
+    shutil.rmtree(path, ignore_errors=True)
+    return None
 
 
 def _report_unscored_words(name: str, split: str, num_words: int, cached: bool) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+HOST_TAG, PID_TAG = "layertune.host", "layertune.pid"  # which process owns a run: a dead owner's run is abandoned
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 
 
@@ -73,15 +75,18 @@ class CellRun:
     @classmethod
     def start(cls, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
               uri: str | None = None) -> CellRun:
-        from mlflow import MlflowClient
+        """A new run ``run_name``; runs of the same name that a dead process left RUNNING end KILLED first."""
         from mlflow.entities import Param
 
         uri = uri or tracking_uri()
-        client = MlflowClient(uri)
-        found = client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else client.create_experiment(
-            experiment, artifact_location=_artifact_location(uri, experiment))
-        run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {}))
+        with _store_lock(uri):  # cells starting together: one creates the store and experiment, the others wait
+            client = _client(uri)
+            found = client.get_experiment_by_name(experiment)
+            experiment_id = found.experiment_id if found else client.create_experiment(
+                experiment, artifact_location=_artifact_location(uri, experiment))
+        end_abandoned_runs(client, experiment_id, run_name)
+        owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+        run = client.create_run(experiment_id, run_name=run_name, tags={**(tags or {}), **owner})
         client.log_batch(run.info.run_id, params=[Param(k, _param_text(v)) for k, v in sorted(params.items())])
         logger.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_id, run_name, experiment, uri)
         return cls(client, run.info.run_id)
@@ -109,6 +114,48 @@ class CellRun:
             self.client.set_terminated(self.run_id, status=status)
             self.ended = status
             logger.info("MLflow run %s ended %s", self.run_id, status)
+
+
+def _client(uri: str):
+    """A client whose store exists: MLflow creates (and migrates) its database when the client first opens it."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    client.search_experiments(max_results=1)
+    return client
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """A file lock beside a SQLite store. MLflow's creation and migration of a new database is not safe for several
+    processes at once (they fail with 'table already exists'), so store creation is done by one at a time."""
+    if not uri.startswith("sqlite:///"):
+        yield  # a server serializes on its own
+        return
+    import fcntl
+
+    database = Path(uri.removeprefix("sqlite:///")).expanduser().absolute()
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def end_abandoned_runs(client, experiment_id: str, run_name: str) -> list[str]:
+    """Runs named ``run_name`` still RUNNING whose process died on this machine (a SIGKILL, a power cut) end KILLED:
+    a rerun of a cell leaves one live run, never a run forever RUNNING. Returns the ids it ended."""
+    from layertune.io import process_alive
+
+    ended = []
+    for run in client.search_runs([experiment_id], filter_string=f"attributes.run_name = '{run_name}' and "
+                                                                 "attributes.status = 'RUNNING'"):
+        host, pid = run.data.tags.get(HOST_TAG), run.data.tags.get(PID_TAG, "")
+        if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
+            client.set_terminated(run.info.run_id, status=KILLED)
+            ended.append(run.info.run_id)
+            logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended KILLED", run.info.run_id,
+                        run_name)
+    return ended
 
 
 def experiment_name(study: str) -> str:

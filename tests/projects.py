@@ -1,0 +1,87 @@
+"""Tiny study projects for tests: this repository's pipelines and conf, a toy data mirror in the official layouts,
+tiny random models, and a way to run a stage through Kedro as `kedro run` does."""
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from layertune.testing import make_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY_SENTENCES = ["the movie was great", "a good film", "best story ever", "i love this plot",
+                 "the movie was awful", "a bad film", "worst story ever", "i hate this plot"]
+
+
+def write_toy_mirror(root: Path) -> Path:
+    """glue/SST-2 and ner/conll2003 in their official layouts, a few dozen lines each."""
+    sst2 = root / "glue" / "SST-2"
+    sst2.mkdir(parents=True)
+    for split, repeats in (("train", 6), ("dev", 3)):
+        rows = [f"{s} {'really ' * (i % 3)}\t{int(j < 4)}" for i in range(repeats) for j, s in enumerate(TOY_SENTENCES)]
+        (sst2 / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    conll = root / "ner" / "conll2003"
+    conll.mkdir(parents=True)
+    sentence = ["EU NNP B-NP I-ORG", "rejects VBZ B-VP O", "German JJ B-NP I-MISC", "call NN I-NP O",
+                "by IN B-PP O", "Peter NNP B-NP I-PER", "in IN B-PP O", "Paris NNP B-NP I-LOC"]
+    for split, repeats in (("train", 12), ("dev", 6), ("test", 5)):
+        (conll / f"{split}.txt").write_text("-DOCSTART- -X- -X- O\n\n" + "\n\n".join(
+            "\n".join(sentence[i % 3 :] + sentence[: i % 3]) for i in range(repeats)) + "\n")
+    return root
+
+
+def study(kind: str, tasks: list, encoders: dict, layers: list, seeds: list, **extra) -> dict:
+    return {"report": {"kind": kind, "resamples": 200, "examples": 2}, "tasks": tasks, "encoders": encoders,
+            "tunable_layers": layers, "seeds": seeds, "data": {"seed": 1},
+            "training": {"learning_rate": 1.0e-3, "batch_size": 8, "epochs": 2, "max_length": 32}, **extra}
+
+
+def study(kind: str, tasks: list, encoders: dict, layers: list, seeds: list, **extra) -> dict:
+    return {"report": {"kind": kind, "resamples": 200, "examples": 2}, "tasks": tasks, "encoders": encoders,
+            "tunable_layers": layers, "seeds": seeds, "data": {"seed": 1},
+            "training": {"learning_rate": 1.0e-3, "batch_size": 8, "epochs": 2, "max_length": 32}, **extra}
+
+
+def make_project(folder: Path, params: dict) -> Path:
+    """A project folder with this repository's pipelines and conf, ``params``, the toy mirror and tiny models
+    ``models/tiny-a`` and ``models/tiny-b`` (another vocabulary)."""
+    for name in ("pipelines", "conf"):
+        shutil.copytree(ROOT / name, folder / name)
+    shutil.copy(ROOT / "pyproject.toml", folder)
+    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    write_toy_mirror(folder / "mirror")
+    make_tiny_model(folder / "models" / "tiny-a", "bert", seed=0)
+    make_tiny_model(folder / "models" / "tiny-b", "bert", seed=1, extra_words=("really", "peter", "paris"))
+    return folder
+
+
+def project_env(project: Path) -> dict:
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "LAYERTUNE_DATA_MIRROR": "",
+            "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT / "src")}
+
+
+@contextlib.contextmanager
+def inside(project: Path):
+    """Working folder and environment of a stage of ``project``, restored afterwards."""
+    previous_dir, previous_env = Path.cwd(), dict(os.environ)
+    os.chdir(project)
+    os.environ.update(project_env(project))
+    try:
+        from kedro.framework.startup import bootstrap_project
+
+        bootstrap_project(project)
+        yield
+    finally:
+        os.chdir(previous_dir)
+        os.environ.clear()
+        os.environ.update(previous_env)
+
+
+def run(project: Path, pipeline: str, **runtime) -> None:
+    """One stage through a Kedro session, as `kedro run --pipelines <pipeline> --params ...` runs it."""
+    from kedro.framework.session import KedroSession
+
+    with inside(project), KedroSession.create(project_path=project, runtime_params=runtime) as session:
+        session.run(pipeline_names=[pipeline])
