@@ -12,12 +12,14 @@ from layertune.corpus import Corpus
 from layertune.reports import build_report
 from layertune.reports.common import Setting, StudyResults
 from layertune.reports.layers import recommend
+from layertune.statistics import Estimate
 from layertune.stages import score_cells
 from layertune.study import plan_studies
 
 
 def setting(layers, samples, scores=(0.8,)) -> Setting:
-    return Setting("sst2", "m", layers, "accuracy", list(scores), np.asarray(samples))
+    """One seed's full-dev score and its resamples."""
+    return Setting("sst2", "m", layers, "accuracy", Estimate(np.asarray(scores, dtype=float), np.asarray([samples])))
 
 
 def test_recommends_the_fewest_layers_shown_within_tolerance():

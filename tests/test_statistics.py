@@ -1,9 +1,9 @@
-"""Bootstrap intervals over examples and seeds, and paired comparisons."""
+"""Intervals over dev examples and seeds, and paired comparisons."""
 
 import numpy as np
 import pytest
 
-from layertune.statistics import Resamples, better_or_worse, interval, within_tolerance
+from layertune.statistics import Estimate, Resamples, better_or_worse, interval, within_tolerance
 
 
 def correct_by_chance(rng, n: int, accuracy: float) -> list[int]:
@@ -11,30 +11,40 @@ def correct_by_chance(rng, n: int, accuracy: float) -> list[int]:
     return (rng.random(n) < accuracy).astype(int).tolist()
 
 
-def test_draws_are_reproducible_and_shaped():
-    a, b = Resamples.draw(50, 3, resamples=20), Resamples.draw(50, 3, resamples=20)
-    assert np.array_equal(a.examples, b.examples) and np.array_equal(a.seeds, b.seeds)
-    assert a.examples.shape == (20, 50) and a.seeds.shape == (20, 3) and a.seeds.max() < 3
+def estimate(draws: Resamples, predictions_by_seed: list[list[int]]) -> Estimate:
+    scores = [float(np.mean(p)) for p in predictions_by_seed]
+    return draws.estimate(["accuracy"], "accuracy", predictions_by_seed, [1] * draws.examples.shape[1], scores)
+
+
+def test_draws_are_reproducible():
+    assert np.array_equal(Resamples.draw(50, 20).examples, Resamples.draw(50, 20).examples)
+    assert Resamples.draw(50, 20).examples.shape == (20, 50)
 
 
 def test_interval_covers_the_true_accuracy_about_95_percent_of_the_time():
+    """One seed: the interval is the bootstrap over dev examples."""
     rng = np.random.default_rng(0)
-    draws = Resamples.draw(200, 1, resamples=400)
-    covered = 0
+    draws = Resamples.draw(200, 400)
+    hits = 0
     for _ in range(120):
-        predictions = correct_by_chance(rng, 200, 0.7)
-        low, high = interval(draws.scores(["accuracy"], "accuracy", [predictions], [1] * 200))
-        covered += low <= 0.7 <= high
-    assert 0.88 <= covered / 120 <= 0.99
+        low, high = interval(estimate(draws, [correct_by_chance(rng, 200, 0.7)]))
+        hits += low <= 0.7 <= high
+    assert 0.88 <= hits / 120 <= 0.99
 
 
-def test_seeds_widen_the_interval():
-    """Two seeds that disagree a lot give a wider interval than one seed: the seed is a source of variance."""
+def test_the_seed_part_follows_student_t():
+    """Two seeds that disagree widen the interval by t(0.975, 1) times their standard error: with few seeds the
+    seed-to-seed variation is not underestimated."""
+    from scipy.stats import t
+
     rng = np.random.default_rng(1)
+    draws = Resamples.draw(300)
     good, bad = correct_by_chance(rng, 300, 0.85), correct_by_chance(rng, 300, 0.65)
-    one = interval(Resamples.draw(300, 1).scores(["accuracy"], "accuracy", [good], [1] * 300))
-    two = interval(Resamples.draw(300, 2).scores(["accuracy"], "accuracy", [good, bad], [1] * 300))
-    assert two[1] - two[0] > 1.5 * (one[1] - one[0])
+    both = estimate(draws, [good, bad])
+    same = Estimate(both.scores * 0 + both.scores.mean(), both.samples)  # no seed spread, same dev part
+    widening = (interval(both)[1] - interval(both)[0]) - (interval(same)[1] - interval(same)[0])
+    expected = 2 * t.ppf(0.975, 1) * np.std(both.scores, ddof=1) / np.sqrt(2)
+    assert widening == pytest.approx(expected)
 
 
 def test_pairing_separates_what_separate_intervals_cannot():
@@ -45,13 +55,13 @@ def test_pairing_separates_what_separate_intervals_cannot():
     b = list(a)
     for index in [i for i, p in enumerate(a) if p == 0][:12]:
         b[index] = 1
-    draws = Resamples.draw(300, 1)
-    sa, sb = (draws.scores(["accuracy"], "accuracy", [p], [1] * 300) for p in (a, b))
-    assert interval(sa)[1] > interval(sb)[0]  # overlapping
-    comparison = better_or_worse(sb, sa, observed=0.04)
-    assert comparison.verdict == "yes" and comparison.low > 0
-    assert better_or_worse(sa, sb, observed=-0.04).verdict == "no"
-    assert better_or_worse(sa, sa, observed=0.0).verdict == "undecided"
+    draws = Resamples.draw(300)
+    ea, eb = estimate(draws, [a]), estimate(draws, [b])
+    assert interval(ea)[1] > interval(eb)[0]  # overlapping
+    comparison = better_or_worse(eb, ea)
+    assert comparison.verdict == "yes" and comparison.low > 0 and comparison.difference == pytest.approx(0.04)
+    assert better_or_worse(ea, eb).verdict == "no"
+    assert better_or_worse(ea, ea).verdict == "undecided"
 
 
 @pytest.mark.parametrize(("accuracy", "n", "verdict"),
@@ -59,17 +69,24 @@ def test_pairing_separates_what_separate_intervals_cannot():
 def test_within_tolerance_says_what_the_data_shows(accuracy, n, verdict):
     rng = np.random.default_rng(3)
     best = correct_by_chance(rng, n, 0.90)
-    candidate = [p if rng.random() > abs(0.90 - accuracy) * 1.2 else 0 for p in best]
-    if accuracy == 0.90:
-        candidate = best
-    draws = Resamples.draw(n, 1)
-    scores = [draws.scores(["accuracy"], "accuracy", [p], [1] * n) for p in (candidate, best)]
-    observed = np.mean(candidate) - np.mean(best)
-    result = within_tolerance(*scores, observed=observed, tolerance=0.02)
+    candidate = best if accuracy == 0.90 else [p if rng.random() > abs(0.90 - accuracy) * 1.2 else 0 for p in best]
+    draws = Resamples.draw(n)
+    result = within_tolerance(estimate(draws, [candidate]), estimate(draws, [best]), tolerance=0.02)
     assert result.verdict == verdict
-    assert result.low <= observed <= result.high
+    assert result.low <= result.difference <= result.high
 
 
-def test_settings_must_bring_one_prediction_list_per_seed():
-    with pytest.raises(ValueError, match="1 seeds of predictions for draws over 2"):
-        Resamples.draw(3, 2).scores(["accuracy"], "accuracy", [[1, 0, 1]], [1, 1, 1])
+def test_seeds_that_disagree_leave_the_data_undecided():
+    """On each seed alone the candidate is clearly worse or clearly fine; over two seeds that disagree this much,
+    nothing can be claimed."""
+    rng = np.random.default_rng(4)
+    draws = Resamples.draw(2000)
+    best = [correct_by_chance(rng, 2000, 0.9), correct_by_chance(rng, 2000, 0.9)]
+    candidate = [best[0], [p if rng.random() > 0.12 else 0 for p in best[1]]]
+    assert within_tolerance(estimate(draws, candidate), estimate(draws, best), 0.02).verdict == "undecided"
+
+
+def test_paired_settings_need_the_same_seeds():
+    draws = Resamples.draw(3)
+    with pytest.raises(ValueError, match="same seeds"):
+        estimate(draws, [[1, 0, 1]]).minus(estimate(draws, [[1, 0, 1], [1, 1, 1]]))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from layertune.cell import CombineSpec, EncoderSpec, HeadSpec
+from layertune.cell import CombineSpec, CorpusSpec, EncoderSpec, HeadSpec
 from layertune.profiles import apply_overrides, dvc_arguments, load_profile
 from layertune.stages import prepare_corpus
 from layertune.study import DataSpec, ParamsError, ReportKind, plan_studies, validate_params
@@ -157,7 +157,7 @@ def test_specs_take_exactly_the_library_arguments():
     assert {"method" if n == "combine_method" else n
             for n in arguments(MultiEncoder.__init__, ("language_models",))} == set(CombineSpec.model_fields)
     assert "args" in arguments(ModelTrainer.train)  # train(args=TrainingArguments(...)) or its fields as keywords
-    assert set(DataSpec.model_fields) == {"train_size", "dev_size", "seed", "balanced"}
+    assert set(DataSpec.model_fields) == set(CorpusSpec.model_fields) - {"task", "config"}
     assert {"learning_rate", "head_learning_rate", "epochs", "max_length"} <= set(TrainingArguments.model_fields)
 
 

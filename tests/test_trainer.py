@@ -186,3 +186,10 @@ def test_a_non_finite_loss_stops_training_with_a_clear_error(tiny_bert, tmp_path
     with pytest.raises(FloatingPointError, match=r"training loss became (inf|nan) at epoch 1, step \d+"):
         trainer.train(tmp_path / "run", progress=False, **FAST)
     assert not (tmp_path / "run").exists()
+
+
+def test_scoring_dev_only_after_the_last_epoch_keeps_the_last_weights(tiny_bert, toy_corpus, tmp_path):
+    result = ModelTrainer(build(tiny_bert, 2), toy_corpus, cache_dir=tmp_path).train(
+        progress=False, **{**FAST, "epochs": 3}, eval_strategy="end")
+    assert [("eval_accuracy" in record) for record in result.history] == [False, False, True]
+    assert result.best_epoch == 3 and result.best_metrics["eval_accuracy"] == result.history[-1]["eval_accuracy"]

@@ -44,12 +44,17 @@ class CorpusSpec(Spec):
     dev_size: PositiveInt | None = Field(None, description="at most this many dev examples; null: all")
     seed: int = Field(42, description="seed of the subsample (and of a dev split carved from train)")
     balanced: bool | None = Field(None, description="equal classes; null: the task's default (IMDb: balanced)")
+    test: bool = Field(True, description="keep a labelled test split (its predictions are scored with the best "
+                                         "weights); false leaves it out")
 
     def load(self, data_mirror: str | os.PathLike | None = None) -> Corpus:
+        import dataclasses
+
         from layertune.corpora import load_corpus
 
-        return load_corpus(self.task, self.config, data_mirror=data_mirror, train_size=self.train_size,
-                           dev_size=self.dev_size, seed=self.seed, balanced=self.balanced)
+        corpus = load_corpus(self.task, self.config, data_mirror=data_mirror, train_size=self.train_size,
+                             dev_size=self.dev_size, seed=self.seed, balanced=self.balanced)
+        return corpus if self.test else dataclasses.replace(corpus, test=None)
 
 
 class EncoderSettings(Spec):

@@ -23,14 +23,16 @@ TRAINING_FIGURES = ("best_epoch", "train_time_s", "samples_per_s", "trainable_pa
 def prepare_corpus(load: Callable[..., Corpus], data: DataSpec) -> Corpus:
     """The seeded subsample a study trains on: at most ``train_size`` / ``dev_size`` examples (stratified, or
     balanced), dev carved from train when the task has none. ``load(**options)`` is `load_corpus` on raw files."""
+    import dataclasses
+
     full = load()
     sizes = {"train_size": data.train_size, "dev_size": data.dev_size}
     for split, size in sizes.items():
         if size is not None and size >= len(getattr(full, split.removesuffix("_size"))):
             sizes[split] = None  # "at most": a smaller split is kept whole
-    if sizes == {"train_size": None, "dev_size": None} and data.balanced is None:
-        return full
-    return load(**sizes, seed=data.seed, balanced=data.balanced)
+    if sizes != {"train_size": None, "dev_size": None} or data.balanced is not None:
+        full = load(**sizes, seed=data.seed, balanced=data.balanced)
+    return full if data.test else dataclasses.replace(full, test=None)
 
 
 def build_features(corpora: Mapping[str, Corpus], plan: FeaturePlan, cache_root: str | Path) -> dict[str, dict]:

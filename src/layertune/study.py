@@ -127,6 +127,7 @@ class DataSpec(Spec):
     dev_size: PositiveInt | None = None
     seed: int = 42
     balanced: bool | None = None
+    test: bool = True
 
 
 class SingleEncoder(EncoderSettings):

@@ -161,15 +161,17 @@ class ModelTrainer:
             train_time += epoch_time
             timing.add("training", epoch_time)
 
-            scores, dev_predictions = self.evaluate(score_loaders["dev"], accelerator)
             record = {"epoch": epoch, "train_loss": sum(losses) / len(losses), "epoch_time_s": epoch_time,
                       "train_samples_per_s": len(splits["train"]) / epoch_time,
-                      "learning_rate": scheduler.get_last_lr()[0], **scores}
+                      "learning_rate": scheduler.get_last_lr()[0]}
+            if args.eval_strategy == "epoch" or epoch == args.epochs:
+                scores, dev_predictions = self.evaluate(score_loaders["dev"], accelerator)
+                record.update(scores)
+                if best is None or record[main_key] > best[main_key]:
+                    best, best_predictions = record, dev_predictions
+                    best_weights = {k: v.detach().clone() for k, v in _trainable_state(model).items()}
             history.append(record)
             logger.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items()})
-            if best is None or record[main_key] > best[main_key]:
-                best, best_predictions = record, dev_predictions
-                best_weights = {k: v.detach().clone() for k, v in _trainable_state(model).items()}
 
         model = accelerator.unwrap_model(model)
         model.load_state_dict(best_weights, strict=False)

@@ -23,6 +23,8 @@ class TrainingArguments(BaseModel):
     batch_size: PositiveInt = 16
     eval_batch_size: PositiveInt | None = Field(None, description="default: batch_size")
     epochs: PositiveInt = 3
+    eval_strategy: Literal["epoch", "end"] = Field(
+        "epoch", description="score dev after every epoch and keep the best, or only after the last (keep the last)")
     shuffle_data: bool = True
     weight_decay: float = Field(0.0, ge=0)
     warmup_ratio: float = Field(0.0, ge=0, le=1)

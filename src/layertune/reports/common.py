@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from layertune.statistics import Resamples, interval
+from layertune.statistics import Estimate, Resamples, interval
 from layertune.study import StudyPlan, layers_order
 
 if TYPE_CHECKING:
@@ -56,31 +56,34 @@ class Report:
 
 @dataclass
 class Setting:
-    """One (task, encoder, tunable layers): its seeds' scores and the bootstrap resamples of their mean."""
+    """One (task, encoder, tunable layers): its seeds' dev scores and their resamples (`layertune.statistics`)."""
 
     task: str
     encoder: str
     tunable_layers: int | str
     metric: str
-    scores: list[float]
-    samples: np.ndarray = field(repr=False)
+    estimate: Estimate = field(repr=False)
     confidence: float = 0.95
 
     @property
+    def scores(self) -> list[float]:
+        return self.estimate.scores.tolist()
+
+    @property
     def mean(self) -> float:
-        return float(np.mean(self.scores))
+        return self.estimate.mean
 
     @property
     def std(self) -> float:
-        return float(np.std(self.scores, ddof=1)) if len(self.scores) > 1 else math.nan
+        return float(np.std(self.estimate.scores, ddof=1)) if self.estimate.seeds > 1 else math.nan
 
     @property
     def interval(self) -> tuple[float, float]:
-        return interval(self.samples, self.confidence)
+        return interval(self.estimate, self.confidence)
 
 
 def settings(results: StudyResults, split: str = "dev") -> list[Setting]:
-    """Every setting of the study, in grid order, with paired bootstrap resamples per task."""
+    """Every setting of the study, in grid order; the settings of a task share their dev resamples (paired)."""
     from layertune.metrics import metric_for
 
     plan, options = results.plan, results.options
@@ -90,16 +93,16 @@ def settings(results: StudyResults, split: str = "dev") -> list[Setting]:
         groups = {cell.setting: [c for c in cells if c.setting == cell.setting] for cell in cells}
         corpus = results.corpora[task]()
         references = results.cells[cells[0].key].predictions()[split]["references"]
-        draws = Resamples.draw(len(references), len(plan.spec.seeds), options.resamples)
+        draws = Resamples.draw(len(references), options.resamples)
         metrics = metric_for(corpus.main_metric, corpus.metrics)
+        scores = results.scores.set_index("key")[f"{split}_{corpus.main_metric}"]
         for (_, encoder, layers), group in groups.items():
             predictions = [results.cells[cell.key].predictions()[split] for cell in group]
             if any(p["references"] != references for p in predictions):
                 raise ValueError(f"{task}: the cells of {plan.name} were scored on different {split} examples")
-            samples = draws.scores(metrics, corpus.main_metric, [p["predictions"] for p in predictions], references)
-            scores = results.scores.set_index("key").loc[[cell.key for cell in group], f"{split}_{corpus.main_metric}"]
-            found.append(Setting(task, encoder, layers, corpus.main_metric, [float(s) for s in scores], samples,
-                                 options.confidence))
+            estimate = draws.estimate(metrics, corpus.main_metric, [p["predictions"] for p in predictions], references,
+                                      [float(scores[cell.key]) for cell in group])
+            found.append(Setting(task, encoder, layers, corpus.main_metric, estimate, options.confidence))
     return found
 
 
@@ -173,9 +176,13 @@ def setup_text(results: StudyResults) -> str:
         + ("".join(f"; with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
                    for k, o in spec.per_tunable_layers.items())) +
         f"; the epoch with the best dev score is kept; seeds {', '.join(map(str, spec.seeds))}.\n"
-        f"- Scores in points (×100): mean ± std over seeds, and in brackets a {options.confidence:.0%} bootstrap "
-        f"interval over dev examples and seeds ({options.resamples:,} resamples). Dev also picks the best epoch, so "
-        "scores are slightly optimistic.\n"
+        f"- Scores in points (×100): mean ± std over seeds, and in brackets a {options.confidence:.0%} interval that "
+        f"covers both the choice of dev examples (bootstrap, {options.resamples:,} resamples, shared by all settings "
+        "of a task so that comparisons are paired) and of seeds (Student t over the seeds)."
+        + (" With one seed, seed-to-seed variation is not measured: the intervals cover dev examples only."
+           if len(spec.seeds) == 1 else "")
+        + (" Dev also picks the best epoch, so scores are slightly optimistic." if training.eval_strategy == "epoch"
+           else " Dev is scored once, after the last epoch.") + "\n"
     )
 
 
@@ -241,6 +248,8 @@ def learning_curves_figure(results: StudyResults, task: str, encoder: str):
         metric = results.scores.set_index("key").loc[cell.key, "metric"]
         for record in results.cells[cell.key].history():
             for series, panel in (("train_loss", "loss"), ("eval_loss", "loss"), (f"eval_{metric}", metric)):
+                if series not in record:  # dev scored after the last epoch only (eval_strategy "end")
+                    continue
                 rows.append({"tunable_layers": str(cell.tunable_layers), "seed": str(cell.seed),
                              "epoch": record["epoch"], "series": series, "panel": panel, "value": record[series]})
     curves = pd.DataFrame(rows)

@@ -40,8 +40,7 @@ def compare(results: StudyResults, group: list[Setting]) -> tuple[Setting, dict[
     """The reference (best single encoder, else best encoder) and every other encoder against it."""
     singles = [s for s in group if not is_combined(results, s.encoder)] or group
     reference = max(singles, key=lambda s: s.mean)
-    return reference, {s.encoder: better_or_worse(s.samples, reference.samples, s.mean - reference.mean,
-                                                  results.options.confidence)
+    return reference, {s.encoder: better_or_worse(s.estimate, reference.estimate, results.options.confidence)
                        for s in group if s is not reference}
 
 

@@ -69,7 +69,7 @@ def recommend(group: list[Setting], tolerance: float, confidence: float) -> Reco
 def _against(setting: Setting, best: Setting, tolerance: float, confidence: float) -> Comparison:
     if setting is best:  # good enough by definition (with tolerance 0 its own test could not pass)
         return Comparison(0.0, 0.0, 0.0, "yes")
-    return within_tolerance(setting.samples, best.samples, setting.mean - best.mean, tolerance, confidence)
+    return within_tolerance(setting.estimate, best.estimate, tolerance, confidence)
 
 
 def recommendations(found: list[Setting], tolerance: float, confidence: float) -> list[Recommendation]:
