@@ -1,5 +1,6 @@
 # Two entry points, each doing its own set-up on a fresh machine:
-#   make study   install, then build the three default studies (`dvc repro` → reports/)
+#   make study   install, then build the three default studies (`dvc repro` → reports/); JOBS=4 trains four cells
+#                at a time (`layertune repro --jobs 4`, one GPU each when there are GPUs)
 #   make test    install, then run the test suite
 # Everything runs from a project virtual environment (.venv): a system Python may refuse packages (PEP 668), and
 # the study should not depend on what else is installed. Set PYTHON to choose the interpreter that creates it.
@@ -31,8 +32,9 @@ $(VENV)/bin/python:
 	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "make: '$(PYTHON) -m venv' could not create $(VENV)." \
 	  "On Debian or Ubuntu: sudo apt install python3-venv (or set PYTHON=/path/to/python3 with venv)." >&2; exit 1; }
 
+JOBS ?= 1
 study: setup
-	dvc repro
+	$(if $(filter 1,$(JOBS)),dvc repro,layertune repro --jobs $(JOBS))
 
 test: setup
 	OMP_WAIT_POLICY=PASSIVE python -m pytest -n 2  # idle OpenMP threads sleep: two workers share two cores

@@ -144,7 +144,10 @@ class TrainedCellDataset(AbstractDataset[Any, Any]):
         return CellFolder(self._path)
 
     def save(self, data: Any) -> None:
-        data.save(self._path)
+        from layertune.distributed import is_main_process
+
+        if is_main_process():  # a data-parallel cell (accelerate launch) is written once
+            data.save(self._path)
 
     def _exists(self) -> bool:
         return (self._path / "cell.json").is_file()

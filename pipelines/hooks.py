@@ -37,7 +37,9 @@ class MlflowCellHook:
 
     @hook_impl
     def before_node_run(self, node, inputs) -> None:
-        if MLFLOW_TAG not in node.tags:
+        from layertune.distributed import is_main_process
+
+        if MLFLOW_TAG not in node.tags or not is_main_process():  # a data-parallel cell is one run
             return
         from layertune import tracking
 

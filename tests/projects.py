@@ -38,12 +38,6 @@ def study(kind: str, tasks: list, encoders: dict, layers: list, seeds: list, **e
             "training": {"learning_rate": 1.0e-3, "batch_size": 8, "epochs": 2, "max_length": 32}, **extra}
 
 
-def study(kind: str, tasks: list, encoders: dict, layers: list, seeds: list, **extra) -> dict:
-    return {"report": {"kind": kind, "resamples": 200, "examples": 2}, "tasks": tasks, "encoders": encoders,
-            "tunable_layers": layers, "seeds": seeds, "data": {"seed": 1},
-            "training": {"learning_rate": 1.0e-3, "batch_size": 8, "epochs": 2, "max_length": 32}, **extra}
-
-
 def make_project(folder: Path, params: dict) -> Path:
     """A project folder with this repository's pipelines and conf, ``params``, the toy mirror and tiny models
     ``models/tiny-a`` and ``models/tiny-b`` (another vocabulary)."""
@@ -85,3 +79,22 @@ def run(project: Path, pipeline: str, **runtime) -> None:
 
     with inside(project), KedroSession.create(project_path=project, runtime_params=runtime) as session:
         session.run(pipeline_names=[pipeline])
+
+
+def make_dvc_project(folder: Path, params: dict) -> Path:
+    """`make_project` with this repository's dvc.yaml, as a git repository with DVC set up and everything committed
+    (clones of it are the machines of a team)."""
+    import subprocess
+
+    make_project(folder, params)
+    shutil.copytree(ROOT / "src" / "layertune", folder / "src" / "layertune",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(ROOT / name, folder / name)
+    for command in (["git", "init", "--quiet"], ["dvc", "init", "--quiet"]):
+        subprocess.run(command, cwd=folder, check=True, capture_output=True)
+    shutil.copy(ROOT / ".dvc" / "config", folder / ".dvc" / "config")  # this repository's settings and remote
+    for command in (["git", "add", "-A"], ["git", "-c", "user.name=test", "-c", "user.email=test@example.com",
+                                           "commit", "--quiet", "-m", "tiny studies"]):
+        subprocess.run(command, cwd=folder, check=True, capture_output=True)
+    return folder

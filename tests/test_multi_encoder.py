@@ -93,7 +93,7 @@ def test_parameter_parts_name_the_encoder(encoder_dirs):
 @pytest.mark.parametrize("combine_method", ["concat", "dme"])
 def test_save_and_load_predict_identically(encoder_dirs, tmp_path, combine_method):
     transformers.set_seed(0)
-    lms = [LanguageModel(encoder_dirs[0], tunable_layers=1), LanguageModel(encoder_dirs[1], hidden_dropout_prob=0.3)]
+    lms = [LanguageModel(encoder_dirs[0], tunable_layers=1), LanguageModel(encoder_dirs[1], tunable_layers="all", hidden_dropout_prob=0.3)]
     model = TextRegressor(MultiEncoder(lms, combine_method, dropout=0.2))
     ModelTrainer(model, toy_sentiment_corpus(16, 8, regression=True), cache_dir=tmp_path).train(progress=False,
                                                                                                 **FAST)
@@ -140,8 +140,8 @@ def test_learning_rate_list_of_wrong_length_fails_before_any_step(encoder_dirs, 
 
 
 def test_bad_input_is_named(encoder_dirs):
-    lm = LanguageModel(encoder_dirs[0])
-    other = LanguageModel(encoder_dirs[1])
+    lm = LanguageModel(encoder_dirs[0], tunable_layers=1)
+    other = LanguageModel(encoder_dirs[1], tunable_layers=1)
     cases = [
         (lambda: MultiEncoder([]), ValueError, "at least two language models; got 0"),
         (lambda: MultiEncoder([lm]), ValueError, "use the LanguageModel itself"),
@@ -163,7 +163,7 @@ def test_attention_needs_dme(encoder_dirs, combine_method):
     if combine_method:
         model = build(encoder_dirs, combine_method)
     else:
-        model = TextClassifier(LanguageModel(encoder_dirs[0]), 2)
+        model = TextClassifier(LanguageModel(encoder_dirs[0], tunable_layers=1), 2)
     expected = "combine_method='concat', which has no attention" if combine_method else "a single LanguageModel"
     with pytest.raises(ValueError, match=expected):
         model.predict_with_attention(SENTENCES)

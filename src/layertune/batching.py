@@ -57,21 +57,27 @@ class PadCollator:
 
 def make_loader(
     examples: Dataset, batch_size: int, *, shuffle: bool = False, seed: int = 0, group_by_length: bool = False,
-    longest_first: bool = False,
+    longest_first: bool = False, shard: tuple[int, int] = (0, 1),
 ) -> DataLoader:
     """A seeded loader: same seed → same batches. ``group_by_length`` buckets similar lengths to cut padding.
 
     ``longest_first`` (without shuffling) is for scoring, where the order does not matter: every batch then pads
-    to nearly its own length.
+    to nearly its own length. ``shard=(i, n)`` (scoring only) keeps the examples whose index is i modulo n: process
+    i's share of n scoring processes, every example scored exactly once.
     ``examples`` brings its own ``collate`` (how to pad its features) and ``lengths`` (tokens per example).
     """
+    index, count = shard
+    if count > 1 and shuffle:
+        raise ValueError("shard is for scoring loaders; a training loader is sharded by accelerate's prepare")
     generator = torch.Generator().manual_seed(seed)
     if shuffle and group_by_length:
         sampler = LengthGroupedSampler(batch_size, lengths=examples.lengths, generator=generator)
     elif shuffle:
         sampler = RandomSampler(examples, generator=generator)
     elif longest_first:
-        sampler = sorted(range(len(examples)), key=lambda i: -examples.lengths[i])
+        sampler = sorted(range(index, len(examples), count), key=lambda i: -examples.lengths[i])
+    elif count > 1:
+        sampler = range(index, len(examples), count)
     else:
         sampler = SequentialSampler(examples)
     return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=examples.collate)

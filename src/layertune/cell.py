@@ -157,13 +157,14 @@ def train_cell(spec: CellSpec, output_dir: str | Path | None = None, *, corpus: 
     ``corpus`` is the cell's data when already loaded (the pipeline's prepared splits); otherwise it is loaded from
     ``spec.corpus``. ``cache_dir`` holds the tokenized splits and frozen-prefix states (see `layertune.frozen_prefix`).
     """
+    from layertune.distributed import is_main_process
     from layertune.trainer import ModelTrainer
 
     corpus = corpus if corpus is not None else spec.corpus.load(data_mirror)
     model = spec.build_model(corpus)
     trainer = ModelTrainer(model, corpus, cache_dir=cache_dir)
     trained = TrainedCell(spec, trainer.train(args=spec.training, progress=progress), trainer.model)
-    if output_dir is not None:
+    if output_dir is not None and is_main_process():  # one folder, whatever the number of processes
         trained.save(output_dir)
     return trained
 

@@ -1,5 +1,6 @@
 """Command line: ``layertune train-cell --task sst2 --model sentence-transformers/all-MiniLM-L6-v2 --tunable-layers 2
---seed 1 --output-dir runs/sst2-k2``, or ``layertune train-cell --spec cell.json --output-dir runs/x``.
+--seed 1 --output-dir runs/sst2-k2``, or ``layertune train-cell --spec cell.json --output-dir runs/x``; and
+``layertune repro --jobs 4`` to build the studies with four cells at a time (`layertune.parallel`).
 
 Every option is a field of `layertune.cell.CellSpec` (``--seed`` is the training seed, ``--data-seed`` the
 subsample's), generated from it, so the command line takes exactly what the library takes, checked the same way.
@@ -48,13 +49,16 @@ def _parser() -> argparse.ArgumentParser:
     cell.add_argument("--spec", type=Path, help="a CellSpec as JSON (options given too override it)")
     cell.add_argument("--data-mirror", help="local data folder (default: $LAYERTUNE_DATA_MIRROR)")
     cell.add_argument("--cache-dir", help="tokenized-data and frozen-prefix cache (default: $LAYERTUNE_CACHE)")
+    build = commands.add_parser("repro", help="dvc repro with several cells at a time (run in the project folder)")
+    build.add_argument("studies", nargs="*", help="studies to build (default: every study of params.yaml)")
+    build.add_argument("-j", "--jobs", type=int, default=1, help="cells trained at a time (one GPU each, if any)")
     for section, model, renamed in _models():
         group = cell.add_argument_group(f"{section} ({model.__name__})")
         for name, field in model.model_fields.items():
             option = renamed.get(name, name)
-            help_text = field.description or ""
+            default = "required" if field.is_required() else f"default: {field.default!r}"
             group.add_argument(f"--{option.replace('_', '-')}", dest=f"{section}.{name}", type=_value,
-                               default=argparse.SUPPRESS, help=f"{help_text} (default: {field.default!r})".strip())
+                               default=argparse.SUPPRESS, help=f"{field.description or ''} ({default})".strip())
     return parser
 
 
@@ -75,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     from layertune.errors import describe_validation_error
 
     args = vars(_parser().parse_args(argv))
+    if args["command"] == "repro":
+        from layertune.parallel import main as repro
+
+        return repro([*args["studies"], "--jobs", str(args["jobs"])])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         base = json.loads(args.pop("spec").read_text()) if args.get("spec") else None

@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST_TAG, PID_TAG = "layertune.host", "layertune.pid"  # which process owns a run: a dead owner's run is abandoned
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+# The kind of experiment the MLflow UI (3.x) shows: a model-training experiment opens on its runs table. Without it
+# the UI guesses, and opens ours on its GenAI overview page.
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def tracking_uri() -> str:
@@ -83,12 +86,17 @@ class CellRun:
             client = _client(uri)
             found = client.get_experiment_by_name(experiment)
             experiment_id = found.experiment_id if found else client.create_experiment(
-                experiment, artifact_location=_artifact_location(uri, experiment))
+                experiment, artifact_location=_artifact_location(uri, experiment), tags=EXPERIMENT_TAGS)
+            if found and any(found.tags.get(k) != v for k, v in EXPERIMENT_TAGS.items()):
+                for key, value in EXPERIMENT_TAGS.items():  # an experiment made before the tag existed
+                    client.set_experiment_tag(experiment_id, key, value)
         end_abandoned_runs(client, experiment_id, run_name)
         owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         run = client.create_run(experiment_id, run_name=run_name, tags={**(tags or {}), **owner})
         client.log_batch(run.info.run_id, params=[Param(k, _param_text(v)) for k, v in sorted(params.items())])
         logger.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_id, run_name, experiment, uri)
+        if uri.startswith(("http://", "https://")):
+            logger.info("The study's runs: %s", runs_page(uri, experiment_id))
         return cls(client, run.info.run_id)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0,
@@ -156,6 +164,11 @@ def end_abandoned_runs(client, experiment_id: str, run_name: str) -> list[str]:
             logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended KILLED", run.info.run_id,
                         run_name)
     return ended
+
+
+def runs_page(uri: str, experiment_id: str) -> str:
+    """The MLflow UI's runs table of an experiment, on the server at ``uri``."""
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs"
 
 
 def experiment_name(study: str) -> str:

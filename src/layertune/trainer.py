@@ -15,7 +15,7 @@ from accelerate import Accelerator
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
-from layertune import timing
+from layertune import distributed, timing
 from layertune.batching import make_loader
 from layertune.corpus import Corpus
 from layertune.drift import parameter_drift
@@ -87,6 +87,12 @@ class ModelTrainer:
     """Trains ``model`` on ``corpus``: ``ModelTrainer(model, corpus).train(learning_rate=5e-5, epochs=3)``.
 
     After `train`, ``trainer.optimizer`` is the optimizer it used (as in Hugging Face's ``Trainer``).
+
+    Under ``accelerate launch --num_processes N`` the processes train together (data parallel): each takes
+    ``batch_size / N`` examples of every batch, so a step sees the same ``batch_size`` examples as in one process
+    and the learning-rate schedule is the same; dev and test are split between the processes and their scores
+    gathered (each example once); only the main process writes ``output_dir``. Results match a one-process run
+    up to float rounding, dropout noise and the last batch, which accelerate pads with the first examples.
     """
 
     def __init__(self, model: TaskModel, corpus: Corpus, *, cache_dir: str | Path | None = None) -> None:
@@ -110,30 +116,38 @@ class ModelTrainer:
         the files of `TrainingResult.save` there, all at once at the end (an interrupted run leaves nothing).
         """
         args = training_arguments(args, arguments)
-        model = self.model
-        accelerator = _accelerator(_mixed_precision(args.mixed_precision))
+        task_model = self.model  # `model` below may be wrapped for data-parallel training; this never is
+        accelerator = _accelerator(_mixed_precision(args.mixed_precision), args.gradient_accumulation_steps)
+        if args.batch_size % accelerator.num_processes:
+            raise ValueError(f"batch_size={args.batch_size} cannot be split between {accelerator.num_processes} "
+                             f"processes: use a multiple of {accelerator.num_processes}.")
         transformers.set_seed(args.seed)
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
-        splits, cache_info = model.encoder.prepare_examples(
-            self.corpus, max_length=args.max_length, cache_dir=self.cache_dir,
-            frozen_prefix_cache=args.frozen_prefix_cache, cache_dtype=args.cache_dtype, device=accelerator.device,
-        )
+        with accelerator.main_process_first():  # the main process fills the caches, the others then read them
+            splits, cache_info = task_model.encoder.prepare_examples(
+                self.corpus, max_length=args.max_length, cache_dir=self.cache_dir,
+                frozen_prefix_cache=args.frozen_prefix_cache, cache_dtype=args.cache_dtype,
+                device=accelerator.device,
+            )
         train_loader = make_loader(splits["train"], args.batch_size, shuffle=args.shuffle_data, seed=args.seed,
                                    group_by_length=args.group_by_length)
         # Scored splits are only scored, so their order is free: longest first, each batch padded to about its own
-        # length (predictions are put back in corpus order).
-        score_loaders = {split: make_loader(examples, args.eval_batch_size or args.batch_size, longest_first=True)
+        # length (predictions are put back in corpus order). Each process scores its share.
+        shard = (accelerator.process_index, accelerator.num_processes)
+        score_loaders = {split: make_loader(examples, args.eval_batch_size or args.batch_size, longest_first=True,
+                                            shard=shard)
                          for split, examples in splits.items() if split != "train"}
 
-        model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by the parameters' device
+        task_model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by parameter device
         self.optimizer = _adamw(parameter_groups, fused=accelerator.mixed_precision != "fp16")
-        total_steps = args.epochs * len(train_loader)
+        total_steps = args.epochs * math.ceil(len(train_loader) / args.gradient_accumulation_steps)
         scheduler = transformers.get_linear_schedule_with_warmup(
             self.optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps
         )
-        initial_state = {k: v.detach().cpu().clone() for k, v in _trainable_state(model).items()}  # for the drift
-        model, optimizer, scheduler = accelerator.prepare(model, self.optimizer, scheduler)
+        initial_state = {k: v.detach().cpu().clone() for k, v in _trainable_state(task_model).items()}  # for drift
+        model, optimizer, train_loader, scheduler = accelerator.prepare(task_model, self.optimizer, train_loader,
+                                                                        scheduler)
 
         history, best, best_weights, best_predictions = [], None, None, None
         main_key = f"eval_{self.corpus.main_metric}"
@@ -145,16 +159,18 @@ class ModelTrainer:
             bar = tqdm(train_loader, desc=f"epoch {epoch}/{args.epochs}", disable=None if progress else True,
                        leave=False)
             for step, batch in enumerate(bar, start=1):
-                batch = _to(batch, accelerator.device)
-                with accelerator.autocast():
-                    loss = model.loss(model(batch), batch["labels"])
-                _check_finite(loss, epoch, step, args)
-                accelerator.backward(loss)
-                if args.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                # accumulate: the optimizer, schedule and (between processes) gradient exchange act on every
+                # gradient_accumulation_steps-th batch and on the epoch's last; on the others these calls wait
+                with accelerator.accumulate(model):
+                    with accelerator.autocast():
+                        loss = task_model.loss(model(batch), batch["labels"])
+                    _check_finite(loss, epoch, step, args, accelerator)
+                    accelerator.backward(loss)
+                    if args.max_grad_norm and accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
                 losses.append(loss.item())
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
             epoch_time = time.perf_counter() - started
@@ -169,11 +185,11 @@ class ModelTrainer:
                 record.update(scores)
                 if best is None or record[main_key] > best[main_key]:
                     best, best_predictions = record, dev_predictions
-                    best_weights = {k: v.detach().clone() for k, v in _trainable_state(model).items()}
+                    best_weights = {k: v.detach().clone() for k, v in _trainable_state(task_model).items()}
             history.append(record)
             logger.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items()})
 
-        model = accelerator.unwrap_model(model)
+        model = task_model
         model.load_state_dict(best_weights, strict=False)
         predictions, test_metrics = {"dev": best_predictions}, {}
         if "test" in score_loaders:
@@ -194,16 +210,20 @@ class ModelTrainer:
             test_metrics=test_metrics,
             drift=parameter_drift(model, initial_state),
         )
-        if output_dir is not None:
+        if output_dir is not None and accelerator.is_main_process:
             with atomic_directory(output_dir) as staging:
                 result.save(staging, model)
+        accelerator.wait_for_everyone()  # no process goes on before the outputs exist
         return result
 
     @torch.no_grad()
     @timing.compute("scoring")
     def evaluate(self, loader, accelerator: Accelerator) -> tuple[dict[str, float], dict[str, list]]:
         """Loss (the mean over all loss terms, whatever the batches) and the task's metrics, keys prefixed
-        ``eval_`` as in Hugging Face; and the predictions and references in corpus order."""
+        ``eval_`` as in Hugging Face; and the predictions and references in corpus order.
+
+        In a data-parallel run ``loader`` holds this process's share; the shares are gathered, so every process
+        returns the scores of the whole split."""
         model = self.model
         model.eval()
         total_loss, terms, predictions, references = 0.0, 0, {}, {}
@@ -218,6 +238,11 @@ class ModelTrainer:
             for prediction, reference in zip(*model.metric_inputs(outputs.float(), batch["labels"])):
                 index = next(order)
                 predictions[index], references[index] = prediction, reference
+        if accelerator.num_processes > 1:
+            shards = distributed.gather_shards((total_loss, terms, predictions, references))
+            total_loss, terms = sum(s[0] for s in shards), sum(s[1] for s in shards)
+            predictions = {i: p for s in shards for i, p in s[2].items()}
+            references = {i: r for s in shards for i, r in s[3].items()}
         in_order = sorted(predictions)
         predictions, references = [predictions[i] for i in in_order], [references[i] for i in in_order]
         scores = compute_metrics(self.corpus.metrics, predictions, references)
@@ -239,9 +264,14 @@ class ModelTrainer:
         return [g for g in groups if g["params"]]
 
 
-def _check_finite(loss: torch.Tensor, epoch: int, step: int, args: TrainingArguments) -> None:
-    """A NaN or infinite loss poisons every weight it reaches: stop the run instead of saving a broken model."""
-    if not torch.isfinite(loss.detach()).all():
+def _check_finite(loss: torch.Tensor, epoch: int, step: int, args: TrainingArguments,
+                  accelerator: Accelerator) -> None:
+    """A NaN or infinite loss poisons every weight it reaches: stop the run instead of saving a broken model.
+    Between data-parallel processes the check is collective, so that all stop together (none waits forever)."""
+    finite = torch.isfinite(loss.detach()).all()
+    if accelerator.num_processes > 1:
+        finite = accelerator.gather(finite.float().reshape(1)).min() > 0
+    if not finite:
         raise FloatingPointError(
             f"The training loss became {loss.item()} at epoch {epoch}, step {step} (learning_rate="
             f"{args.learning_rate}, head_learning_rate={args.head_learning_rate}, mixed_precision="
@@ -272,13 +302,22 @@ def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if k in trainable}
 
 
-def _accelerator(mixed_precision: str) -> Accelerator:
+def _accelerator(mixed_precision: str, gradient_accumulation_steps: int) -> Accelerator:
     """A fresh Accelerator for each run. accelerate keeps one process-wide state, which refuses a second precision;
-    like `transformers.TrainingArguments`, start from a clean one (the distributed setup, PartialState, is kept)."""
+    like `transformers.TrainingArguments`, start from a clean one (the distributed setup, PartialState, is kept).
+
+    split_batches: ``batch_size`` is what one step sees, whatever the number of processes (a cell's spec does not
+    change with the machine). find_unused_parameters: a trainable tensor the forward pass skips (a pooler beside
+    mean pooling) would otherwise stop DistributedDataParallel."""
+    from accelerate import DataLoaderConfiguration
     from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedDataParallelKwargs
 
     AcceleratorState._reset_state(reset_partial_state=False)
-    return Accelerator(mixed_precision=mixed_precision)
+    distributed.state()  # the process group, joined as this machine allows (CPU processes included)
+    return Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps,
+                       dataloader_config=DataLoaderConfiguration(split_batches=True),
+                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
 
 
 def _mixed_precision(setting: str) -> str:

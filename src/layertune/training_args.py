@@ -20,7 +20,10 @@ class TrainingArguments(BaseModel):
 
     learning_rate: float | list[float] = Field(5e-5, description="one rate, or one per encoder of a MultiEncoder")
     head_learning_rate: float | None = Field(None, gt=0, description="the head's own rate; default learning_rate")
-    batch_size: PositiveInt = 16
+    batch_size: PositiveInt = Field(16, description="examples per forward pass, over all processes together (each "
+                                    "of N data-parallel processes takes batch_size / N)")
+    gradient_accumulation_steps: PositiveInt = Field(
+        1, description="forward passes per optimizer step: a step sees batch_size x this many examples")
     eval_batch_size: PositiveInt | None = Field(None, description="default: batch_size")
     epochs: PositiveInt = 3
     eval_strategy: Literal["epoch", "end"] = Field(
