@@ -19,7 +19,7 @@ export LAYERTUNE_DATA_MIRROR ?= $(SHARED)/data
 export LAYERTUNE_MODEL_MIRROR ?= $(SHARED)/models
 endif
 
-.PHONY: setup study test benchmark
+.PHONY: setup study test repro-check benchmark
 
 setup: $(VENV)/installed
 
@@ -38,6 +38,10 @@ study: setup
 
 test: setup
 	OMP_WAIT_POLICY=PASSIVE python -m pytest -n 2  # idle OpenMP threads sleep: two workers share two cores
+
+# Two builds of the `ci` profile from scratch must give byte-identical reports (.ci/run runs this after the tests).
+repro-check: setup
+	bash .ci/repro-check.sh
 
 benchmark: setup
 	python benchmarks/frozen_prefix_speed.py --json reports/benchmarks/frozen_prefix.json

@@ -15,6 +15,7 @@ per cell; wall times and dev scores per cell.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -134,14 +135,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--common-study", default="ablation", help="the study of the end-to-end comparison")
     parser.add_argument("--no-common", action="store_true", help="skip the end-to-end comparison")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", type=Path, help="build in this (new) folder and keep it: the clones, their reports "
+                                                   "and dvc.lock (default: a temporary folder)")
     args = parser.parse_args(argv)
     overrides = load_profile(args.profile, ROOT) if args.profile else {}
     targets = [f"aggregate@{s}" for s in args.studies.split(",")] if args.studies else []
-    with tempfile.TemporaryDirectory(prefix="layertune-pipeline-") as work:
-        report = pipeline_report(clone(Path(work), "pipeline", overrides), targets)
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True)  # a new folder: never build over an earlier one
+        work = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="layertune-pipeline-")))
+        report = pipeline_report(clone(work, "pipeline", overrides), targets)
         print(json.dumps(report["study"], indent=2))
         if not args.no_common:
-            report["end_to_end"] = end_to_end(Path(work), overrides, args.common_study)
+            report["end_to_end"] = end_to_end(work, overrides, args.common_study)
             print(json.dumps({k: v for k, v in report["end_to_end"].items() if "scores" not in k}, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -99,7 +99,7 @@ def test_layer_report_tables_rule_and_recommendation(results):
     report = build_report(results)
     assert "| tunable layers | trainable parameters | accuracy (points) | vs best (points) | within tolerance? |" \
         in report.markdown
-    assert "one-sided paired bootstrap at 95%" in report.markdown
+    assert "one-sided paired test at 95%" in report.markdown
     entry = report.metrics["sst2"]["m"]
     assert entry["within_tolerance"]["0"] == "no" and entry["seeds"] == 2
     assert entry["ci_low"]["1"] < entry["mean"]["1"] < entry["ci_high"]["1"]

@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from layertune.statistics import Estimate, Resamples, better_or_worse, interval, within_tolerance
+from layertune.statistics import (
+    Estimate,
+    Resamples,
+    SeedSpread,
+    better_or_worse,
+    differences_spread,
+    interval,
+    within_tolerance,
+)
 
 
 def correct_by_chance(rng, n: int, accuracy: float) -> list[int]:
@@ -32,9 +40,9 @@ def test_interval_covers_the_true_accuracy_about_95_percent_of_the_time():
     assert 0.88 <= hits / 120 <= 0.99
 
 
-def test_the_seed_part_follows_student_t():
-    """Two seeds that disagree widen the interval by t(0.975, 1) times their standard error: with few seeds the
-    seed-to-seed variation is not underestimated."""
+def test_the_seed_part_follows_student_t_and_adds_in_quadrature():
+    """Two seeds that disagree widen the interval by t(0.975, 1) times their standard error, added in quadrature to
+    the dev part (the two are independent): with few seeds the seed-to-seed variation is not underestimated."""
     from scipy.stats import t
 
     rng = np.random.default_rng(1)
@@ -42,9 +50,43 @@ def test_the_seed_part_follows_student_t():
     good, bad = correct_by_chance(rng, 300, 0.85), correct_by_chance(rng, 300, 0.65)
     both = estimate(draws, [good, bad])
     same = Estimate(both.scores * 0 + both.scores.mean(), both.samples)  # no seed spread, same dev part
-    widening = (interval(both)[1] - interval(both)[0]) - (interval(same)[1] - interval(same)[0])
-    expected = 2 * t.ppf(0.975, 1) * np.std(both.scores, ddof=1) / np.sqrt(2)
-    assert widening == pytest.approx(expected)
+    seed_part = t.ppf(0.975, 1) * np.std(both.scores, ddof=1) / np.sqrt(2)
+    (low, high), (dev_low, dev_high) = interval(both), interval(same)
+    assert high - both.mean == pytest.approx(np.hypot(dev_high - both.mean, seed_part))
+    assert both.mean - low == pytest.approx(np.hypot(both.mean - dev_low, seed_part))
+
+
+def test_seed_spread_pools_variances_and_degrees_of_freedom():
+    samples = np.zeros((1, 5))
+    a = Estimate(np.array([0.70, 0.72]), np.repeat(samples, 2, axis=0))
+    b = Estimate(np.array([0.80, 0.86, 0.83]), np.repeat(samples, 3, axis=0))
+    spread = SeedSpread.pooled([a, b])
+    assert spread.df == 1 + 2
+    assert spread.sd ** 2 == pytest.approx((np.var(a.scores, ddof=1) + 2 * np.var(b.scores, ddof=1)) / 3)
+    assert SeedSpread.pooled([Estimate(np.array([0.7]), samples)]) is None  # one seed measures no spread
+
+
+def test_a_seed_spread_pooled_over_a_table_narrows_a_comparison_that_one_row_cannot_decide():
+    """Seven candidates, each 1 point below the best on both of two seeds (± 0.5): alone, a row's one degree of
+    freedom (t = 6.3) leaves "within 2 points" undecided; pooled over the table (seven degrees of freedom,
+    t = 1.9) the same data decides."""
+    rng = np.random.default_rng(5)
+    draws = Resamples.draw(4000, 300)
+    best = [correct_by_chance(rng, 4000, 0.85) for _ in range(2)]
+    candidates = []
+    for shift in range(7):
+        worse = []
+        for seed, fraction in enumerate((0.005, 0.015) if shift % 2 else (0.015, 0.005)):
+            flip = np.flatnonzero(best[seed])[: int(fraction * 4000)]
+            worse.append([0 if i in set(flip) else p for i, p in enumerate(best[seed])])
+        candidates.append(estimate(draws, worse))
+    reference = estimate(draws, best)
+    spread = differences_spread(candidates, reference)
+    assert spread.df == 7
+    alone = within_tolerance(candidates[0], reference, 0.02, 0.95)
+    pooled = within_tolerance(candidates[0], reference, 0.02, 0.95, spread)
+    assert (alone.verdict, pooled.verdict) == ("undecided", "yes")
+    assert alone.difference == pooled.difference == pytest.approx(-0.01)
 
 
 def test_pairing_separates_what_separate_intervals_cannot():

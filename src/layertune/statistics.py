@@ -5,13 +5,15 @@ score is the mean over seeds. Two things make it uncertain, and an interval cove
 
 - which examples happen to be in dev: a bootstrap over dev examples (the same draws for every setting of a task,
   so the difference of two settings is *paired*: same examples, same seeds);
-- which seeds were run: a Student t interval over the seeds' scores (degrees of freedom: seeds − 1). A bootstrap
-  over two or three seeds would make this part far too narrow; t stays honest with few seeds, and with one seed
-  the seed part cannot be measured at all (the report says so).
+- which seeds were run: a Student t interval over the seeds' scores. The seed-to-seed spread is pooled over the
+  settings compared together (their variances averaged, degrees of freedom summed, as in an analysis of
+  variance): one setting's two seeds give one degree of freedom, for which t is 6.3 (one-sided 95%), while the
+  seven settings of a layer ablation give seven (t = 1.9). A bootstrap over two or three seeds would be far too
+  narrow; with one seed the seed part cannot be measured at all (the report says so).
 
-The two half-widths are added, which is conservative (their variances would add to less). A comparison against a
-tolerance is one-sided: "A is not worse than B by more than ``tolerance``" holds when the upper ``confidence``
-bound of (B − A) is below it.
+The two parts are independent (each seed's score is measured on the same, whole dev set), so their half-widths
+add in quadrature. A comparison against a tolerance is one-sided: "A is not worse than B by more than
+``tolerance``" holds when the upper ``confidence`` bound of (B − A) is below it.
 """
 
 from __future__ import annotations
@@ -71,26 +73,46 @@ class Estimate:
             raise ValueError(f"paired settings need the same seeds: {self.seeds} against {other.seeds}")
         return Estimate(self.scores - other.scores, self.samples - other.samples)
 
-    def bounds(self, low: float, high: float) -> tuple[float, float]:
-        """The ``low`` and ``high`` quantile bounds of the mean: dev part from the bootstrap, seed part from t."""
+    def bounds(self, low: float, high: float, spread: SeedSpread | None = None) -> tuple[float, float]:
+        """The ``low`` and ``high`` quantile bounds of the mean: the dev part from the bootstrap, the seed part from
+        t over ``spread`` (default: this estimate's own seeds), added in quadrature."""
         dev_low, dev_high = np.quantile(self.samples.mean(axis=0), [low, high])
-        seed_low, seed_high = _seed_half_widths(self.scores, low, high)
-        return float(dev_low - seed_low), float(dev_high + seed_high)
+        spread = spread if spread is not None else SeedSpread.pooled([self])
+        seed_low = spread.half_width(self.seeds, 1 - low) if spread else 0.0
+        seed_high = spread.half_width(self.seeds, high) if spread else 0.0
+        return (float(self.mean - np.hypot(max(self.mean - dev_low, 0.0), seed_low)),
+                float(self.mean + np.hypot(max(dev_high - self.mean, 0.0), seed_high)))
 
 
-def _seed_half_widths(scores: np.ndarray, low: float, high: float) -> tuple[float, float]:
-    if len(scores) < 2:
-        return 0.0, 0.0  # one seed: its variation is not measured (reports say so)
-    from scipy.stats import t
+@dataclass(frozen=True)
+class SeedSpread:
+    """How far a score moves from seed to seed: a standard deviation and its degrees of freedom."""
 
-    spread = scores.std(ddof=1) / np.sqrt(len(scores))
-    return float(-t.ppf(low, len(scores) - 1) * spread), float(t.ppf(high, len(scores) - 1) * spread)
+    sd: float
+    df: int
+
+    @classmethod
+    def pooled(cls, estimates: Sequence[Estimate]) -> SeedSpread | None:
+        """The spread of ``estimates``' seeds pooled (variances weighted by degrees of freedom); None when no
+        estimate has two seeds (one seed measures no spread)."""
+        measured = [e for e in estimates if e.seeds > 1]
+        if not measured:
+            return None
+        df = sum(e.seeds - 1 for e in measured)
+        variance = sum((e.seeds - 1) * e.scores.var(ddof=1) for e in measured) / df
+        return cls(float(np.sqrt(variance)), df)
+
+    def half_width(self, seeds: int, quantile: float) -> float:
+        """How far the mean of ``seeds`` scores may lie from the truth, at this one-sided ``quantile``."""
+        from scipy.stats import t
+
+        return float(t.ppf(quantile, self.df) * self.sd / np.sqrt(seeds))
 
 
-def interval(estimate: Estimate, confidence: float = 0.95) -> tuple[float, float]:
-    """Two-sided interval of the mean over seeds."""
+def interval(estimate: Estimate, confidence: float = 0.95, spread: SeedSpread | None = None) -> tuple[float, float]:
+    """Two-sided interval of the mean over seeds (seed spread: ``spread``, else the estimate's own)."""
     tail = (1 - confidence) / 2
-    return estimate.bounds(tail, 1 - tail)
+    return estimate.bounds(tail, 1 - tail, spread)
 
 
 @dataclass(frozen=True)
@@ -103,23 +125,31 @@ class Comparison:
     verdict: Verdict
 
 
-def within_tolerance(candidate: Estimate, reference: Estimate, tolerance: float,
-                     confidence: float = 0.95) -> Comparison:
-    """Is ``candidate`` not worse than ``reference`` by more than ``tolerance``? (one-sided, paired)
+def differences_spread(candidates: Sequence[Estimate], reference: Estimate) -> SeedSpread | None:
+    """The seed spread of every candidate's paired difference from ``reference``, pooled: what the comparisons of
+    one table share."""
+    return SeedSpread.pooled([candidate.minus(reference) for candidate in candidates])
+
+
+def within_tolerance(candidate: Estimate, reference: Estimate, tolerance: float, confidence: float = 0.95,
+                     spread: SeedSpread | None = None) -> Comparison:
+    """Is ``candidate`` not worse than ``reference`` by more than ``tolerance``? (one-sided, paired; the seed spread
+    of the difference is ``spread``, else its own)
 
     ``yes``: the upper ``confidence`` bound of the shortfall (reference − candidate) is below ``tolerance``;
     ``no``: its lower bound is above it (worse by more than the tolerance); ``undecided`` otherwise.
     """
     difference = candidate.minus(reference)
-    low, high = difference.bounds(1 - confidence, confidence)  # of candidate − reference
+    low, high = difference.bounds(1 - confidence, confidence, spread)  # of candidate − reference
     verdict: Verdict = "yes" if -low < tolerance else "no" if -high > tolerance else "undecided"
     return Comparison(difference.mean, low, high, verdict)
 
 
-def better_or_worse(candidate: Estimate, reference: Estimate, confidence: float = 0.95) -> Comparison:
+def better_or_worse(candidate: Estimate, reference: Estimate, confidence: float = 0.95,
+                    spread: SeedSpread | None = None) -> Comparison:
     """Two-sided, paired: ``yes`` when the interval of candidate − reference is above 0 (better), ``no`` when it is
     below 0 (worse), ``undecided`` when it contains 0."""
     difference = candidate.minus(reference)
-    low, high = interval(difference, confidence)
+    low, high = interval(difference, confidence, spread)
     verdict: Verdict = "yes" if low > 0 else "no" if high < 0 else "undecided"
     return Comparison(difference.mean, low, high, verdict)

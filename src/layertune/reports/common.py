@@ -2,7 +2,7 @@
 and figures.
 
 A *setting* is a cell without its seed: (task, encoder, tunable layers). Its statistics are the mean and sample std
-of its seeds' dev scores, and a bootstrap interval over dev examples and seeds (`layertune.statistics`); the draws
+of its seeds' dev scores, and an interval over dev examples and seeds (`layertune.statistics`); the bootstrap draws
 are shared by every setting of a task, so differences between settings are paired. Scores are shown in points
 (×100), as published tables do; metrics files keep metric units, rounded, so equal results give equal bytes.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from layertune.statistics import Estimate, Resamples, interval
+from layertune.statistics import Estimate, Resamples, SeedSpread, interval
 from layertune.study import StudyPlan, layers_order
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ class Setting:
     metric: str
     estimate: Estimate = field(repr=False)
     confidence: float = 0.95
+    spread: SeedSpread | None = None  # seed spread pooled over the task's settings (default: this one's seeds)
 
     @property
     def scores(self) -> list[float]:
@@ -79,7 +80,7 @@ class Setting:
 
     @property
     def interval(self) -> tuple[float, float]:
-        return interval(self.estimate, self.confidence)
+        return interval(self.estimate, self.confidence, self.spread)
 
 
 def settings(results: StudyResults, split: str = "dev") -> list[Setting]:
@@ -103,6 +104,9 @@ def settings(results: StudyResults, split: str = "dev") -> list[Setting]:
             estimate = draws.estimate(metrics, corpus.main_metric, [p["predictions"] for p in predictions], references,
                                       [float(scores[cell.key]) for cell in group])
             found.append(Setting(task, encoder, layers, corpus.main_metric, estimate, options.confidence))
+        spread = SeedSpread.pooled([s.estimate for s in found if s.task == task])
+        for setting in (s for s in found if s.task == task):
+            setting.spread = spread
     return found
 
 
@@ -129,7 +133,7 @@ def signed_points(value: float) -> str:
 
 
 def score_text(setting: Setting) -> str:
-    """``76.2 ± 1.2 [74.0, 78.1]``: mean ± std over seeds, and the bootstrap interval (points)."""
+    """``76.2 ± 1.2 [74.0, 78.1]``: mean ± std over seeds, and the interval over dev examples and seeds (points)."""
     low, high = setting.interval
     spread = "" if math.isnan(setting.std) else f" ± {points(setting.std)}"
     return f"{points(setting.mean)}{spread} [{points(low)}, {points(high)}]"
@@ -178,7 +182,8 @@ def setup_text(results: StudyResults) -> str:
         f"; the epoch with the best dev score is kept; seeds {', '.join(map(str, spec.seeds))}.\n"
         f"- Scores in points (×100): mean ± std over seeds, and in brackets a {options.confidence:.0%} interval that "
         f"covers both the choice of dev examples (bootstrap, {options.resamples:,} resamples, shared by all settings "
-        "of a task so that comparisons are paired) and of seeds (Student t over the seeds)."
+        "of a task so that comparisons are paired) and of seeds (Student t, with the seed-to-seed spread pooled over "
+        "the settings of a task), added in quadrature."
         + (" With one seed, seed-to-seed variation is not measured: the intervals cover dev examples only."
            if len(spec.seeds) == 1 else "")
         + (" Dev also picks the best epoch, so scores are slightly optimistic." if training.eval_strategy == "epoch"
@@ -199,7 +204,7 @@ def theme() -> None:
 
 
 def quality_figure(table: pd.DataFrame, title: str):
-    """Dev score against tunable layers, one panel per task, one line per encoder, bootstrap intervals as bars."""
+    """Dev score against tunable layers, one panel per task, one line per encoder, intervals over dev examples and seeds as bars."""
     import matplotlib.pyplot as plt
 
     theme()

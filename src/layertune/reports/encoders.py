@@ -2,7 +2,7 @@
 
 Per task and number of tunable layers, every encoder of the study (single models, and combinations of them) with
 its score, and each one against the *reference*: the best single model (or, in a study without combinations, the
-best encoder), by a two-sided paired bootstrap. "better" and "worse" are what the interval of the difference shows;
+best encoder), by a two-sided paired test (`layertune.statistics`). "better" and "worse" are what the interval of the difference shows;
 where it contains 0, the data cannot separate the two and the report says so. For dme combinations, the attention
 each language model gets on a handful of dev examples, read from the saved models.
 """
@@ -23,7 +23,7 @@ from layertune.reports.common import (
     signed_points,
     theme,
 )
-from layertune.statistics import Comparison, better_or_worse
+from layertune.statistics import Comparison, better_or_worse, differences_spread
 
 VERDICTS = {"yes": "better", "no": "worse", "undecided": "no difference shown"}
 
@@ -40,8 +40,10 @@ def compare(results: StudyResults, group: list[Setting]) -> tuple[Setting, dict[
     """The reference (best single encoder, else best encoder) and every other encoder against it."""
     singles = [s for s in group if not is_combined(results, s.encoder)] or group
     reference = max(singles, key=lambda s: s.mean)
-    return reference, {s.encoder: better_or_worse(s.estimate, reference.estimate, results.options.confidence)
-                       for s in group if s is not reference}
+    others = [s for s in group if s is not reference]
+    spread = differences_spread([s.estimate for s in others], reference.estimate)
+    return reference, {s.encoder: better_or_worse(s.estimate, reference.estimate, results.options.confidence, spread)
+                       for s in others}
 
 
 def system_table(results: StudyResults, group: list[Setting], reference: Setting,
@@ -109,7 +111,7 @@ def encoders_figure(table):
         axis.set(xticks=range(len(part)), title=f"{display(task)}, {layers} tunable layers",
                  ylabel=f"dev {part['metric'].iloc[0]} (points)")
         axis.set_xticklabels(part["encoder"], rotation=30, ha="right")
-    figure.suptitle("Single vs combined encoders (bars: bootstrap interval over dev examples and seeds)")
+    figure.suptitle("Single vs combined encoders (bars: 95% interval over dev examples and seeds)")
     figure.tight_layout()
     return figure
 
@@ -119,8 +121,10 @@ def encoders_report(results: StudyResults) -> Report:
     found = settings(results)
     sections = [f"# Single vs combined encoders: {results.plan.name}\n", setup_text(results),
                 f"Each encoder is compared with the reference (the best single language model) by a two-sided paired "
-                f"bootstrap at {results.options.confidence:.0%}: *better* or *worse* where the interval of the "
-                "difference excludes 0, *no difference shown* where the data cannot separate them.\n"]
+                f"test at {results.options.confidence:.0%} (same dev examples and seeds: a bootstrap over dev examples, "
+                "and Student t over the seeds with the seed spread of the differences pooled over the table's rows): "
+                "*better* or *worse* where the interval of the difference excludes 0, *no difference shown* where "
+                "the data cannot separate them.\n"]
     metrics: dict = {}
     groups: dict[tuple, list[Setting]] = {}
     for setting in found:

@@ -2,7 +2,8 @@
 layers that are not worse than the best by more than the tolerance, decided by a paired test.
 
 The rule: the *best* setting is the one with the highest mean score. A setting is good enough when a one-sided
-paired bootstrap (same dev examples, same seeds) shows that its shortfall from the best is below the tolerance.
+paired test (same dev examples, same seeds; `layertune.statistics`) shows that its shortfall from the best is below
+the tolerance.
 The recommendation is the fewest tunable layers that is good enough. Where a setting with fewer layers is neither
 shown good enough nor shown worse by more than the tolerance, the data cannot decide whether it would do, and the
 report names the candidates instead of a winner.
@@ -33,7 +34,7 @@ from layertune.reports.common import (
     signed_points,
     time_figure,
 )
-from layertune.statistics import Comparison, within_tolerance
+from layertune.statistics import Comparison, SeedSpread, differences_spread, within_tolerance
 from layertune.study import layers_order
 
 VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
@@ -57,7 +58,8 @@ def recommend(group: list[Setting], tolerance: float, confidence: float) -> Reco
     best = max(group, key=lambda s: s.mean)
     order = layers_order(s.tunable_layers for s in group)
     ordered = sorted(group, key=lambda s: order.index(s.tunable_layers))
-    comparisons = {str(s.tunable_layers): _against(s, best, tolerance, confidence) for s in ordered}
+    spread = differences_spread([s.estimate for s in ordered if s is not best], best.estimate)
+    comparisons = {str(s.tunable_layers): _against(s, best, tolerance, confidence, spread) for s in ordered}
     verdicts = [(s.tunable_layers, comparisons[str(s.tunable_layers)].verdict) for s in ordered]
     position = next(i for i, (_, verdict) in enumerate(verdicts) if verdict == "yes")  # the best at the latest
     first = verdicts[position][0]
@@ -66,10 +68,11 @@ def recommend(group: list[Setting], tolerance: float, confidence: float) -> Reco
                           [*undecided, first] if undecided else [])
 
 
-def _against(setting: Setting, best: Setting, tolerance: float, confidence: float) -> Comparison:
+def _against(setting: Setting, best: Setting, tolerance: float, confidence: float,
+             spread: SeedSpread | None) -> Comparison:
     if setting is best:  # good enough by definition (with tolerance 0 its own test could not pass)
         return Comparison(0.0, 0.0, 0.0, "yes")
-    return within_tolerance(setting.estimate, best.estimate, tolerance, confidence)
+    return within_tolerance(setting.estimate, best.estimate, tolerance, confidence, spread)
 
 
 def recommendations(found: list[Setting], tolerance: float, confidence: float) -> list[Recommendation]:
@@ -88,8 +91,9 @@ def answer_text(recommendation: Recommendation) -> str:
 
 def rule_text(tolerance: float, confidence: float) -> str:
     return (f"Recommended: the fewest tunable layers whose score is not worse than the best setting's (highest mean) "
-            f"by more than {100 * tolerance:g} point(s), shown by a one-sided paired bootstrap at {confidence:.0%} "
-            "(same dev examples and seeds). *Within tolerance?* says what the test shows: yes, no (worse by more "
+            f"by more than {100 * tolerance:g} point(s), shown by a one-sided paired test at {confidence:.0%} "
+            "(same dev examples and seeds: a bootstrap over dev examples, and Student t over the seeds with the "
+            "seed spread of the differences pooled over the table's rows). *Within tolerance?* says what the test shows: yes, no (worse by more "
             "than the tolerance) or undecided; where a setting with fewer layers is undecided, the data cannot "
             "decide whether it would do, and no single number is named.\n")
 
@@ -140,7 +144,7 @@ def report_metrics(found: list[Setting], chosen: list[Recommendation], tolerance
 
 def layer_figures(results: StudyResults, table: pd.DataFrame) -> dict:
     figures = {"quality_vs_layers": quality_figure(in_layers_order(table), "Dev score vs tunable layers "
-                                                   "(bars: bootstrap interval over dev examples and seeds)"),
+                                                   "(bars: 95% interval over dev examples and seeds)"),
                "training_time_vs_layers": time_figure(results.scores)}
     drift = drift_figure(results)
     if drift is not None:
