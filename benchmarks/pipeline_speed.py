@@ -118,6 +118,7 @@ def common_way(copy: Path, study: str) -> dict:
                    "--tunable-layers", str(cell.tunable_layers), "--seed", str(cell.seed),
                    "--output-dir", str(copy / "common" / cell.key), "--learning-rate", str(training.learning_rate),
                    "--epochs", str(training.epochs), "--batch-size", str(training.batch_size),
+                   "--eval-batch-size", str(training.eval_batch_size or training.batch_size),
                    "--max-length", str(training.max_length or 128), "--weight-decay", str(training.weight_decay),
                    "--warmup-ratio", str(training.warmup_ratio)]
         if training.head_learning_rate:
