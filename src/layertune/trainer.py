@@ -117,10 +117,7 @@ class ModelTrainer:
         """
         args = training_arguments(args, arguments)
         task_model = self.model  # `model` below may be wrapped for data-parallel training; this never is
-        accelerator = _accelerator(_mixed_precision(args.mixed_precision), args.gradient_accumulation_steps)
-        if args.batch_size % accelerator.num_processes:
-            raise ValueError(f"batch_size={args.batch_size} cannot be split between {accelerator.num_processes} "
-                             f"processes: use a multiple of {accelerator.num_processes}.")
+        accelerator = _accelerator(args)
         transformers.set_seed(args.seed)
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
@@ -130,21 +127,11 @@ class ModelTrainer:
                 frozen_prefix_cache=args.frozen_prefix_cache, cache_dtype=args.cache_dtype,
                 device=accelerator.device,
             )
-        train_loader = make_loader(splits["train"], args.batch_size, shuffle=args.shuffle_data, seed=args.seed,
-                                   group_by_length=args.group_by_length)
-        # Scored splits are only scored, so their order is free: longest first, each batch padded to about its own
-        # length (predictions are put back in corpus order). Each process scores its share.
-        shard = (accelerator.process_index, accelerator.num_processes)
-        score_loaders = {split: make_loader(examples, args.eval_batch_size or args.batch_size, longest_first=True,
-                                            shard=shard)
-                         for split, examples in splits.items() if split != "train"}
+        train_loader, score_loaders = _loaders(splits, args, accelerator)
 
         task_model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by parameter device
         self.optimizer = _adamw(parameter_groups, fused=accelerator.mixed_precision != "fp16")
-        total_steps = args.epochs * math.ceil(len(train_loader) / args.gradient_accumulation_steps)
-        scheduler = transformers.get_linear_schedule_with_warmup(
-            self.optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps
-        )
+        scheduler = _linear_schedule(self.optimizer, args, batches_per_epoch=len(train_loader))
         initial_state = {k: v.detach().cpu().clone() for k, v in _trainable_state(task_model).items()}  # for drift
         model, optimizer, train_loader, scheduler = accelerator.prepare(task_model, self.optimizer, train_loader,
                                                                         scheduler)
@@ -153,26 +140,8 @@ class ModelTrainer:
         main_key = f"eval_{self.corpus.main_metric}"
         train_time = 0.0
         for epoch in range(1, args.epochs + 1):
-            model.train()
-            started, losses = time.perf_counter(), []
-            # disable=None: a bar on a terminal, none in logs (a DVC stage's output)
-            bar = tqdm(train_loader, desc=f"epoch {epoch}/{args.epochs}", disable=None if progress else True,
-                       leave=False)
-            for step, batch in enumerate(bar, start=1):
-                # accumulate: the optimizer, schedule and (between processes) gradient exchange act on every
-                # gradient_accumulation_steps-th batch and on the epoch's last; on the others these calls wait
-                with accelerator.accumulate(model):
-                    with accelerator.autocast():
-                        loss = task_model.loss(model(batch), batch["labels"])
-                    _check_finite(loss, epoch, step, args, accelerator)
-                    accelerator.backward(loss)
-                    if args.max_grad_norm and accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
-                losses.append(loss.item())
-                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            started = time.perf_counter()
+            losses = self._train_epoch(model, train_loader, optimizer, scheduler, accelerator, args, epoch, progress)
             epoch_time = time.perf_counter() - started
             train_time += epoch_time
             timing.add("training", epoch_time)
@@ -205,9 +174,7 @@ class ModelTrainer:
             peak_memory_mb=_peak_memory_mb(accelerator.device),
             trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
             total_parameters=sum(p.numel() for p in model.parameters()),
-            frozen_prefix_cache=cache_info,
-            predictions=predictions,
-            test_metrics=test_metrics,
+            frozen_prefix_cache=cache_info, predictions=predictions, test_metrics=test_metrics,
             drift=parameter_drift(model, initial_state),
         )
         if output_dir is not None and accelerator.is_main_process:
@@ -215,6 +182,30 @@ class ModelTrainer:
                 result.save(staging, model)
         accelerator.wait_for_everyone()  # no process goes on before the outputs exist
         return result
+
+    def _train_epoch(self, model, train_loader, optimizer, scheduler, accelerator: Accelerator,
+                     args: TrainingArguments, epoch: int, progress: bool) -> list[float]:
+        """One pass over the training batches; returns each batch's loss. ``model`` may be accelerate's wrapper."""
+        model.train()
+        losses = []
+        # disable=None: a bar on a terminal, none in logs (a DVC stage's output)
+        bar = tqdm(train_loader, desc=f"epoch {epoch}/{args.epochs}", disable=None if progress else True, leave=False)
+        for step, batch in enumerate(bar, start=1):
+            # accumulate: the optimizer, schedule and (between processes) gradient exchange act on every
+            # gradient_accumulation_steps-th batch and on the epoch's last; on the others these calls wait
+            with accelerator.accumulate(model):
+                with accelerator.autocast():
+                    loss = self.model.loss(model(batch), batch["labels"])
+                _check_finite(loss, epoch, step, args, accelerator)
+                accelerator.backward(loss)
+                if args.max_grad_norm and accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        return losses
 
     @torch.no_grad()
     @timing.compute("scoring")
@@ -264,6 +255,26 @@ class ModelTrainer:
         return [g for g in groups if g["params"]]
 
 
+def _loaders(splits: dict, args: TrainingArguments, accelerator: Accelerator) -> tuple:
+    """The training loader, and one loader per scored split (dev, test) holding this process's share."""
+    train_loader = make_loader(splits["train"], args.batch_size, shuffle=args.shuffle_data, seed=args.seed,
+                               group_by_length=args.group_by_length)
+    # Scored splits are only scored, so their order is free: longest first, each batch padded to about its own
+    # length (predictions are put back in corpus order). Each process scores its share.
+    shard = (accelerator.process_index, accelerator.num_processes)
+    score_loaders = {split: make_loader(examples, args.eval_batch_size or args.batch_size, longest_first=True,
+                                        shard=shard)
+                     for split, examples in splits.items() if split != "train"}
+    return train_loader, score_loaders
+
+
+def _linear_schedule(optimizer: torch.optim.Optimizer, args: TrainingArguments, batches_per_epoch: int):
+    """Linear warm-up over ``warmup_ratio`` of the optimizer steps, then linear decay to zero."""
+    total_steps = args.epochs * math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
+    return transformers.get_linear_schedule_with_warmup(optimizer, math.ceil(args.warmup_ratio * total_steps),
+                                                        total_steps)
+
+
 def _check_finite(loss: torch.Tensor, epoch: int, step: int, args: TrainingArguments,
                   accelerator: Accelerator) -> None:
     """A NaN or infinite loss poisons every weight it reaches: stop the run instead of saving a broken model.
@@ -302,7 +313,7 @@ def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if k in trainable}
 
 
-def _accelerator(mixed_precision: str, gradient_accumulation_steps: int) -> Accelerator:
+def _accelerator(args: TrainingArguments) -> Accelerator:
     """A fresh Accelerator for each run. accelerate keeps one process-wide state, which refuses a second precision;
     like `transformers.TrainingArguments`, start from a clean one (the distributed setup, PartialState, is kept).
 
@@ -314,8 +325,12 @@ def _accelerator(mixed_precision: str, gradient_accumulation_steps: int) -> Acce
     from accelerate.utils import DistributedDataParallelKwargs
 
     AcceleratorState._reset_state(reset_partial_state=False)
-    distributed.state()  # the process group, joined as this machine allows (CPU processes included)
-    return Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps,
+    processes = distributed.state().num_processes  # the process group, joined as this machine allows (CPU included)
+    if args.batch_size % processes:
+        raise ValueError(f"batch_size={args.batch_size} cannot be split between {processes} processes: use a "
+                         f"multiple of {processes}.")
+    return Accelerator(mixed_precision=_mixed_precision(args.mixed_precision),
+                       gradient_accumulation_steps=args.gradient_accumulation_steps,
                        dataloader_config=DataLoaderConfiguration(split_batches=True),
                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
 

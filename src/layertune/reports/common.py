@@ -178,8 +178,10 @@ def setup_text(results: StudyResults) -> str:
         f"- Training: {training.epochs} epoch(s), batch {training.batch_size}, learning rate "
         f"{training.learning_rate:g} (head {training.head_learning_rate or training.learning_rate:g})"
         + ("".join(f"; with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
-                   for k, o in spec.per_tunable_layers.items())) +
-        f"; the epoch with the best dev score is kept; seeds {', '.join(map(str, spec.seeds))}.\n"
+                   for k, o in spec.per_tunable_layers.items()))
+        + ("; the epoch with the best dev score is kept" if training.eval_strategy == "epoch"
+           else "; the model after the last epoch is kept")
+        + f"; seeds {', '.join(map(str, spec.seeds))}.\n"
         f"- Scores in points (×100): mean ± std over seeds, and in brackets a {options.confidence:.0%} interval that "
         f"covers both the choice of dev examples (bootstrap, {options.resamples:,} resamples, shared by all settings "
         "of a task so that comparisons are paired) and of seeds (Student t, with the seed-to-seed spread pooled over "
