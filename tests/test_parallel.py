@@ -29,8 +29,10 @@ def fake_dvc(tmp_path, monkeypatch):
     return tmp_path / "record.txt"
 
 
-def test_each_worker_sees_its_own_gpu(fake_dvc):
+def test_each_worker_sees_its_own_gpu(fake_dvc, capsys):
     parallel.run_cells([f"train-s@cell-{i}" for i in range(6)], jobs=2, gpus=["0", "1"])
+    progress = capsys.readouterr().out.splitlines()  # each cell reported as it ends, counted
+    assert [line.split("]")[0] for line in progress] == [f"layertune repro: [{i}/6" for i in range(1, 7)]
     runs = [line.split() for line in fake_dvc.read_text().splitlines()]
     assert sorted(cell for cell, *_ in runs) == [f"train-s@cell-{i}" for i in range(6)]
     assert {gpu for _, gpu, _, _ in runs} == {"0", "1"}
@@ -53,6 +55,7 @@ def test_visible_devices_are_the_gpus_workers_share(monkeypatch):
     assert parallel.devices() == [None]
 
 
-def test_a_failed_cell_is_reported_with_its_output(fake_dvc):
+def test_a_failed_cell_is_reported_with_its_output_and_stops_new_cells(fake_dvc):
     with pytest.raises(parallel.StageFailed, match="broken failed:\n.*failed to reproduce 'broken'"):
-        parallel.run_cells(["broken"], jobs=2, gpus=[None])
+        parallel.run_cells(["broken", *(f"train-s@cell-{i}" for i in range(8))], jobs=1, gpus=[None])
+    assert not fake_dvc.exists()  # one worker: nothing after the failed cell started

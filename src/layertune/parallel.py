@@ -18,9 +18,10 @@ import queue
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 class StageFailed(RuntimeError):
@@ -53,30 +54,34 @@ def run_cells(cells: Sequence[str], jobs: int, gpus: Sequence[str | None]) -> No
     for slot in range(jobs):
         free.put(gpus[slot % len(gpus)])
 
-    def run(cell: str) -> float:
+    stop = threading.Event()  # set by the first failure: cells that have not started yet do not start
+
+    def run(cell: str) -> float | None:
+        if stop.is_set():
+            return None
         gpu = free.get()
         env = dict(os.environ) if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
         started = time.monotonic()
         try:
-            done = subprocess.run(["dvc", "--wait-for-lock", "repro", "--single-item", cell], env=env, text=True,
+            completed = subprocess.run(["dvc", "--wait-for-lock", "repro", "--single-item", cell], env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
         finally:
             free.put(gpu)
-        if done.returncode:
-            raise StageFailed(f"{cell} failed:\n{done.stdout[-4000:]}")
+        if completed.returncode:
+            stop.set()
+            raise StageFailed(f"{cell} failed:\n{completed.stdout[-4000:]}")
         return time.monotonic() - started
 
     with ThreadPoolExecutor(jobs) as pool:
         futures = {pool.submit(run, cell): cell for cell in cells}
-        finished, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [f for f in finished if f.exception() is not None]
-        for future in pending:
-            future.cancel()
-        for future in finished:
-            if future.exception() is None:
-                print(f"layertune repro: {futures[future]} done in {future.result():.1f} s", flush=True)
-        if failed:
-            raise failed[0].exception()
+        finished = 0
+        for future in as_completed(futures):  # each cell reported as it ends
+            if future.exception() is not None:
+                raise future.exception()  # once the running cells end (leaving the pool waits for them)
+            if future.result() is not None:  # None: not started, after a failure
+                finished += 1
+                print(f"layertune repro: [{finished}/{len(cells)}] {futures[future]} done in {future.result():.1f} s",
+                      flush=True)
 
 
 def repro(jobs: int, studies: Sequence[str]) -> int:
