@@ -21,3 +21,6 @@ def test_atomic_directory_failure_leaves_the_old_folder_and_no_partial_one(tmp_p
         raise RuntimeError("interrupted")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["old.txt"]
+    with atomic_directory(tmp_path / "out") as staging:  # the next complete write replaces it whole
+        (staging / "new.txt").write_text("new")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]

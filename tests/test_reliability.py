@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from layertune.io import atomic_directory, write_json
+from layertune.io import write_json
 from tests.projects import make_project, project_env, run, study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,19 +106,6 @@ def test_a_sigterm_after_finished_does_not_fail_the_process():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     hook.after_catalog_created(catalog=None)
     assert signal.getsignal(signal.SIGTERM) == before
-
-
-def test_a_failed_write_keeps_the_old_folder(tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "old").write_text("old")
-    with pytest.raises(RuntimeError), atomic_directory(tmp_path / "out") as staging:
-        (staging / "new").write_text("new")
-        raise RuntimeError("interrupted")
-    assert [p.name for p in (tmp_path / "out").iterdir()] == ["old"]
-    with atomic_directory(tmp_path / "out") as staging:
-        (staging / "new").write_text("new")
-    assert [p.name for p in (tmp_path / "out").iterdir()] == ["new"]
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the old one swapped out and removed
 
 
 def test_json_outputs_never_hold_nan(tmp_path):
