@@ -83,6 +83,11 @@ class Setting:
         return interval(self.estimate, self.confidence, self.spread)
 
 
+# How every comparison of a report is tested (layertune.statistics), in the words the reports use.
+PAIRED_TEST = ("same dev examples and seeds: a bootstrap over dev examples, and Student t over the seeds with the "
+               "seed spread of the differences pooled over the table's rows")
+
+
 def settings(results: StudyResults, split: str = "dev") -> list[Setting]:
     """Every setting of the study, in grid order; the settings of a task share their dev resamples (paired)."""
     from layertune.metrics import metric_for

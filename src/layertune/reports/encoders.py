@@ -10,6 +10,7 @@ each language model gets on a handful of dev examples, read from the saved model
 from __future__ import annotations
 
 from layertune.reports.common import (
+    PAIRED_TEST,
     Report,
     Setting,
     StudyResults,
@@ -121,10 +122,8 @@ def encoders_report(results: StudyResults) -> Report:
     found = settings(results)
     sections = [f"# Single vs combined encoders: {results.plan.name}\n", setup_text(results),
                 f"Each encoder is compared with the reference (the best single language model) by a two-sided paired "
-                f"test at {results.options.confidence:.0%} (same dev examples and seeds: a bootstrap over dev examples, "
-                "and Student t over the seeds with the seed spread of the differences pooled over the table's rows): "
-                "*better* or *worse* where the interval of the difference excludes 0, *no difference shown* where "
-                "the data cannot separate them.\n"]
+                f"test at {results.options.confidence:.0%} ({PAIRED_TEST}): *better* or *worse* where the interval "
+                "of the difference excludes 0, *no difference shown* where the data cannot separate them.\n"]
     metrics: dict = {}
     groups: dict[tuple, list[Setting]] = {}
     for setting in found:

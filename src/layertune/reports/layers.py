@@ -17,6 +17,7 @@ import pandas as pd
 
 from layertune.reports.common import (
     Report,
+    PAIRED_TEST,
     Setting,
     StudyResults,
     display,
@@ -92,10 +93,9 @@ def answer_text(recommendation: Recommendation) -> str:
 def rule_text(tolerance: float, confidence: float) -> str:
     return (f"Recommended: the fewest tunable layers whose score is not worse than the best setting's (highest mean) "
             f"by more than {100 * tolerance:g} point(s), shown by a one-sided paired test at {confidence:.0%} "
-            "(same dev examples and seeds: a bootstrap over dev examples, and Student t over the seeds with the "
-            "seed spread of the differences pooled over the table's rows). *Within tolerance?* says what the test shows: yes, no (worse by more "
-            "than the tolerance) or undecided; where a setting with fewer layers is undecided, the data cannot "
-            "decide whether it would do, and no single number is named.\n")
+            f"({PAIRED_TEST}). *Within tolerance?* says what the test shows: yes, no (worse by more than the "
+            "tolerance) or undecided; where a setting with fewer layers is undecided, the data cannot decide whether "
+            "it would do, and no single number is named.\n")
 
 
 def task_section(results: StudyResults, found: list[Setting], chosen: list[Recommendation]) -> str:
