@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
-# Reproduction check: build the three studies of the `ci` profile from scratch twice, each time in a fresh clone with
-# an empty DVC cache (so nothing is restored from a run cache), then require that
-#   - every study's reports/<study>.json is byte-identical between the two builds,
-#   - `dvc status` is clean after each build (a second `dvc repro` would do nothing),
+# Reproduction check, against the contract of docs/pipeline.md#reproducibility: build the three studies of the `ci`
+# profile from scratch twice, each time in a fresh clone with an empty DVC cache (so nothing is restored from a run
+# cache), then require that
+#   - on this machine, bit for bit: every study's reports/<study>.json and reports/<study>/details.json are
+#     byte-identical between the two builds;
+#   - across machines, within tolerance: the first build's reports equal tests/expected/ci/ (a ci build committed
+#     with the code) within 1e-4 on every score, with every answer the same (python -m layertune.reports.compare);
+#   - `dvc status` lists nothing but the plan after each build (it runs every time: a second `dvc repro` would
+#     rerun it and nothing else);
 #   - MLflow holds exactly one run per cell of every study, each FINISHED.
+# `--update-expected` writes the first build's reports to tests/expected/ci/ instead of comparing with them (after
+# a change that moves the scores on purpose; commit them with it).
 # Needs the data mirror: $LAYERTUNE_DATA_MIRROR, else ../shared/data beside the repository (and ../shared/models).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+expected="$root/tests/expected/ci"
+update=false
+case "${1:-}" in
+  --update-expected) update=true ;;
+  "") ;;
+  *) echo "usage: $0 [--update-expected]" >&2; exit 2 ;;
+esac
 export KEDRO_DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
 export LAYERTUNE_DATA_MIRROR="${LAYERTUNE_DATA_MIRROR:-$(cd "$root/.." && pwd)/shared/data}"
 test -d "$LAYERTUNE_DATA_MIRROR" || { echo "repro-check: no data mirror at $LAYERTUNE_DATA_MIRROR" >&2; exit 1; }
@@ -26,7 +40,9 @@ build() {  # build <name>: clone HEAD, run the ci profile as a DVC experiment, c
     # shellcheck disable=SC2046  # the profile expands to several `-S key=value` arguments
     dvc exp run --quiet $(python -m layertune.profiles ci)
     echo "repro-check: $1 built in $((SECONDS - started)) s"
-    dvc status --quiet || { echo "repro-check: dvc status is not clean after build $1:" >&2; dvc status >&2; exit 1; }
+    status="$(dvc status --json)"
+    test "$status" = '{"plan": ["always changed"]}' || {
+      echo "repro-check: after build $1, dvc status lists more than the plan:" >&2; dvc status >&2; exit 1; }
     python - <<'PY'
 import yaml
 from mlflow import MlflowClient
@@ -47,14 +63,21 @@ PY
 build first
 build second
 status=0
-for metrics in "$work"/first/reports/*.json; do
-  name="$(basename "$metrics")"
-  if cmp "$metrics" "$work/second/reports/$name"; then
-    echo "repro-check: two builds from scratch gave byte-identical reports/$name"
+cd "$work/first/reports"
+for report in *.json */details.json; do
+  if cmp --quiet "$report" "$work/second/reports/$report"; then
+    echo "repro-check: two builds from scratch gave byte-identical reports/$report"
   else
-    diff "$metrics" "$work/second/reports/$name" >&2 || true
-    echo "repro-check: reports/$name differs between two builds from scratch" >&2
+    diff "$report" "$work/second/reports/$report" >&2 || true
+    echo "repro-check: reports/$report differs between two builds from scratch" >&2
     status=1
   fi
 done
+if $update; then
+  rm -rf "$expected" && mkdir -p "$expected"
+  cp --parents -- *.json */details.json "$expected/"
+  echo "repro-check: wrote the first build's reports to tests/expected/ci/ (commit them)"
+else
+  PYTHONPATH="$work/first/src" python -m layertune.reports.compare "$expected" "$work/first/reports" || status=1
+fi
 exit $status

@@ -48,7 +48,7 @@ def clone(workdir: Path, name: str, overrides: dict) -> Path:
 
 def environment(copy: Path) -> dict:
     return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{copy / 'mlflow.db'}", "PYTHONPATH": str(copy / "src"),
-            "LAYERTUNE_TIMINGS": str(copy / "timings.jsonl"), "LAYERTUNE_WARM_DIR": str(copy)}
+            "LAYERTUNE_TIMINGS": str(copy / "timings.jsonl"), "LAYERTUNE_WARM_DIR": str(copy / ".warm")}
 
 
 def repro(copy: Path, targets: list[str]) -> tuple[float, dict[str, float]]:
@@ -162,7 +162,7 @@ def end_to_end(work: Path, overrides: dict, study: str) -> dict:
     pooler = {**overrides, f"studies.{study}.encoder.pooling": "pooler"}
     copy = clone(work, "end-to-end", pooler)
     wall, _ = repro(copy, [f"aggregate@{study}"])
-    ours = json.loads((copy / "reports" / f"{study}.json").read_text())
+    ours = json.loads((copy / "reports" / study / "details.json").read_text())  # the metric's name
     scores = {}
     for cell in plan_studies(yaml.safe_load((copy / "params.yaml").read_text())).studies[study].cells:
         scores[cell.key] = json.loads((copy / "data" / "04_models" / cell.path / "metrics.json").read_text())[

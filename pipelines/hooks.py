@@ -4,6 +4,11 @@ Runs are grouped as one MLflow experiment per study (``layertune-<study>``), not
 each cell is its own process (its own DVC stage), so a parent run would have no process to own it and end it, and
 one experiment per study is what the MLflow UI compares side by side (its runs table, charts and parallel
 coordinates over the cells' parameters).
+
+A cell never fails for its tracking: what MLflow does not take is kept and sent later (`layertune.tracking`). A
+cell, as it starts, sends what earlier cells of its study kept; a stage that reads every cell of a study (evaluate,
+then aggregate), which runs once each cell is trained or restored by DVC, ends the runs that killed cells left
+RUNNING.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from kedro.framework.hooks import hook_impl
 logger = logging.getLogger(__name__)
 
 MLFLOW_TAG = "mlflow"  # nodes with this tag are tracked: one MLflow run per run of the node
+STUDY_CELLS = "study_cells"  # a node that reads every cell of a study settles their runs (`tracking.settle`)
 
 
 class MlflowCellHook:
@@ -39,17 +45,38 @@ class MlflowCellHook:
     def before_node_run(self, node, inputs) -> None:
         from layertune.distributed import is_main_process
 
-        if MLFLOW_TAG not in node.tags or not is_main_process():  # a data-parallel cell is one run
+        if not is_main_process():  # a data-parallel cell is one run
+            return
+        if STUDY_CELLS in inputs and "study_plan" in inputs:
+            self._settle(inputs["study_plan"].name)
+        if MLFLOW_TAG not in node.tags:
             return
         from layertune import tracking
 
         cell = inputs["cell_plan"]
+        experiment = tracking.experiment_name(cell.study)
+        tracking.sync(experiment=experiment)
+        corpora = self._path("prepared_corpora")
         self.run = tracking.CellRun.start(
-            experiment=tracking.experiment_name(cell.study), run_name=cell.key, params=tracking.cell_params(cell),
-            tags=tracking.cell_tags(stage=cell.dvc_stage, study=cell.study),
+            experiment=experiment, run_name=cell.key, params=tracking.cell_params(cell),
+            tags=tracking.cell_tags(stage=cell.dvc_stage, study=cell.study, spec=cell.spec),
+            datasets=tracking.corpus_datasets(f"{corpora}/{cell.task}", cell.task) if corpora else (),
         )
         self._signals.enter_context(tracking.sigterm_raises())
         atexit.register(self.end_open_run)
+
+    def _settle(self, study: str) -> None:
+        from layertune import tracking
+
+        experiment = tracking.experiment_name(study)
+        tracking.sync(experiment=experiment)
+        if cells := self._path(STUDY_CELLS):
+            tracking.settle(experiment, cells)
+
+    def _path(self, dataset: str) -> str | None:
+        """Where a dataset of the catalog lives (None outside a Kedro run)."""
+        found = self.catalog.get(dataset) if self.catalog is not None else None
+        return found._describe()["path"] if found is not None else None
 
     @hook_impl
     def after_node_run(self, node, outputs) -> None:
@@ -57,9 +84,8 @@ class MlflowCellHook:
             return
         from layertune import tracking
 
-        trained = outputs["trained_cell"]
-        model_path = self.catalog.get("trained_cell")._describe()["path"] if self.catalog else None
-        tracking.log_result(self.run, trained.result, model_path=model_path and f"{model_path}/model")
+        model_path = self._path("trained_cell")
+        tracking.log_result(self.run, outputs["trained_cell"].result, model_path=model_path and f"{model_path}/model")
 
     @hook_impl
     def on_node_error(self, error, node) -> None:
@@ -86,7 +112,7 @@ class MlflowCellHook:
         self._signals.close()
         atexit.unregister(self.end_open_run)
         try:
-            run.end(end_status(error))
+            run.end(end_status(error))  # a store that does not answer is handled there: this is a bug of ours
         except Exception:  # never hide the cell's own error behind a tracking one
             logger.exception("Could not end MLflow run %s", run.run_id)
         if error is None:

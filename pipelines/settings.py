@@ -1,11 +1,12 @@
-"""Kedro settings: parameters come from the root ``params.yaml`` (the file DVC reads); a hook tracks trained cells
-in MLflow."""
+"""Kedro settings: parameters come from the root ``params.yaml`` (the file DVC reads); hooks check it before the plan
+stage runs (a bad value is one message, no traceback) and track trained cells in MLflow."""
 
 from kedro.config import OmegaConfigLoader
 
 from pipelines.hooks import MlflowCellHook
+from pipelines.param_checks import ParamsCheckHook
 
-HOOKS = (MlflowCellHook(),)
+HOOKS = (ParamsCheckHook(), MlflowCellHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 # Paths are relative to conf/<env>/. The root params.yaml is the only parameter file (conf/ holds none); only the

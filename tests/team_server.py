@@ -69,10 +69,10 @@ def postgres() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def mlflow_server(backend_store_uri: str, artifacts: Path) -> Iterator[str]:
-    """`mlflow server` on 127.0.0.1 over ``backend_store_uri``, serving artifacts from ``artifacts``; yields its URL
-    once it answers."""
-    port = free_port()
+def mlflow_server(backend_store_uri: str, artifacts: Path, port: int | None = None) -> Iterator[str]:
+    """`mlflow server` on 127.0.0.1 (``port``, else a free one) over ``backend_store_uri``, serving artifacts from
+    ``artifacts``; yields its URL once it answers."""
+    port = port or free_port()
     command = ["mlflow", "server", "--backend-store-uri", backend_store_uri, "--artifacts-destination",
                str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     log = tempfile.TemporaryFile()

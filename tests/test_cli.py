@@ -1,6 +1,7 @@
 import json
 
 import pandas as pd
+import pytest
 
 from layertune.cli import main
 from layertune.cell import CellSpec, EncoderSpec
@@ -27,15 +28,14 @@ def test_train_cell_writes_a_complete_cell_folder(tiny_bert, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["frozen_prefix_cache_used"] is True and "eval_accuracy" in summary
     assert {p.name for p in (tmp_path / "cell").iterdir()} == {
-        "cell.json", "metrics.json", "history.json", "predictions.json", "run_info.json", "drift.csv", "model"}
+        "cell.json", "metrics.json", "history.json", "predictions.json", "run_info.json", "drift.csv", "model",
+        ".layertune-output"}
     spec = CellSpec.model_validate_json((tmp_path / "cell" / "cell.json").read_text())
     assert spec.encoders[0].tunable_layers == 1 and spec.training.seed == 3 and spec.training.learning_rate == 1e-3
 
 
 def test_every_library_argument_is_an_option(capsys):
     """The options are generated from the specs: each LanguageModel and training argument has one."""
-    import pytest
-
     with pytest.raises(SystemExit):
         main(["train-cell", "--help"])
     text = capsys.readouterr().out
@@ -53,3 +53,54 @@ def test_bad_values_are_one_line_errors_without_output(tiny_bert, tmp_path, caps
     assert main(["train-cell", *common, "--batch-size", "big"]) == 2
     assert "training.batch_size: Input should be a valid integer (got 'big')" in capsys.readouterr().err
     assert not (tmp_path / "cell").exists()
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("layertune: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Training fails the test: what is refused must be refused before it."""
+    from layertune.trainer import ModelTrainer
+
+    monkeypatch.setattr(ModelTrainer, "train", lambda *a, **k: pytest.fail("training started"))
+
+
+def test_a_foreign_folder_is_refused_before_training_and_replaced_only_with_overwrite(tiny_bert, tmp_path, capsys,
+                                                                                       monkeypatch):
+    thesis = tmp_path / "thesis"
+    (thesis / "notes").mkdir(parents=True)
+    (thesis / "notes" / "chapter1.tex").write_text("my thesis")
+    cell = ["train-cell", "--task", data_folder(tmp_path, 16, 8), "--model", str(tiny_bert), "--tunable-layers", "1",
+            "--epochs", "1", "--batch-size", "8", "--output-dir", str(thesis), "--cache-dir", str(tmp_path / "cache")]
+    with monkeypatch.context() as patch:
+        from layertune.trainer import ModelTrainer
+
+        patch.setattr(ModelTrainer, "train", lambda *a, **k: pytest.fail("training started"))
+        assert main(cell) == 2
+    err = one_line_error(capsys)
+    assert f"Output folder {str(thesis)!r} already exists and holds files layertune did not write" in err
+    assert "Choose another folder, or pass overwrite=True (on the command line --overwrite)" in err
+    assert (thesis / "notes" / "chapter1.tex").read_text() == "my thesis" and len(list(thesis.iterdir())) == 1
+
+    assert main([*cell, "--overwrite"]) == 0
+    assert not (thesis / "notes").exists() and (thesis / "cell.json").is_file()
+    assert main([*cell, "--seed", "7"]) == 0  # its own folder now: replaced without --overwrite
+    assert json.loads((thesis / "cell.json").read_text())["training"]["seed"] == 7
+
+
+@pytest.mark.parametrize("where", [".", "~", ".."])
+def test_the_current_or_home_folder_is_refused_at_once_even_with_overwrite(tmp_path, capsys, monkeypatch, no_training,
+                                                                           where):
+    work = tmp_path / "home" / "work"
+    work.mkdir(parents=True)
+    (work / "mine.txt").write_text("keep")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(work)
+    assert main(["train-cell", "--task", "sst2", "--model", "m", "--output-dir", where, "--overwrite"]) == 2
+    err = one_line_error(capsys)
+    assert f"Output folder {where!r} is " in err and "would replace the folder and delete everything in it" in err
+    assert [p.name for p in work.iterdir()] == ["mine.txt"] and [p.name for p in work.parent.iterdir()] == ["work"]

@@ -352,3 +352,85 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path):
     _csv(tmp_path / "data" / "train.csv", "sentence,label\ncafé crème,1\nbad,0\n", encoding="latin-1")
     with pytest.raises(ValueError, match=r"train.csv is not UTF-8 text \(line 2: byte b'\\xe9'\): save it as UTF-8"):
         load_corpus(str(tmp_path / "data"))
+
+
+# ------------------------------------------------------------------------------------------------------ labels
+
+
+def _split_files(folder, **splits: list[tuple[str, object]]) -> str:
+    """A folder with one ``<split>.csv`` per keyword: rows of (sentence, label)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, rows in splits.items():
+        write_csv(folder / f"{split}.csv", [{"sentence": s, "label": label} for s, label in rows])
+    return str(folder)
+
+
+TRAIN = [("good film", "pos"), ("bad film", "neg"), ("great", "pos"), ("awful", "neg")]
+
+
+def test_labels_are_stripped_of_surrounding_whitespace(tmp_path):
+    data = _split_files(tmp_path / "data", train=[("good film", "pos "), ("bad film", " neg"), *TRAIN],
+                        dev=[("fine", "pos"), ("dull", "neg\t")])
+    corpus = load_corpus(data)
+    assert corpus.label_names == ("neg", "pos")
+    assert corpus.train["label"] == [1, 0, 1, 0, 1, 0] and corpus.dev["label"] == [1, 0]
+
+
+def test_labels_differing_only_in_case_are_an_error_naming_both_files(tmp_path):
+    data = _split_files(tmp_path / "data", train=TRAIN, dev=[("fine", "Pos"), ("dull", "neg")])
+    with pytest.raises(ValueError) as error:
+        load_corpus(data)
+    message = str(error.value)
+    assert f"'Pos' (in {tmp_path / 'data' / 'dev.csv'})" in message
+    assert f"'pos' (in {tmp_path / 'data' / 'train.csv'})" in message
+    assert "differ only in case" in message and "spell each class the same way" in message
+
+
+def test_a_dev_label_never_seen_in_train_is_an_error(tmp_path):
+    data = _split_files(tmp_path / "data", train=TRAIN, dev=[("fine", "pos"), ("meh", "neutral")])
+    expected = (rf"{tmp_path / 'data' / 'dev.csv'}: label\(s\) 'neutral' never occur in the train data "
+                rf"\({tmp_path / 'data' / 'train.csv'}\), whose labels are 'neg', 'pos'")
+    with pytest.raises(ValueError, match=expected):
+        load_corpus(data)
+    numbers = _split_files(tmp_path / "numbers", train=[("a", 0), ("b", 1)], test=[("c", 2), ("d", 1)])
+    with pytest.raises(ValueError, match=r"test.csv: label\(s\) '2' never occur .* whose labels are '0', '1'"):
+        load_corpus(numbers)
+
+
+def test_a_train_split_of_one_class_is_an_error_even_when_dev_has_two(tmp_path):
+    data = _split_files(tmp_path / "data", train=[("good", "pos"), ("great", "pos")],
+                        dev=[("fine", "pos"), ("bad", "neg")])
+    with pytest.raises(ValueError, match=r"train.csv: every label is 'pos'\. A classifier needs at least two"):
+        load_corpus(data)
+
+
+def test_a_hub_train_split_of_one_class_is_an_error(monkeypatch):
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["a", "b"])})
+    rows = {"text": [f"t{i}" for i in range(20)], "label": [0] * 20}
+    fake_hub(monkeypatch, datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=features)}))
+    with pytest.raises(ValueError, match=r"train split of 'someone/one-class'.*same class \('a' of a, b\)"):
+        load_corpus("someone/one-class")
+
+
+@pytest.mark.parametrize(("column", "role"), [("text", "text"), ("label", "label")])
+def test_a_list_valued_column_is_named_with_its_type(tmp_path, column, role):
+    rows = {"text": [["good", "film"], ["bad", "film"]] if column == "text" else ["good film", "bad film"],
+            "label": [[1, 0], [0, 1]] if column == "label" else [1, 0]}
+    pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
+    kind = "list<item: string>" if column == "text" else "list<item: int64>"
+    with pytest.raises(ValueError, match=rf"train.parquet: column '{column}' has type {kind}, not one {role} per row"):
+        load_corpus(str(tmp_path / "train.parquet"))
+
+
+def test_a_class_with_one_example_cannot_be_carved_into_dev(tmp_path):
+    rows = [(f"text {i}", "pos" if i % 2 else "neg") for i in range(20)] + [("odd one", "neutral")]
+    data = _split_files(tmp_path / "data", train=rows)
+    expected = rf"{tmp_path / 'data' / 'train.csv'}: class 'neutral' \(1 example\) cannot be split between train and"
+    with pytest.raises(ValueError, match=expected):
+        load_corpus(data)
+
+
+def test_a_carved_dev_holds_every_class(tmp_path):
+    rows = [(f"text {i}", "abc"[i % 3]) for i in range(12)]  # 10 % of 12 rounds to 1 example: too few for 3 classes
+    corpus = load_corpus(_split_files(tmp_path / "data", train=rows))
+    assert sorted(corpus.dev["label"]) == [0, 1, 2] and len(corpus.train) == 9

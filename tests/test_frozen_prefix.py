@@ -1,6 +1,8 @@
 """The frozen-prefix cache: keyed by what the states depend on, never trusted when damaged, exact when used."""
 
+import errno
 import logging
+import os
 import shutil
 
 import numpy as np
@@ -8,8 +10,8 @@ import pytest
 import torch
 import transformers
 
-from layertune import LanguageModel, TextClassifier
-from layertune.batching import Examples
+from layertune import LanguageModel, ModelTrainer, TextClassifier, load_corpus
+from layertune.batching import Examples, make_loader
 from layertune.frozen_prefix import BoundaryStates, FrozenPrefixCache
 from layertune.testing import make_tiny_model
 from layertune.tokenization import tokenize_corpus
@@ -130,6 +132,41 @@ def test_interrupted_build_leaves_no_entry(lm, tokenized, tmp_path, monkeypatch)
     assert entries(store.root) == sorted(keys)
 
 
+def failing_with(code: int):
+    def fail(*_):
+        raise OSError(code, os.strerror(code))
+    return fail
+
+
+@pytest.mark.parametrize("full_at", ["fallocate", "zero-fill"])
+def test_full_disk_is_a_clear_error_naming_folder_and_size_and_leaves_nothing(lm, tokenized, tmp_path, monkeypatch,
+                                                                             full_at):
+    """A full disk once killed the build with SIGBUS (a mapped page the disk could not back), leaving .partial."""
+    store = cache(tmp_path)
+    if full_at == "fallocate":
+        monkeypatch.setattr(os, "posix_fallocate", failing_with(errno.ENOSPC))
+    else:  # a filesystem without fallocate: the zeros written instead hit the full disk
+        monkeypatch.setattr(os, "posix_fallocate", failing_with(errno.EOPNOTSUPP))
+        monkeypatch.setattr(os, "pwrite", failing_with(errno.ENOSPC))
+    calls = count_forwards(lm)
+    with pytest.raises(OSError, match="Not enough disk space for the frozen-prefix cache") as raised:
+        store.build(lm, tokenized["train"], [1, 2])
+    tokens = sum(len(ids) for ids in tokenized["train"]["input_ids"])
+    needed = 2 * tokens * lm.hidden_size * 4
+    assert raised.value.errno == errno.ENOSPC
+    assert str(store.root) in str(raised.value) and f"{needed:,} bytes" in str(raised.value)
+    assert not calls, "the states were computed before the space was known to be missing"
+    assert entries(store.root) == []  # no entry and no .partial staging folder
+
+
+def test_without_fallocate_the_states_are_written_the_same(lm, tokenized, tmp_path, monkeypatch):
+    expected, _ = cache(tmp_path / "a").states(lm, tokenized["train"], 2)
+    monkeypatch.setattr(os, "posix_fallocate", failing_with(errno.EOPNOTSUPP))
+    actual, _ = cache(tmp_path / "b").states(lm, tokenized["train"], 2)
+    for want, got in zip(as_list(expected), as_list(actual), strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------------- building
 
 
@@ -174,6 +211,98 @@ def test_half_precision_storage_round_trips(lm, tokenized, tmp_path, dtype, tole
 
 
 # ---------------------------------------------------------------------------------------------------- exactness
+
+
+def test_building_an_entry_leaves_the_random_state_alone(lm, tokenized, tmp_path, monkeypatch):
+    """Training draws its dropout masks right after the build: a build that moved the generator would make a run
+    that builds its entry train differently from one that reads it. Here the forward itself draws."""
+    original = lm.boundary_states
+
+    def drawing(batch, boundaries):
+        torch.rand(7)
+        return original(batch, boundaries)
+
+    monkeypatch.setattr(lm, "boundary_states", drawing)
+    torch.manual_seed(3)
+    expected = torch.random.get_rng_state()
+    cache(tmp_path).states(lm, tokenized["train"], 2)
+    assert torch.equal(torch.random.get_rng_state(), expected)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_boundary_states_gives_every_module_its_mode_back(lm, train):
+    lm.train(train)
+    if train:  # as loaded: the wrapper in train mode around a model in eval mode
+        lm.model.eval()
+    modes = {name: module.training for name, module in lm.named_modules()}
+    lm.boundary_states(lm.tokenize(["a fine film", "dull"]), [1, 2])
+    assert {name: module.training for name, module in lm.named_modules()} == modes
+
+
+@pytest.mark.parametrize("group_by_length", [False, True])
+def test_cached_examples_are_batched_like_plain_ones(lm, tokenized, tmp_path, group_by_length):
+    states, _ = cache(tmp_path).states(lm, tokenized["train"], 2)
+    plain = Examples(tokenized["train"], lm.tokenizer.pad_token_id)
+    cached = Examples(tokenized["train"], lm.tokenizer.pad_token_id, states)
+    assert cached.lengths == plain.lengths == [len(s) for s in as_list(states)]
+    loaders = [make_loader(e, 5, shuffle=True, seed=4, group_by_length=group_by_length) for e in (plain, cached)]
+    batches = list(zip(*loaders, strict=True))
+    for plain_batch, cached_batch in batches:
+        assert torch.equal(plain_batch["input_ids"], cached_batch["input_ids"])
+        assert cached_batch["boundary_states"].shape[:2] == cached_batch["input_ids"].shape
+    assert len(batches) == 5
+
+
+def record_steps(monkeypatch) -> list[float]:
+    """Every training step's loss, as `ModelTrainer` computes it."""
+    steps = []
+    train_epoch = ModelTrainer._train_epoch
+
+    def recording(self, *args):
+        losses = train_epoch(self, *args)
+        steps.extend(losses)
+        return losses
+
+    monkeypatch.setattr(ModelTrainer, "_train_epoch", recording)
+    return steps
+
+
+def train_sst2(model_path, corpus, cache_dir, frozen_prefix_cache, group_by_length, steps):
+    """A real cell: MiniLM-L3 with K=2, dropout on; returns the result and this run's step losses."""
+    steps.clear()
+    transformers.set_seed(1)
+    model = TextClassifier(LanguageModel(model_path, tunable_layers=2, pooling="mean"), 2)
+    assert model.encoder.model.config.hidden_dropout_prob > 0  # dropout masks in the trained layers
+    result = ModelTrainer(model, corpus, cache_dir=cache_dir).train(
+        seed=1, epochs=1, batch_size=16, learning_rate=1e-4, head_learning_rate=3e-3, eval_batch_size=64,
+        group_by_length=group_by_length, frozen_prefix_cache=frozen_prefix_cache, progress=False)
+    return result, list(steps)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("group_by_length", [False, True], ids=["random-batches", "length-grouped"])
+def test_real_cell_trains_alike_from_a_cold_cache_a_warm_one_and_none(minilm_l3, data_mirror, tmp_path, monkeypatch,
+                                                                     group_by_length):
+    corpus = load_corpus("sst2", data_mirror=data_mirror, train_size=200, dev_size=200)
+    builds, steps = [], record_steps(monkeypatch)
+    compute = FrozenPrefixCache._compute
+    monkeypatch.setattr(FrozenPrefixCache, "_compute", lambda self, *a: builds.append(1) or compute(self, *a))
+
+    cold, cold_steps = train_sst2(minilm_l3, corpus, tmp_path, True, group_by_length, steps)
+    assert len(builds) == 2  # train and dev entries built by this run
+    warm, warm_steps = train_sst2(minilm_l3, corpus, tmp_path, True, group_by_length, steps)
+    assert len(builds) == 2  # read, not rebuilt
+    plain, plain_steps = train_sst2(minilm_l3, corpus, tmp_path, False, group_by_length, steps)
+    assert cold.frozen_prefix_cache["used"] and not plain.frozen_prefix_cache["used"]
+    assert len(cold_steps) == 13
+
+    # Cold and warm read the very same states: bit for bit the same run.
+    assert warm_steps == cold_steps and warm.history[0]["eval_loss"] == cold.history[0]["eval_loss"]
+    assert warm.predictions == cold.predictions
+    # Without the cache the frozen layers run in other batch shapes: the same run up to float rounding.
+    torch.testing.assert_close(torch.tensor(plain_steps), torch.tensor(cold_steps), rtol=1e-5, atol=0)
+    assert plain.history[0]["eval_loss"] == pytest.approx(cold.history[0]["eval_loss"], rel=1e-5)
+    assert plain.predictions == cold.predictions
 
 
 def cached_and_uncached_logits(model: TextClassifier, texts, train_mode=False):

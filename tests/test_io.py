@@ -1,8 +1,12 @@
-"""Atomic outputs: a folder appears complete, with ordinary permissions, or not at all."""
+"""Atomic outputs: a folder appears complete, with ordinary permissions, or not at all; and an output never replaces
+a folder holding files layertune did not write, unless asked to."""
+
+import json
+from pathlib import Path
 
 import pytest
 
-from layertune.io import atomic_directory
+from layertune.io import MARKER, OutputDirectoryError, atomic_directory, check_output_directory, output_directory
 
 
 def test_atomic_directory_has_the_permissions_of_a_plain_folder(tmp_path):
@@ -24,3 +28,101 @@ def test_atomic_directory_failure_leaves_the_old_folder_and_no_partial_one(tmp_p
     with atomic_directory(tmp_path / "out") as staging:  # the next complete write replaces it whole
         (staging / "new.txt").write_text("new")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]
+
+
+def foreign_folder(path: Path) -> Path:
+    """A user's folder: files layertune did not write."""
+    (path / "notes").mkdir(parents=True)
+    (path / "notes" / "chapter1.tex").write_text("my thesis")
+    return path
+
+
+def contents(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_output_folder_is_marked_and_replaced_by_the_next_output(tmp_path):
+    with output_directory(tmp_path / "out", written_by="a test") as staging:
+        (staging / "metrics.json").write_text("1")
+    assert json.loads((tmp_path / "out" / MARKER).read_text())["written_by"] == "a test"
+    with output_directory(tmp_path / "out") as staging:  # a previous output: replaced without overwrite
+        (staging / "history.json").write_text("2")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [MARKER, "history.json"]
+    (tmp_path / "empty").mkdir()
+    with output_directory(tmp_path / "empty") as staging:  # an empty folder holds nothing to lose
+        (staging / "metrics.json").write_text("3")
+    assert (tmp_path / "empty" / "metrics.json").read_text() == "3"
+
+
+def test_a_foreign_folder_is_refused_before_the_block_and_left_untouched(tmp_path):
+    thesis = foreign_folder(tmp_path / "thesis")
+    with pytest.raises(OutputDirectoryError, match=r"'.*thesis' already exists and holds files layertune did "
+                                                   r"not write.*Choose another folder, or pass overwrite=True"):
+        with output_directory(thesis):
+            pytest.fail("the block ran: the output was written")
+    assert contents(thesis) == {"notes/chapter1.tex": "my thesis"}
+    assert [p.name for p in tmp_path.iterdir()] == ["thesis"]  # no staging folder left
+
+
+def test_overwrite_replaces_a_foreign_folder(tmp_path):
+    thesis = foreign_folder(tmp_path / "thesis")
+    with output_directory(thesis, overwrite=True) as staging:
+        (staging / "metrics.json").write_text("{}")
+    assert sorted(p.name for p in thesis.iterdir()) == [MARKER, "metrics.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["thesis"]
+
+
+def test_files_put_in_the_folder_while_the_output_was_written_are_kept(tmp_path):
+    """The folder is checked again before the swap: hours of training may pass between the two checks."""
+    with pytest.raises(OutputDirectoryError, match="holds files layertune did not write"):
+        with output_directory(tmp_path / "out") as staging:  # no folder yet when the output began
+            foreign_folder(tmp_path / "out")
+            (staging / "metrics.json").write_text("{}")
+    assert contents(tmp_path / "out") == {"notes/chapter1.tex": "my thesis"}
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+@pytest.mark.parametrize("where", [".", "..", "/", "~", "~/..", "link-to-cwd"])
+def test_the_current_and_home_folders_and_their_parents_are_refused_even_with_overwrite(tmp_path, monkeypatch, where):
+    """Replacing one would delete everything in it (``--output-dir .`` once failed only after training, busy)."""
+    home, work = tmp_path / "home", tmp_path / "home" / "project"
+    (work / "data").mkdir(parents=True)
+    (work / "link-to-cwd").symlink_to(work)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    with pytest.raises(OutputDirectoryError, match=r"is (the current folder|the home folder|a parent of the current "
+                                                   r"folder).*delete everything in it\. Give a new folder"):
+        check_output_directory(where, overwrite=True)
+    assert contents(work) == {} and (work / "data").is_dir()
+
+
+def test_a_link_or_a_file_is_not_an_output_folder(tmp_path):
+    thesis = foreign_folder(tmp_path / "thesis")
+    (tmp_path / "link").symlink_to(thesis)
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(OutputDirectoryError, match="'.*link' is a symbolic link"):
+        check_output_directory(tmp_path / "link", overwrite=True)
+    with pytest.raises(OutputDirectoryError, match="'.*file.txt' exists and is not a folder"):
+        check_output_directory(tmp_path / "file.txt", overwrite=True)
+    assert check_output_directory(tmp_path / "new" / "run") == tmp_path / "new" / "run"  # absent: fine
+
+
+def test_model_trainer_refuses_a_foreign_folder_before_training_and_replaces_its_own(tiny_bert, tmp_path, monkeypatch):
+    from layertune import LanguageModel, ModelTrainer, TextClassifier
+    from tests.conftest import toy_sentiment_corpus
+
+    corpus = toy_sentiment_corpus(16, 8)
+    trainer = ModelTrainer(TextClassifier(LanguageModel(tiny_bert, tunable_layers=1), 2), corpus,
+                           cache_dir=tmp_path / "cache")
+    thesis = foreign_folder(tmp_path / "thesis")
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelTrainer, "_train_epoch", lambda *a, **k: pytest.fail("training started"))
+        with pytest.raises(OutputDirectoryError, match="thesis' already exists and holds files layertune did not"):
+            trainer.train(thesis, progress=False, epochs=1, batch_size=8)
+    assert contents(thesis) == {"notes/chapter1.tex": "my thesis"}
+    trainer.train(thesis, progress=False, overwrite=True, epochs=1, batch_size=8)
+    assert not (thesis / "notes").exists() and (thesis / "metrics.json").is_file()
+    first = (thesis / "history.json").read_text()
+    trainer.train(thesis, progress=False, epochs=2, batch_size=8)  # its own output: replaced without overwrite
+    assert len(json.loads((thesis / "history.json").read_text())) == 2 != len(json.loads(first))
+    assert json.loads((thesis / MARKER).read_text())["written_by"] == "ModelTrainer.train"

@@ -85,7 +85,9 @@ def test_starting_from_cached_boundary_is_exact(tiny_model_dirs, architecture):
 
 
 def test_hidden_dropout_override(tiny_model_dirs):
-    assert LanguageModel(tiny_model_dirs["bert"], "all", hidden_dropout_prob=0.4).model.config.hidden_dropout_prob == 0.4
+    # Written as the write-ups do: LanguageModel(path, hidden_dropout_prob=...), every layer tuned.
+    roberta = LanguageModel(tiny_model_dirs["roberta"], hidden_dropout_prob=0.4)
+    assert roberta.model.config.hidden_dropout_prob == 0.4 and roberta.tunable_layers == "all"
     assert LanguageModel(tiny_model_dirs["distilbert"], "all", hidden_dropout_prob=0.3).model.config.dropout == 0.3
 
 
@@ -121,9 +123,12 @@ def test_unknown_model_name_is_a_clear_error(monkeypatch):
         LanguageModel("no-such-org/no-such-model-xyz")
 
 
-def test_the_number_of_tunable_layers_must_be_said(tiny_bert):
-    with pytest.raises(ValueError, match=r"Say how many layers .* tunable_layers='all' \(full fine-tuning\)"):
-        LanguageModel(tiny_bert)
+def test_full_fine_tuning_is_the_default(tiny_bert):
+    """LanguageModel(path) tunes every layer, as in the write-ups this API follows (it used to raise "say how many
+    layers"); the study pipeline still asks each study for its tunable_layers."""
+    default = LanguageModel(tiny_bert)
+    assert default.tunable_layers == "all" and default.frozen_prefix_layers is None
+    assert trainable_names(default) == trainable_names(LanguageModel(tiny_bert, tunable_layers="all"))
     assert LanguageModel(tiny_bert, frozen_layers=3).tunable_layers == 1
 
 

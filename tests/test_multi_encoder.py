@@ -81,8 +81,10 @@ def test_per_encoder_learning_rates_reach_the_optimizer(encoder_dirs):
     assert len(rate_of) == sum(len(g["params"]) for g in groups) == len(trainable)
     for name, parameter in trainable:
         assert rate_of[id(parameter)] == expected[parts[name].split("/")[0]], name
-    single = trainer._parameter_groups(TrainingArguments(learning_rate=2e-5))
-    assert {group["lr"] for group in single} == {2e-5}
+    single = trainer._parameter_groups(TrainingArguments(learning_rate=2e-5, head_learning_rate=None))
+    assert {group["lr"] for group in single} == {2e-5}  # None: the head and combination at the encoders' rate
+    default = trainer._parameter_groups(TrainingArguments(learning_rate=2e-5))
+    assert {group["lr"] for group in default} == {2e-5, 3e-3}  # the default head rate (it used to be learning_rate)
 
 
 def test_parameter_parts_name_the_encoder(encoder_dirs):
@@ -167,3 +169,27 @@ def test_attention_needs_dme(encoder_dirs, combine_method):
     expected = "combine_method='concat', which has no attention" if combine_method else "a single LanguageModel"
     with pytest.raises(ValueError, match=expected):
         model.predict_with_attention(SENTENCES)
+
+
+def test_the_write_ups_example_runs_as_written(encoder_dirs, tmp_path):
+    """The multi-encoder write-ups' code, with small local models: LanguageModel(path) tunes every layer,
+    hidden_dropout_prob as a keyword, one learning rate per encoder, and after from_pretrained
+    predict_with_attention gives label names, as predict does."""
+    corpus = toy_sentiment_corpus(16, 8)
+    transformers.set_seed(0)
+    electra = LanguageModel(encoder_dirs[0])
+    roberta = LanguageModel(encoder_dirs[1], hidden_dropout_prob=0.4)
+    encoder = MultiEncoder(language_models=[electra, roberta], combine_method="dme")
+    model = TextClassifier(encoder=encoder, num_classes=corpus.num_classes)
+    trainer = ModelTrainer(model=model, corpus=corpus)
+    trainer.train(tmp_path / "run", learning_rate=[3e-5, 1e-5], batch_size=8, epochs=1, progress=False)
+    rate_of = {id(p): group["initial_lr"] for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert electra.tunable_layers == roberta.tunable_layers == "all"
+    assert {rate_of[id(p)] for p in electra.parameters() if p.requires_grad} == {3e-5}
+    assert {rate_of[id(p)] for p in roberta.parameters() if p.requires_grad} == {1e-5}
+    loaded = TextClassifier.from_pretrained(tmp_path / "run" / "model")
+    assert loaded.encoder.language_models[1].model.config.hidden_dropout_prob == 0.4
+    predictions, attention = loaded.predict_with_attention(SENTENCES)
+    assert set(predictions) <= {"negative", "positive"} and predictions == loaded.predict(SENTENCES)
+    ids, same = loaded.predict_with_attention(SENTENCES, return_ids=True)
+    assert [corpus.label_names[i] for i in ids] == predictions and same == attention

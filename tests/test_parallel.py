@@ -1,12 +1,20 @@
-"""`layertune repro --jobs N` hands each worker its own GPU. No GPU here: a stand-in `dvc` on PATH records which
-GPU each cell's process saw and when it ran (the end-to-end build with real DVC is in test_scale.py)."""
+"""`layertune repro --jobs N` hands each worker its own GPU, and a signal stops every cell. No GPU here: a stand-in
+`dvc` on PATH records which GPU each cell's process saw and when it ran, or which processes it started (the
+end-to-end build with real DVC is in test_scale.py)."""
 
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from layertune import parallel
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_DVC = """#!/bin/sh
 # dvc --wait-for-lock repro --single-item <cell>: record the cell, the GPU it saw and its start and end
@@ -59,3 +67,55 @@ def test_a_failed_cell_is_reported_with_its_output_and_stops_new_cells(fake_dvc)
     with pytest.raises(parallel.StageFailed, match="broken failed:\n.*failed to reproduce 'broken'"):
         parallel.run_cells(["broken", *(f"train-s@cell-{i}" for i in range(8))], jobs=1, gpus=[None])
     assert not fake_dvc.exists()  # one worker: nothing after the failed cell started
+
+
+SLOW_DVC = """#!/bin/sh
+# `layertune repro`'s calls: tokenize and the final repro succeed at once, status lists two cells, a cell trains
+# (sleeps) for a minute in a child process, as a stage command under dvc would
+case "$1" in
+  status) echo '{"train-s@a": [], "train-s@b": []}'; exit 0 ;;
+  repro) exit 0 ;;
+esac
+sleep 60 &
+echo "$$ $!" >> "$RECORD"
+wait
+echo "finished $4" >> "$RECORD"
+"""
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigterm_stops_every_cell_and_its_command_then_fails(tmp_path):
+    """SIGTERM to `layertune repro --jobs 2` reaches each cell's dvc and the command it runs: none goes on training,
+    orphaned; the build exits 128 + SIGTERM."""
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "dvc"
+    script.write_text(SLOW_DVC)
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "params.yaml").write_text("studies: {s: {}}\n")
+    record = tmp_path / "record.txt"
+    env = {**os.environ, "PATH": f"{script.parent}{os.pathsep}{os.environ['PATH']}", "RECORD": str(record),
+           "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
+    build = subprocess.Popen([sys.executable, "-m", "layertune.cli", "repro", "--jobs", "2"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(record.read_text().splitlines() if record.exists() else []) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(pid) for line in record.read_text().splitlines() for pid in line.split()]
+    assert len(pids) == 4 and all(map(alive, pids))  # two cells' dvc, each with its command
+    build.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    _, err = build.communicate(timeout=30)
+    assert build.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err
+    assert time.monotonic() - started < 5
+    assert not [pid for pid in pids if alive(pid)]
+    time.sleep(0.5)
+    assert "finished" not in record.read_text()  # no cell went on to its end

@@ -2,6 +2,7 @@
 tagging study, a single-vs-combined study) through the project's own settings, catalog and hooks, on a toy data
 mirror and tiny random models, tracked in a fresh MLflow database."""
 
+import copy
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.projects import make_project, project_env, run, study
+from tests.projects import make_dvc_project, make_project, project_env, run, study
 PARAMS = {
     "download": {"mirror": "mirror"},
     "studies": {
@@ -58,7 +59,8 @@ def test_every_cell_of_every_study_has_its_folder(built):
         for cell in plan.cells:
             folder = project / "data" / "04_models" / cell.path
             assert {p.name for p in folder.iterdir()} == {"cell.json", "metrics.json", "history.json", "drift.csv",
-                                                          "predictions.json", "run_info.json", "model"}
+                                                          "predictions.json", "run_info.json", "model",
+                                                          ".layertune-output"}
     tagging = json.loads((project / "data/04_models/tags/conll2003-tiny-0-1/predictions.json").read_text())
     assert set(tagging) == {"dev", "test"}  # CoNLL-2003 has a labelled test split
 
@@ -86,20 +88,25 @@ def test_one_finished_mlflow_run_per_cell_with_params_history_and_model(built):
 def test_reports_of_all_three_kinds(built):
     project, _ = built
     layers = json.loads((project / "reports/layers.json").read_text())
-    assert set(layers["sst2"]["tiny"]["mean"]) == {"0", "2"} and layers["sst2"]["tiny"]["seeds"] == 2
-    assert "recommended_layers" in layers["sst2"]["tiny"] and "ci_low" in layers["sst2"]["tiny"]
+    assert set(layers["sst2"]["tiny"]) == {"recommended_layers", "best_layers", "best_score", "mean"}
+    assert set(layers["sst2"]["tiny"]["mean"]) == {"0", "2"}
+    details = json.loads((project / "reports/layers/details.json").read_text())
+    assert details["sst2"]["tiny"]["seeds"] == 2 and set(details["sst2"]["tiny"]["ci_low"]) == {"0", "2"}
     markdown = (project / "reports/layers.md").read_text()
     assert "| tunable layers | trainable parameters | accuracy (points) |" in markdown
     assert (project / "reports/layers/figures/quality_vs_layers.png").stat().st_size > 1000
     tags = (project / "reports/tags.md").read_text()
     assert "Baselines without a model" in tags and "test F1" in tags
-    assert set(json.loads((project / "reports/tags.json").read_text())["conll2003"]["baselines"]) == {
+    assert set(json.loads((project / "reports/tags/details.json").read_text())["conll2003"]["baselines"]) == {
         "majority_tag", "word_majority_tag"}
+    assert set(json.loads((project / "reports/tags.json").read_text())["conll2003"]) == {"tiny"}
     combo = (project / "reports/combo.md").read_text()
     assert "dme attention of `dme` on the first 2 dev examples" in combo
-    verdicts = json.loads((project / "reports/combo.json").read_text())["sst2"]["1"]["versus_reference"]
-    assert set(verdicts) == {"dme", *({"a", "b"} - {json.loads((project / "reports/combo.json").read_text())["sst2"]
-                                                      ["1"]["reference"]})}
+    headline = json.loads((project / "reports/combo.json").read_text())["sst2"]["1"]
+    assert set(headline) == {"reference", "mean", "verdict"} and set(headline["mean"]) == {"a", "b", "dme"}
+    assert set(headline["verdict"]) == {"dme", *({"a", "b"} - {headline["reference"]})}
+    details = json.loads((project / "reports/combo/details.json").read_text())["sst2"]["1"]
+    assert {name: c["verdict"] for name, c in details["versus_reference"].items()} == headline["verdict"]
 
 
 def test_a_saved_multi_encoder_predicts_with_attention(built, monkeypatch):
@@ -111,3 +118,61 @@ def test_a_saved_multi_encoder_predicts_with_attention(built, monkeypatch):
     predictions, attention = model.predict_with_attention(["a good film", "worst story ever"])
     assert set(predictions) <= {"negative", "positive"}
     assert [round(sum(row), 6) for row in attention] == [1.0, 1.0] and len(attention[0]) == 2
+
+
+def test_a_bad_parameter_stops_the_plan_with_one_message_naming_its_key(tmp_path):
+    """`kedro run --pipelines plan` (what the plan stage runs) on a bad params.yaml: one message naming the key, no
+    traceback, nothing planned."""
+    params = copy.deepcopy(PARAMS)
+    params["studies"]["layers"]["seeds"] = [1, -1]
+    project = make_project(tmp_path, params)
+    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "plan"], cwd=project, text=True,
+                          env={**os.environ, **project_env(project)}, capture_output=True)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr + done.stdout
+    assert ("Error: params.yaml is invalid:\n  studies.layers.seeds[1]: Input should be greater than or equal to 0 "
+            "(got -1)\n") in done.stderr
+    assert not (project / "data" / "00_plan").exists()  # checked before any node ran
+
+
+def test_an_unknown_study_or_cell_is_one_message_naming_the_planned_ones(built):
+    """Checked before the stage runs (Kedro's command line prints it as `Error: …`, no traceback)."""
+    from click import ClickException
+
+    project, _ = built
+    with pytest.raises(ClickException, match=r"^unknown study 'nope' \(--params study=<name>\); studies: combo, "
+                                             r"layers, tags \(those of the last plan"):
+        run(project, "prepare", study="nope")
+    with pytest.raises(ClickException, match=r"^study 'layers' has no cell 'sst2-tiny-9-1' .* Valid choices: "
+                                             r"sst2-tiny-0-1, sst2-tiny-0-2, sst2-tiny-2-1, sst2-tiny-2-2\.$"):
+        run(project, "train", study="layers", cell="sst2-tiny-9-1")
+
+
+@pytest.mark.integration  # DVC builds a tiny project three times (as tests/test_scale.py does): ~1 min
+def test_a_base_model_changed_in_place_reruns_exactly_the_cells_built_on_it(tmp_path):
+    """The plan hashes each base model's files into the plan files of the cells built on it, and runs at every
+    `dvc repro`: new weights for tiny-b, in place, rerun b's cell (and the tokenize stage, whose cached states
+    depend on them), never a's."""
+    from layertune.testing import make_tiny_model
+
+    two = {"a": "models/tiny-a", "b": "models/tiny-b"}
+    params = {"download": {"mirror": "mirror"}, "studies": {  # dvc.yaml names the three studies
+        "ablation": study("layers", ["sst2"], two, [1], [1]), "ner": study("ner", ["conll2003"], two, [1], [1]),
+        "multi_encoder": study("encoders", ["sst2"], two, [1], [1])}}
+    project = make_dvc_project(tmp_path, params)
+    cells = ["train-ablation@sst2-a-1-1", "train-ablation@sst2-b-1-1"]
+    env = {**os.environ, **project_env(project), "LAYERTUNE_WARM_IDLE": "10"}
+
+    def repro() -> str:
+        done = subprocess.run(["dvc", "repro", *cells], cwd=project, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    repro()
+    unchanged = repro()
+    assert [line for line in unchanged.splitlines() if line.startswith("Running stage")] == ["Running stage 'plan':"]
+    assert "Stage 'tokenize@ablation' didn't change" in unchanged
+    make_tiny_model(project / "models" / "tiny-b", "bert", seed=2, extra_words=("really", "peter", "paris"))
+    log = repro()
+    assert "Running stage 'train-ablation@sst2-b-1-1'" in log and "Running stage 'tokenize@ablation'" in log
+    assert "Stage 'train-ablation@sst2-a-1-1' didn't change" in log and "Stage 'prepare@ablation' didn't change" in log

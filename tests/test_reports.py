@@ -100,20 +100,35 @@ def test_layer_report_tables_rule_and_recommendation(results):
     assert "| tunable layers | trainable parameters | accuracy (points) | vs best (points) | within tolerance? |" \
         in report.markdown
     assert "one-sided paired test at 95%" in report.markdown
-    entry = report.metrics["sst2"]["m"]
+    entry = report.details["sst2"]["m"]
     assert entry["within_tolerance"]["0"] == "no" and entry["seeds"] == 2
     assert entry["ci_low"]["1"] < entry["mean"]["1"] < entry["ci_high"]["1"]
     assert entry["recommended_layers"] in (1, 2, None) and set(entry) >= {"best_layers", "undecided_between"}
+    assert entry["best_score"] == entry["mean"][str(entry["best_layers"])] == max(entry["mean"].values())
     assert set(report.figures) >= {"quality_vs_layers", "training_time_vs_layers", "drift_heatmap"}
+
+
+def test_metrics_hold_the_headline_and_details_the_rest(results):
+    """`dvc exp show` shows one column per number of the metrics file: per task and encoder, the answer, the best
+    score and each setting's mean; spreads, intervals and tests are in the details."""
+    report = build_report(results)
+    details = report.details["sst2"]["m"]
+    assert report.metrics == {"sst2": {"m": {key: details[key] for key in (
+        "recommended_layers", "best_layers", "best_score", "mean")}}}
+    assert set(details) - set(report.metrics["sst2"]["m"]) == {
+        "metric", "std", "ci_low", "ci_high", "seeds", "undecided_between", "tolerance", "within_tolerance"}
 
 
 def test_metrics_are_byte_identical_between_builds(results, tmp_path):
     from pipelines.datasets import FileDataset
 
     for name in ("a", "b"):
-        FileDataset(str(tmp_path / f"{name}.json")).save(build_report(results).metrics)
-    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
-    assert "train_time" not in (tmp_path / "a.json").read_text()  # timings vary between builds: not in metrics
+        built = build_report(results)
+        FileDataset(str(tmp_path / f"{name}.json")).save(built.metrics)
+        FileDataset(str(tmp_path / f"{name}-details.json")).save(built.details)
+    for name in ("{}.json", "{}-details.json"):
+        assert (tmp_path / name.format("a")).read_bytes() == (tmp_path / name.format("b")).read_bytes()
+        assert "train_time" not in (tmp_path / name.format("a")).read_text()  # timings vary between builds
 
 
 def test_figures_are_written_as_png(results, tmp_path):
@@ -136,4 +151,66 @@ def test_evaluate_names_missing_cells_and_refuses_inconsistent_folders(results):
 
 
 def test_metrics_json_is_plain_json(results):
-    json.dumps(build_report(results).metrics)  # no numpy scalars: dvc metrics and git diffs read it
+    built = build_report(results)
+    json.dumps([built.metrics, built.details])  # no numpy scalars: dvc metrics and git diffs read them
+
+
+def test_builds_on_two_machines_agree_within_the_tolerance_and_give_the_same_answers():
+    from layertune.reports.compare import TOLERANCE, differences
+
+    expected = {"sst2": {"m": {"best_score": 0.6234, "mean": {"0": 0.5, "1": 0.6234}, "recommended_layers": 1}}}
+    # One unit of the 4th digit: a score of 0.62345 rounds either way on two CPUs.
+    assert differences(expected, {"sst2": {"m": {"best_score": 0.6235, "mean": {"0": 0.5, "1": 0.6235},
+                                                "recommended_layers": 1}}}) == []
+    moved = {"sst2": {"m": {"best_score": 0.6236, "mean": {"0": 0.5, "1": 0.6234}, "recommended_layers": 0}}}
+    assert differences(expected, moved) == [
+        f"sst2.m.best_score: 0.6234 expected, 0.6236 built (differs by 0.0002, more than {TOLERANCE:g})",
+        "sst2.m.recommended_layers: 1 expected, 0 built"]
+    assert differences({"v": "better", "k": [0, 1]}, {"v": "no difference shown", "k": [0, 1], "x": None}) == [
+        "v: 'better' expected, 'no difference shown' built", "x: not expected"]
+
+
+def test_compare_names_each_report_that_is_missing_or_differs(tmp_path, capsys):
+    from layertune.reports.compare import main
+
+    for build, score in (("expected", 0.5), ("built", 0.51)):
+        (tmp_path / build / "s").mkdir(parents=True)
+        (tmp_path / build / "s.json").write_text(json.dumps({"sst2": {"m": {"best_score": score}}}))
+    (tmp_path / "expected" / "s" / "details.json").write_text(json.dumps({"sst2": {"m": {"std": {"0": 0.01}}}}))
+    assert main([str(tmp_path / "expected"), str(tmp_path / "built")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["s/details.json: expected, not built",
+                   "s.json: sst2.m.best_score: 0.5 expected, 0.51 built (differs by 0.01, more than 0.0001)"]
+    (tmp_path / "built" / "s" / "details.json").write_text(json.dumps({"sst2": {"m": {"std": {"0": 0.01001}}}}))
+    assert main([str(tmp_path / "expected"), str(tmp_path / "built"), "--tolerance", "0.02"]) == 0
+    assert "s: equal within 0.02 on every score, every answer the same" in capsys.readouterr().out
+
+
+def test_the_expected_ci_reports_are_those_of_the_ci_profile():
+    """.ci/repro-check.sh compares a ci build with tests/expected/ci/: they must be the ci profile's studies, tasks,
+    encoders and settings (a profile changed without refreshing them fails here, not after two builds)."""
+    from pathlib import Path
+
+    import yaml
+
+    from layertune.profiles import apply_overrides, load_profile
+
+    root = Path(__file__).resolve().parents[1]
+    params = apply_overrides(yaml.safe_load((root / "params.yaml").read_text()), load_profile("ci", root))
+    plan = plan_studies(params)
+    expected = root / "tests" / "expected" / "ci"
+    assert sorted(p.stem for p in expected.glob("*.json")) == sorted(plan.studies)
+    for name, study in plan.studies.items():
+        metrics = json.loads((expected / f"{name}.json").read_text())
+        assert (expected / name / "details.json").is_file()
+        spec = study.spec
+        assert sorted(metrics) == sorted(spec.tasks)
+        if spec.report.kind == "encoders":
+            assert {task: sorted(metrics[task]) for task in metrics} == {
+                task: sorted(map(str, spec.tunable_layers)) for task in spec.tasks}
+            assert all(sorted(entry["mean"]) == sorted(spec.encoders) for task in metrics
+                       for entry in metrics[task].values())
+        else:
+            assert all(sorted(metrics[task]) == sorted(spec.encoders) for task in metrics)
+            assert all(sorted(entry["mean"]) == sorted(map(str, spec.tunable_layers)) for task in metrics
+                       for entry in metrics[task].values())

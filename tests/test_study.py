@@ -69,7 +69,18 @@ def test_ci_profile_is_small(params):
         ("studies.ablation.tunable_layers", [0, "some"], r"studies.ablation.tunable_layers\[1\]"),
         ("studies.ablation.seeds", [1, 1], "seeds must not repeat; 1 appear"),
         ("studies.ablation.report", {"kind": "layer"}, r"studies.ablation.report.kind: Input should be 'layers'"),
-        ("studies.ablation.encoders", {"bad/name": "m"}, "encoder name 'bad/name' must be letters"),
+        ("studies.ablation.encoders", {"bad/name": "m"}, "studies.ablation.encoders.bad/name: 'bad/name' is not a "
+                                                          "valid name: a name is letters, digits"),
+        ("studies.ablation.encoders", {"on": "m"}, "studies.ablation.encoders.on: 'on' is not a valid name: YAML "
+                                                   "reads it as a boolean or null"),
+        ("studies.ablation.encoders", {"m.2": "m"}, "studies.ablation.encoders.m.2: 'm.2' is not a valid name"),
+        ("studies.ablation.seeds", [-1, 2], r"studies.ablation.seeds\[0\]: Input should be greater than or equal to 0"),
+        ("studies.ablation.seeds", [1, 2**32], r"studies.ablation.seeds\[1\]: Input should be less than or equal to "
+                                               "4294967295"),
+        ("studies.ablation.data.seed", -1, r"studies.ablation.data.seed: Input should be greater than or equal to 0"),
+        ("studies.ablation.training.max_length", 100_000,
+         r"studies.ablation.training.max_length: 100000 is longer than encoder 'all-MiniLM-L6-v2' "
+         r"\(sentence-transformers/all-MiniLM-L6-v2\) takes: at most 512 tokens"),
         ("studies.ablation.encoders", {"x": "no-such-org/no-such-model"}, "studies.ablation.encoders.x: unknown model"),
         ("studies.ablation.encoders", {"x": {"model": "sentence-transformers/all-MiniLM-L6-v2", "poolin": "cls"}},
          r"studies.ablation.encoders.x.poolin: unknown key. Did you mean 'pooling'"),
@@ -85,6 +96,90 @@ def test_ci_profile_is_small(params):
 )
 def test_bad_values_are_named_by_their_key(params, path, value, message):
     assert len(__import__("re").findall(message, error_of(edited(params, path, value)))) > 0
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("yes", "YAML reads it as a boolean or null"), ("null", "YAML reads it as a boolean or null"),
+    ("01", "a name is lower-case letters"), ("Ablation", "a name is lower-case letters"),
+    ("a.b", "a name is lower-case letters"), (True, "YAML read it as a boolean, not as text"),
+    (1, "YAML read it as a number, not as text")])
+def test_study_names_that_kedro_or_dvc_would_misread_are_refused(params, name, problem):
+    """`kedro run --params study=yes` reads the value as YAML (True), `01` as 1; DVC reads `${studies.a.b}` as a
+    path. The error names the study by its key, not by the whole mapping of studies."""
+    changed = copy.deepcopy(params)
+    changed["studies"][name] = changed["studies"].pop("ner")
+    message = error_of(changed)
+    assert f"studies.{name}: {name!r} is not a valid name" in message and problem in message
+    assert "per_tunable_layers" not in message and len(message) < 400
+
+
+def test_seeds_at_the_edges_of_numpys_range_are_valid(params):
+    checked = validate_params(edited(edited(params, "studies.ablation.seeds", [0, 2**32 - 1]),
+                                     "studies.ablation.data.seed", 0))
+    assert checked.studies["ablation"].seeds == [0, 2**32 - 1]
+
+
+def test_every_task_has_a_valid_name():
+    from layertune.study import name_problem
+    from layertune.tasks import TASKS
+
+    assert {task: name_problem(task) for task in TASKS} == {task: None for task in TASKS}
+
+
+def test_max_length_is_checked_against_the_models_config_and_tokenizer(params, tmp_path):
+    """The tiny model has 128 positions; a tokenizer that says 100 lowers the limit, as `LanguageModel.max_length`
+    has it."""
+    import json
+
+    from layertune.testing import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny", "bert")
+    study = edited(edited(params, "studies.ablation.encoders", {"tiny": str(model)}), "studies.ablation.tunable_layers",
+                   [0, 1])
+    validate_params(edited(study, "studies.ablation.training.max_length", 128))
+    assert "max_length: 129 is longer than encoder 'tiny'" in error_of(
+        edited(study, "studies.ablation.training.max_length", 129))
+    tokenizer = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**tokenizer, "model_max_length": 100}))
+    changed = edited(edited(study, "studies.ablation.training.max_length", 101), "studies.ablation.encoders",
+                     {"tiny": str(model) + "/"})  # another name: the config is read again
+    assert "at most 100 tokens" in error_of(changed)
+
+
+def test_the_plan_records_the_files_each_cell_starts_from(tmp_path):
+    """A model changed in place changes the plan files of the cells (and the tokenize slice) built on it, and only
+    those: DVC reruns exactly them. The same files elsewhere give the same fingerprint."""
+    import shutil
+
+    from layertune.testing import make_tiny_model
+
+    make_tiny_model(tmp_path / "a", "bert", seed=0)
+    make_tiny_model(tmp_path / "b", "bert", seed=1)
+    params = {"download": {"mirror": None}, "studies": {"s": {
+        "report": {"kind": "encoders"}, "tasks": ["sst2"], "tunable_layers": [1], "seeds": [1],
+        "encoders": {"a": str(tmp_path / "a"), "b": str(tmp_path / "b"),
+                     "ab": {"combine": "concat", "members": ["a", "b"]}}}}}
+    before = plan_studies(params)
+    cells = {cell.encoder: cell for cell in before.cells()}
+    assert cells["ab"].model_fingerprints == [cells["a"].model_fingerprints[0], cells["b"].model_fingerprints[0]]
+    assert None not in cells["ab"].model_fingerprints and len(set(cells["ab"].model_fingerprints)) == 2
+
+    make_tiny_model(tmp_path / "b", "bert", seed=2)  # new weights, same config and tokenizer, in place
+    after = plan_studies(params)
+    changed = {cell.encoder for cell in after.cells() if cell != cells[cell.encoder]}
+    assert changed == {"b", "ab"}
+    assert after.features["s"].fingerprints[0] == before.features["s"].fingerprints[0]
+    assert after.features["s"].fingerprints[1] != before.features["s"].fingerprints[1]
+
+    shutil.copytree(tmp_path / "a", tmp_path / "elsewhere")
+    moved = edited(params, "studies.s.encoders.a", str(tmp_path / "elsewhere"))
+    assert {c.encoder: c.model_fingerprints for c in plan_studies(moved).cells()}["a"] == cells["a"].model_fingerprints
+
+
+def test_a_hub_model_has_no_fingerprint(params):
+    from layertune.study import model_fingerprint
+
+    assert model_fingerprint("bert-base-cased") is None  # no files here: known by name only
 
 
 def test_a_missing_section_is_named(params):

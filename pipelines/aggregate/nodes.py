@@ -12,7 +12,8 @@ from layertune.study import StudyPlan
 
 
 def report(plan: StudyPlan, scores: pd.DataFrame, cells: dict[str, CellFolder],
-           corpora: dict[str, Callable[..., Corpus]]) -> tuple[str, dict, dict, dict]:
-    """Markdown, metrics (for `dvc metrics`), tables and figures."""
+           corpora: dict[str, Callable[..., Corpus]]) -> tuple[str, dict, dict, dict, dict]:
+    """Markdown, headline metrics (for `dvc metrics` and `dvc exp show`), every number (details), tables and
+    figures."""
     built = build_report(StudyResults(plan, scores, cells, corpora))
-    return built.markdown, built.metrics, built.tables, built.figures
+    return built.markdown, built.metrics, built.details, built.tables, built.figures

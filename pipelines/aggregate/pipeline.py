@@ -5,4 +5,5 @@ from pipelines.aggregate.nodes import report
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline([node(report, ["study_plan", "cell_scores", "study_cells", "prepared_corpora"],
-                          ["report_markdown", "report_metrics", "report_tables", "report_figures"], name="report")])
+                          ["report_markdown", "report_metrics", "report_details", "report_tables", "report_figures"],
+                          name="report")])

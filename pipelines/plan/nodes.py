@@ -1,6 +1,6 @@
-"""plan: params.yaml checked once and resolved into what each later stage reads, plus each stage's code
-fingerprint. Stages depend on these files, not on params.yaml or the source tree, so a stage reruns exactly when
-what it reads changes."""
+"""plan: params.yaml checked once and resolved into what each later stage reads (with a fingerprint of the files of
+every base model a cell starts from), plus each stage's code fingerprint. Stages depend on these files, not on
+params.yaml, the source tree or the models, so a stage reruns exactly when what it reads changes."""
 
 from pathlib import Path
 
@@ -12,7 +12,7 @@ from layertune.provenance import stage_fingerprint
 PROJECT = Path(pipelines.__file__).resolve().parent.parent
 # What every stage runs besides its own pipeline: hooks, datasets and settings, followed into their imports; the
 # registry and configuration, hashed as they are (the registry imports every stage's pipeline, but runs only one).
-FOLLOWED = ("pipelines/hooks.py", "pipelines/datasets.py", "pipelines/settings.py")
+FOLLOWED = ("pipelines/hooks.py", "pipelines/param_checks.py", "pipelines/datasets.py", "pipelines/settings.py")
 HASHED = ("pipelines/pipeline_registry.py", "conf/base/catalog.yml", "conf/logging.yml")
 
 

@@ -138,12 +138,13 @@ class TrainedCell:
     result: TrainingResult
     model: TaskModel
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, *, overwrite: bool = False) -> Path:
         """The cell's folder, written all at once (an interrupted save leaves the old folder, or nothing):
-        ``cell.json`` (the spec) and the files of `TrainingResult.save`, model included."""
-        from layertune.io import atomic_directory
+        ``cell.json`` (the spec) and the files of `TrainingResult.save`, model included. An existing folder is
+        replaced only if empty, a previous output, or with ``overwrite`` (`layertune.io.check_output_directory`)."""
+        from layertune.io import output_directory
 
-        with atomic_directory(directory) as staging:
+        with output_directory(directory, overwrite=overwrite, written_by="train_cell") as staging:
             (staging / "cell.json").write_text(self.spec.model_dump_json(indent=2) + "\n")
             self.result.save(staging, self.model)
         return Path(directory)
@@ -151,21 +152,25 @@ class TrainedCell:
 
 def train_cell(spec: CellSpec, output_dir: str | Path | None = None, *, corpus: Corpus | None = None,
                cache_dir: str | Path | None = None, data_mirror: str | os.PathLike | None = None,
-               progress: bool = True) -> TrainedCell:
-    """Train one cell, and write its folder to ``output_dir`` if given.
+               progress: bool = True, overwrite: bool = False) -> TrainedCell:
+    """Train one cell, and write its folder to ``output_dir`` if given (checked before training: a folder holding
+    files layertune did not write is replaced only with ``overwrite``, see `layertune.io.check_output_directory`).
 
     ``corpus`` is the cell's data when already loaded (the pipeline's prepared splits); otherwise it is loaded from
     ``spec.corpus``. ``cache_dir`` holds the tokenized splits and frozen-prefix states (see `layertune.frozen_prefix`).
     """
     from layertune.distributed import is_main_process
+    from layertune.io import check_output_directory
     from layertune.trainer import ModelTrainer
 
+    if output_dir is not None:
+        check_output_directory(output_dir, overwrite=overwrite)
     corpus = corpus if corpus is not None else spec.corpus.load(data_mirror)
     model = spec.build_model(corpus)
     trainer = ModelTrainer(model, corpus, cache_dir=cache_dir)
     trained = TrainedCell(spec, trainer.train(args=spec.training, progress=progress), trainer.model)
     if output_dir is not None and is_main_process():  # one folder, whatever the number of processes
-        trained.save(output_dir)
+        trained.save(output_dir, overwrite=overwrite)
     return trained
 
 

@@ -45,7 +45,10 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     cell = commands.add_parser("train-cell", help="train one cell and write its folder")
-    cell.add_argument("--output-dir", required=True)
+    cell.add_argument("--output-dir", required=True,
+                      help="the cell's folder; an existing one is replaced only if empty or a previous output")
+    cell.add_argument("--overwrite", action="store_true",
+                      help="replace --output-dir even if it holds files layertune did not write (deleting them)")
     cell.add_argument("--spec", type=Path, help="a CellSpec as JSON (options given too override it)")
     cell.add_argument("--data-mirror", help="local data folder (default: $LAYERTUNE_DATA_MIRROR)")
     cell.add_argument("--cache-dir", help="tokenized-data and frozen-prefix cache (default: $LAYERTUNE_CACHE)")
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         base = json.loads(args.pop("spec").read_text()) if args.get("spec") else None
         options = {key: value for key, value in args.items() if "." in key}
         trained = train_cell(cell_spec(options, base), args["output_dir"], data_mirror=args.get("data_mirror"),
-                             cache_dir=args.get("cache_dir"))
+                             cache_dir=args.get("cache_dir"), overwrite=args["overwrite"])
     except ValidationError as error:
         print(f"layertune: error: {'; '.join(describe_validation_error(error))}", file=sys.stderr)
         return 2

@@ -121,9 +121,12 @@ def load_corpus(
       .iob, .bio; last column IOB1 or IOB2 tags) load as token classification.
     * A dataset with a ``tokens`` column (lists of words) and a list-valued tags column (``tags``, ``ner_tags``,
       ``labels`` or ``label_column``) loads as token classification.
-    * ``text_columns`` / ``label_column`` are guessed when not given for data outside the registry.
+    * ``text_columns`` / ``label_column`` are guessed when not given for data outside the registry. Their labels
+      are stripped of surrounding whitespace and the classes are those of train: a dev/test label train lacks, two
+      spellings differing only in case, one class in train, or a list-valued text or label column is an error.
     * ``train_size`` / ``dev_size``: seeded subsample keeping class proportions, or equal classes when
-      ``balanced`` (default: the task's own setting, True for IMDb). Without a dev split one is carved from train.
+      ``balanced`` (default: the task's own setting, True for IMDb). Without a dev split one is carved from train,
+      stratified by class (a class with a single example is an error naming it: it cannot be in both parts).
     """
     _check_size("train_size", train_size)
     _check_size("dev_size", dev_size)
@@ -219,14 +222,19 @@ class _Loaded:
     max_length: int | None = None
     balanced: bool = False
     notes: list[str] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)  # split → the file it came from, for errors
 
     @classmethod
     def from_spec(cls, spec: TaskSpec, splits: dict[str, datasets.Dataset], source: str,
-                  official: bool = True) -> _Loaded:
+                  official: bool = True, sources: dict[str, str] | None = None) -> _Loaded:
         """``official``: the splits are the task's own, so its notes about them apply."""
         notes = [source, *spec.notes] if official else [source]
         return cls(spec.name, splits, spec.text_columns, spec.task_type, spec.label_names, spec.metrics,
-                   spec.main_metric, spec.max_length, spec.balanced, notes)
+                   spec.main_metric, spec.max_length, spec.balanced, notes, sources or {})
+
+    def where(self, split: str) -> str:
+        """The file a split came from, or a description of it: what an error about its data names."""
+        return self.sources.get(split) or f"the {split} split of {self.name!r}"
 
 
 def _load_registry_task(spec: TaskSpec, mirror: Path | None) -> _Loaded:
@@ -295,7 +303,7 @@ def _load_local(name, source, spec: TaskSpec | None, text_columns, label_column:
     if spec is not None:
         splits = {split: _read_spec_file(path, spec) for split, path in files.items()}
         return _Loaded.from_spec(spec, splits, f"Loaded from local files ({spec.name} layout): {shown}.",
-                                 official=False)
+                                 official=False, sources={split: str(path) for split, path in files.items()})
     label = name if not _is_local_path(name) else Path(name).stem
     if all(_is_conll_file(path) for path in files.values()):
         return _generic_conll(str(label), files, f"Loaded from local CoNLL files: {shown}.")
@@ -472,7 +480,9 @@ def _require_columns(ds: datasets.Dataset, wanted, where: str) -> None:
 
 
 def _encode_labels(ds: datasets.Dataset, names: tuple[str, ...], where: str) -> datasets.Dataset:
-    """String labels by name, integer labels by index (both checked), to ClassLabel ids."""
+    """String labels by name (surrounding whitespace ignored), integer labels by index (both checked), to ClassLabel
+    ids."""
+    ds = _strip_labels(ds)
     values = set(ds.unique("label"))
     ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
     allowed = set(range(len(names))) if ints else set(names)
@@ -494,22 +504,42 @@ def _generic(name: str, splits: dict[str, datasets.Dataset], text_columns, label
     if token_columns is not None:
         return _generic_tokens(name, splits, *token_columns, notes)
     train = splits["train"]
+    where = {s: (sources or {}).get(s) or f"the {s} split of {name!r}" for s in splits}
     label_column = _find_label_column(train, label_column, name)
     text_columns = _find_text_columns(train, text_columns, label_column, name)
+    _check_one_value_per_row(splits, text_columns, label_column, where)
     splits, notes = _drop_unlabelled_test(splits, label_column, notes)
     for split, ds in splits.items():
         _require_columns(ds, [*text_columns, label_column], f"{split} split of {name!r}")
     splits = {s: ds.select_columns([*text_columns, label_column]) for s, ds in splits.items()}
-    _check_complete(splits, [*text_columns, label_column],
-                    {s: (sources or {}).get(s) or f"the {s} split of {name!r}" for s in splits})
+    _check_complete(splits, [*text_columns, label_column], where)
     if label_column != "label":
         splits = {s: ds.rename_column(label_column, "label") for s, ds in splits.items()}
-    splits, task_type, label_names = _normalize_labels(splits, name)
+    splits, task_type, label_names = _normalize_labels(splits, name, where)
     if task_type == "regression":
         metrics = ("spearmanr", "pearsonr")
     else:
         metrics = ("accuracy", "f1") if len(label_names) == 2 else ("accuracy",)
-    return _Loaded(name, splits, text_columns, task_type, label_names, metrics, metrics[0], notes=notes)
+    return _Loaded(name, splits, text_columns, task_type, label_names, metrics, metrics[0], notes=notes,
+                   sources={s: w for s, w in (sources or {}).items() if s in splits})
+
+
+def _check_one_value_per_row(splits: dict[str, datasets.Dataset], text_columns: tuple[str, ...], label_column: str,
+                             where: dict[str, str]) -> None:
+    """Text and label columns hold one value per row. A list-valued text column would be taken for a sentence
+    pair by the tokenizer, and a list-valued label fails deep inside Arrow: both are refused here, by name."""
+    for split, ds in splits.items():
+        for column in (*text_columns, label_column):
+            feature = ds.features.get(column)
+            if feature is None or isinstance(feature, (datasets.Value, datasets.ClassLabel)):
+                continue
+            role, hint = (("label", "for token classification, give the words as a list column 'tokens' (or "
+                           "text_columns=) and one tag per word in a list column (label_column=)")
+                          if column == label_column else
+                          ("text", "sentence pairs are two columns: text_columns=('first', 'second')"))
+            raise ValueError(f"{where[split]}: column {column!r} has type {ds.data.schema.field(column).type}, not "
+                             f"one {role} per row; {hint}. Choose other columns, or flatten this one (one value per "
+                             "row).")
 
 
 def _check_complete(splits: dict[str, datasets.Dataset], columns: list[str], where: dict[str, str]) -> None:
@@ -564,7 +594,11 @@ def _drop_unlabelled_test(splits: dict, label_column: str, notes: list[str]) -> 
     return splits, notes
 
 
-def _normalize_labels(splits: dict[str, datasets.Dataset], name: str) -> tuple[dict, TaskType, tuple[str, ...]]:
+def _normalize_labels(splits: dict[str, datasets.Dataset], name: str,
+                      where: dict[str, str]) -> tuple[dict, TaskType, tuple[str, ...]]:
+    """Classification (ClassLabel ids) or regression (float32) labels. Plain labels: the classes are those of the
+    train split, stripped of surrounding whitespace; a dev/test label outside them, or two spellings of one label
+    differing only in case, is an error naming the files."""
     feature = splits["train"].features["label"]
     if isinstance(feature, datasets.ClassLabel):
         names = tuple(feature.names)
@@ -572,14 +606,49 @@ def _normalize_labels(splits: dict[str, datasets.Dataset], name: str) -> tuple[d
                 for s, ds in splits.items()}, "classification", names
     if isinstance(feature, datasets.Value) and feature.dtype.startswith("float"):
         return {s: ds.cast_column("label", datasets.Value("float32")) for s, ds in splits.items()}, "regression", ()
-    values = sorted(set().union(*(ds.unique("label") for ds in splits.values())) - {None}, key=_label_sort_key)
-    names = tuple(str(v) for v in values)
+    splits = {s: _strip_labels(ds) for s, ds in splits.items()}
+    found = {s: set(ds.unique("label")) - {None} for s, ds in splits.items()}
+    _check_label_case(found, where)
+    names = tuple(str(v) for v in sorted(found["train"], key=_label_sort_key))
     if len(names) < 2:
-        raise ValueError(f"{name!r}: every label is {names[0] if names else None!r}. A classifier needs at least two "
-                         "classes (and a score to regress on needs numbers with decimals, e.g. 3.0).")
+        raise ValueError(f"{where['train']}: every label is {names[0] if names else None!r}. A classifier needs at "
+                         "least two classes (and a score to regress on needs numbers with decimals, e.g. 3.0).")
+    for split, labels in found.items():
+        if unseen := sorted({str(v) for v in labels} - set(names)):
+            raise ValueError(
+                f"{where[split]}: label(s) {', '.join(map(repr, unseen))} never occur in the train data "
+                f"({where['train']}), whose labels are {', '.join(map(repr, names))}. A class the model never "
+                "trained on cannot be predicted: correct the label, add training examples of it, or drop those rows.")
     as_text = {s: ds.cast_column("label", datasets.Value("string")) for s, ds in splits.items()}
-    encoded = {s: _encode_labels(ds, names, f"{s} split of {name!r}") for s, ds in as_text.items()}
+    encoded = {s: _encode_labels(ds, names, where[s]) for s, ds in as_text.items()}
     return encoded, "classification", names
+
+
+def _strip_labels(ds: datasets.Dataset) -> datasets.Dataset:
+    """String labels without surrounding whitespace: ``"pos "`` is ``"pos"``, not a class of its own."""
+    feature = ds.features["label"]
+    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+        return ds
+    if all(v is None or v == v.strip() for v in ds.unique("label")):
+        return ds
+    return ds.map(lambda batch: {"label": [v if v is None else v.strip() for v in batch["label"]]}, batched=True,
+                  keep_in_memory=True)
+
+
+def _check_label_case(found: dict[str, set], where: dict[str, str]) -> None:
+    """Labels that differ only in case (``pos`` / ``Pos``) are refused rather than merged: case can be meaningful,
+    and which spelling is right is the data owner's call."""
+    spellings: dict[str, dict[str, list[str]]] = {}
+    for split, labels in found.items():
+        for label in labels:
+            if isinstance(label, str):
+                spellings.setdefault(label.casefold(), {}).setdefault(label, []).append(split)
+    for variants in spellings.values():
+        if len(variants) > 1:
+            shown = " and ".join(f"{label!r} (in {', '.join(where[s] for s in splits)})"
+                                 for label, splits in sorted(variants.items()))
+            raise ValueError(f"Labels {shown} differ only in case, so they would be separate classes. layertune does "
+                             "not merge them (case can matter): spell each class the same way in every file.")
 
 
 def _label_sort_key(value) -> tuple:
@@ -686,8 +755,12 @@ def _finish(loaded: _Loaded, *, train_size: int | None, dev_size: int | None, se
     if balanced and not classify:
         raise ValueError(f"balanced=True needs a classification task; {loaded.name!r} is {loaded.task_type}.")
     splits, notes = dict(loaded.splits), list(loaded.notes)
+    if classify:
+        _check_train_classes(splits["train"], loaded.label_names, loaded.where("train"))
     if "dev" not in splits:
-        splits["train"], splits["dev"], note = _carve_dev(splits["train"], dev_size, seed, classify)
+        splits["train"], splits["dev"], note = _carve_dev(splits["train"], dev_size, seed,
+                                                          loaded.label_names if classify else (),
+                                                          loaded.where("train"))
         notes.append(note)
     for split, size in (("train", train_size), ("dev", dev_size)):
         # Only sentence labels can be stratified by; token-classification sentences are sampled at random.
@@ -700,11 +773,38 @@ def _finish(loaded: _Loaded, *, train_size: int | None, dev_size: int | None, se
                   max_length=loaded.max_length)
 
 
-def _carve_dev(train: datasets.Dataset, dev_size: int | None, seed: int, stratify: bool):
+def _check_train_classes(train: datasets.Dataset, label_names: tuple[str, ...], where: str) -> None:
+    present = sorted(set(train.unique("label")))
+    if len(present) < 2:
+        only = ", ".join(repr(label_names[i]) for i in present) or "none"
+        raise ValueError(f"{where}: every training example has the same class ({only} of {', '.join(label_names)}). "
+                         "A classifier needs examples of at least two classes to learn anything.")
+
+
+def _carve_dev(train: datasets.Dataset, dev_size: int | None, seed: int, label_names: tuple[str, ...], where: str):
+    """Dev carved from train, stratified by class when ``label_names`` are given (classification).
+
+    A class with a single example cannot be stratified (it cannot be in both parts): that is an error naming the
+    class, rather than a silent unstratified carve that could leave the class out of train or dev."""
+    stratify = bool(label_names)
     size = max(dev_size or 0, round(DEV_FRACTION * len(train)), 1)
+    if stratify:
+        counts = np.bincount(np.asarray(train["label"]), minlength=len(label_names))
+        if single := [name for name, count in zip(label_names, counts) if count == 1]:
+            shown = ("class " if len(single) == 1 else "classes ") + ", ".join(f"{n!r} (1 example)" for n in single)
+            raise ValueError(
+                f"{where}: {shown} cannot be split between train and the dev split carved from it (stratified by "
+                "class, each class needs at least 2 examples). Add examples, drop the class, or give a dev file: "
+                "data_files={'train': ..., 'dev': ...}.")
+        size = max(size, int((counts > 0).sum()))  # a stratified dev holds at least one example of every class
     if size >= len(train):
-        raise ValueError(f"Cannot carve a dev split of {size:,} from a train split of {len(train):,} examples.")
-    parts = train.train_test_split(test_size=size, seed=seed, stratify_by_column="label" if stratify else None)
+        raise ValueError(f"{where}: cannot carve a dev split of {size:,} from a train split of {len(train):,} "
+                         "examples.")
+    try:
+        parts = train.train_test_split(test_size=size, seed=seed, stratify_by_column="label" if stratify else None)
+    except ValueError as error:  # too few examples left for every class to be in both parts
+        raise ValueError(f"{where}: cannot carve a dev split of {size:,} stratified by class from {len(train):,} "
+                         f"examples: {error}") from None
     how = "stratified by label, " if stratify else ""
     note = (f"No validation split: dev is {size:,} examples carved from train ({how}seed {seed}); "
             f"train keeps the other {len(parts['train']):,}.")

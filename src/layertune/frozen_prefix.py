@@ -6,14 +6,20 @@ train and evaluate the top K layers and the head from them: an epoch then costs 
 
 An entry is keyed by the frozen weights, the tokenized data, the boundary layer and the dtype, written atomically
 with a checksum, and verified on load: a corrupt or partial entry is rebuilt, never used.
+
+Building an entry leaves the random generators and the model's train/eval modes as it found them, so a run that
+builds its entry trains exactly like one that reads it. Its disk space is reserved before any state is computed: a
+full disk is an OSError naming the folder and the bytes needed, and leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -33,6 +39,7 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # 2: data hashed column-wise; 3: the config without the folder it was loaded from; 4: every file checksummed
 _FORMAT_VERSION = 4
+_DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # no space left; a quota reached
 
 
 def default_cache_root() -> Path:
@@ -147,43 +154,102 @@ class FrozenPrefixCache:
     def _compute(self, encoder, tokenized, boundaries: list[int], keys: dict[int, str], device) -> None:
         examples = Examples(tokenized, encoder.tokenizer.pad_token_id or 0)
         offsets = np.concatenate([[0], np.cumsum(examples.lengths)]).astype(np.int64)
-        hidden = encoder.hidden_size
-        storage_dtype = np.uint16 if self.dtype == "bfloat16" else np.dtype(self.dtype)
+        storage_dtype = np.dtype(np.uint16 if self.dtype == "bfloat16" else self.dtype)
+        shape = (int(offsets[-1]), encoder.hidden_size)
         self.root.mkdir(parents=True, exist_ok=True)
-        with contextlib.ExitStack() as stack:  # every boundary's folder appears at once, or none does
-            folders = {keys[b]: stack.enter_context(atomic_directory(self.root / keys[b])) for b in boundaries}
-            arrays = {
-                b: np.lib.format.open_memmap(folders[keys[b]] / "states.npy", mode="w+", dtype=storage_dtype,
-                                             shape=(int(offsets[-1]), hidden))
-                for b in boundaries
-            }
-            original_device = next(encoder.parameters()).device
-            encoder.to(device)
-            order = np.argsort(examples.lengths, kind="stable")  # similar lengths together: little padding
-            batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-            description = f"caching layers < {max(boundaries)} ({len(examples):,} examples)"
+        try:
+            # The build runs where training is about to draw its dropout masks: it must leave every random
+            # generator as it found it, or a run that builds an entry would train differently from one that reads it.
+            with _random_state_kept(device), contextlib.ExitStack() as stack:  # every boundary's folder, or none
+                folders = {keys[b]: stack.enter_context(atomic_directory(self.root / keys[b])) for b in boundaries}
+                arrays = {b: _allocated_npy(folders[keys[b]] / "states.npy", storage_dtype, shape) for b in boundaries}
+                self._fill(encoder, examples, offsets, arrays, device)
+                for b in boundaries:
+                    arrays[b].flush()
+                    self._finish_entry(folders[keys[b]], b, encoder, len(examples), offsets)
+        except OSError as error:
+            if error.errno not in _DISK_FULL:
+                raise
+            needed = len(boundaries) * shape[0] * shape[1] * storage_dtype.itemsize
+            raise OSError(error.errno, _no_space_message(self.root, needed, boundaries)) from error
+        total = sum((self.root / keys[b] / "states.npy").stat().st_size for b in boundaries) / 2**20
+        logger.info("Cached boundaries %s of %s: %.1f MiB in %s", boundaries, encoder.name, total, self.root)
+
+    def _fill(self, encoder, examples: Examples, offsets: np.ndarray, arrays: dict[int, np.memmap], device) -> None:
+        """Run the frozen prefix over every example, writing each boundary's states into its (unpadded) rows."""
+        original_device = next(encoder.parameters()).device
+        encoder.to(device)
+        order = np.argsort(examples.lengths, kind="stable")  # similar lengths together: little padding
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        description = f"caching layers < {max(arrays)} ({len(examples):,} examples)"
+        try:
             for indices in tqdm(batches, desc=description, disable=None if self.progress else True, leave=False):
                 batch = examples.collate([examples[i] for i in indices])
                 batch = {k: v.to(device) for k, v in batch.items()}
-                captured = encoder.boundary_states(batch, boundaries)
-                for b, states in captured.items():
+                for b, states in encoder.boundary_states(batch, list(arrays)).items():
                     states = states.to("cpu", DTYPES[self.dtype])
                     if self.dtype == "bfloat16":
                         states = states.view(torch.int16)
                     for row, index in enumerate(indices):
                         start, end = offsets[index], offsets[index + 1]
                         arrays[b][start:end] = states[row, : end - start].numpy()
+        finally:
             encoder.to(original_device)
-            for b in boundaries:
-                arrays[b].flush()
-                folder = folders[keys[b]]
-                np.save(folder / "offsets.npy", offsets)
-                path = folder / "states.npy"
-                write_json(folder / "meta.json", {
-                    "boundary": b, "dtype": self.dtype, "examples": len(examples), "tokens": int(offsets[-1]),
-                    "hidden_size": hidden, "model": encoder.name, "states_bytes": path.stat().st_size,
-                    "checksum": file_digest(path), "offsets_checksum": file_digest(folder / "offsets.npy"),
-                    "format_version": _FORMAT_VERSION,
-                })
-        total = sum((self.root / keys[b] / "states.npy").stat().st_size for b in boundaries) / 2**20
-        logger.info("Cached boundaries %s of %s: %.1f MiB in %s", boundaries, encoder.name, total, self.root)
+
+    def _finish_entry(self, folder: Path, boundary: int, encoder, examples: int, offsets: np.ndarray) -> None:
+        np.save(folder / "offsets.npy", offsets)
+        path = folder / "states.npy"
+        write_json(folder / "meta.json", {
+            "boundary": boundary, "dtype": self.dtype, "examples": examples, "tokens": int(offsets[-1]),
+            "hidden_size": encoder.hidden_size, "model": encoder.name, "states_bytes": path.stat().st_size,
+            "checksum": file_digest(path), "offsets_checksum": file_digest(folder / "offsets.npy"),
+            "format_version": _FORMAT_VERSION,
+        })
+
+
+def _random_state_kept(device: torch.device) -> contextlib.AbstractContextManager:
+    """Every random generator the build could touch (the CPU's, and ``device``'s) restored when the block ends."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    module = getattr(torch, device.type)
+    index = device.index if device.index is not None else getattr(module, "current_device", lambda: 0)()
+    return torch.random.fork_rng(devices=[index], device_type=device.type)
+
+
+def _allocated_npy(path: Path, dtype: np.dtype, shape: tuple[int, int]) -> np.memmap:
+    """A new .npy file of ``shape``, every byte of it reserved on disk, mapped for writing.
+
+    Writing to a mapped page that the disk cannot back raises SIGBUS ("Bus error"): the process dies with no
+    Python error and its staging folder stays behind. With the blocks reserved first, a full disk is an ENOSPC
+    OSError here, before any state is computed.
+    """
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    with open(path, "wb") as file:
+        np.lib.format.write_array_header_1_0(file, header)
+        offset = file.tell()
+        _reserve(file.fileno(), offset, offset + shape[0] * shape[1] * dtype.itemsize)
+    return np.memmap(path, dtype=dtype, mode="r+", offset=offset, shape=shape)
+
+
+def _reserve(fd: int, start: int, end: int) -> None:
+    """Allocate bytes ``start`` to ``end`` of the file; where posix_fallocate is missing, by writing zeros."""
+    allocate = getattr(os, "posix_fallocate", None)
+    if allocate is not None and end > start:
+        try:
+            allocate(fd, start, end - start)
+            return
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    zeros = bytes(min(2**24, end - start))
+    for position in range(start, end, len(zeros) or 1):
+        os.pwrite(fd, zeros[: end - position], position)
+
+
+def _no_space_message(root: Path, needed: int, boundaries: list[int]) -> str:
+    free = shutil.disk_usage(root).free if root.is_dir() else 0
+    return (f"Not enough disk space for the frozen-prefix cache in {root}: the states entering layer(s) "
+            f"{', '.join(map(str, boundaries))} need {needed:,} bytes ({needed / 2**20:,.1f} MiB), and "
+            f"{free:,} bytes are free. Free space there, point the cache at another disk (cache_dir=, "
+            f"--cache-dir or $LAYERTUNE_CACHE), store half-size states (cache_dtype='bfloat16'), or train "
+            "without it (frozen_prefix_cache=False). Nothing was left in the cache folder.")

@@ -103,9 +103,10 @@ class TaskModel(nn.Module):
     def decode(self, predictions: list) -> list:
         return predictions
 
-    def predict_with_attention(self, sentences: list[str] | list[tuple[str, str]],
-                               batch_size: int = 32) -> tuple[list, list[list[float]]]:
-        """Predictions, and per example the weight a dme `MultiEncoder` gave each encoder (each row sums to 1)."""
+    def predict_with_attention(self, sentences: list[str] | list[tuple[str, str]], batch_size: int = 32, *,
+                               return_ids: bool = False) -> tuple[list, list[list[float]]]:
+        """Predictions as `predict` gives them (label names where the model has them; ``return_ids=True``: class
+        ids), and per example the weight a dme `MultiEncoder` gave each encoder (each row sums to 1)."""
         method = getattr(self.encoder, "combine_method", None)
         if method != "dme":
             why = (f"this model's MultiEncoder uses combine_method={method!r}, which has no attention" if method
@@ -115,7 +116,7 @@ class TaskModel(nn.Module):
         predictions, attention = [], []
         for start in range(0, len(sentences), batch_size):
             chunk = sentences[start : start + batch_size]
-            predictions += self.predict(chunk, batch_size=len(chunk))
+            predictions += self.predict(chunk, batch_size=len(chunk), return_ids=return_ids)
             attention += self.encoder.last_attention.float().tolist()
         return predictions, attention
 

@@ -1,4 +1,5 @@
-"""Writing outputs so that an interrupted run never leaves a half-written artifact, nor loses the previous one."""
+"""Writing outputs so that an interrupted run never leaves a half-written artifact, nor loses the previous one; and
+never replaces a folder that holds something layertune did not write (`output_directory`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,56 @@ from collections.abc import Iterator
 from pathlib import Path
 
 _PARTIAL = ".partial-"  # staging folders: .<name>.partial-<pid>-<random>
+# In every folder `output_directory` writes: what proves that replacing the folder loses nothing of the user's.
+MARKER = ".layertune-output"
+
+
+class OutputDirectoryError(ValueError):
+    """An output folder that may not be replaced; raised before any work."""
+
+
+def check_output_directory(path: str | Path, *, overwrite: bool = False) -> Path:
+    """``path`` if a new output may take its place: it does not exist, is an empty folder, holds `MARKER` (a
+    previous layertune output) or, with ``overwrite``, is any other folder. Never the current folder, the home
+    folder or a parent of either (``/`` included), even with ``overwrite``: replacing one deletes what it holds."""
+    given, path = str(path), Path(path).expanduser()  # messages name the folder as the caller wrote it
+    resolved, cwd, home = path.resolve(), Path.cwd().resolve(), Path.home().resolve()
+    if resolved in (cwd, *cwd.parents, home, *home.parents):
+        what = "the current folder" if resolved == cwd else "the home folder" if resolved == home else (
+            "a parent of the current folder" if resolved in cwd.parents else "a parent of the home folder")
+        raise OutputDirectoryError(
+            f"Output folder {given!r} is {what} ({resolved}): writing an output there would replace the folder "
+            f"and delete everything in it. Give a new folder for the output, e.g. {os.path.join(given, 'run')!r}.")
+    if path.is_symlink():
+        raise OutputDirectoryError(f"Output folder {given!r} is a symbolic link (to {resolved}): the output would "
+                                   "replace the link. Give the folder it points to, or a new folder.")
+    if not path.exists():
+        return path
+    if not path.is_dir():
+        raise OutputDirectoryError(f"Output folder {given!r} exists and is not a folder. Give another path.")
+    if overwrite or _empty_or_marked(path):
+        return path
+    raise OutputDirectoryError(
+        f"Output folder {given!r} already exists and holds files layertune did not write (it has no {MARKER} "
+        "file): writing the output there would delete them. Choose another folder, or pass overwrite=True "
+        "(on the command line --overwrite) to replace it and everything in it.")
+
+
+def _empty_or_marked(folder: Path) -> bool:
+    marker = folder / MARKER
+    return not any(folder.iterdir()) or marker.is_file() and not marker.is_symlink()
+
+
+@contextlib.contextmanager
+def output_directory(path: str | Path, *, overwrite: bool = False, written_by: str = "layertune") -> Iterator[Path]:
+    """`atomic_directory` for a folder the user names: `check_output_directory` first, and again before the swap
+    (the folder may have changed while the block ran); the new folder holds `MARKER` (JSON: ``written_by``), so
+    the next output may replace it without ``overwrite``."""
+    check_output_directory(path, overwrite=overwrite)
+    with atomic_directory(Path(path).expanduser()) as staging:
+        write_json(staging / MARKER, {"written_by": written_by, "note": "a later output here replaces this folder"})
+        yield staging
+        check_output_directory(path, overwrite=overwrite)
 
 
 @contextlib.contextmanager
@@ -32,7 +83,16 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         else:
             os.replace(staging, path)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove(staging)
+
+
+def _remove(path: Path) -> None:
+    """``path`` gone, ignoring errors; a link (what the swap left if ``path`` was one) is unlinked, never followed."""
+    if path.is_symlink() or path.is_file():
+        with contextlib.suppress(OSError):
+            path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_stale_partials(folder: Path) -> None:
@@ -40,7 +100,7 @@ def remove_stale_partials(folder: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
             if entry.name.startswith(".") and _PARTIAL in entry.name and not process_alive(_pid_of(entry.name)):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                _remove(Path(entry.path))
 
 
 def _pid_of(name: str) -> int:

@@ -61,7 +61,8 @@ def _embeddings_name(model: nn.Module) -> str:
 class LanguageModel(nn.Module):
     """A pretrained encoder whose top ``tunable_layers`` transformer layers train; the rest is frozen.
 
-    ``tunable_layers="all"`` trains everything, embeddings included (unless ``freeze_embeddings``);
+    ``tunable_layers="all"`` (the default: full fine-tuning, as in BERT's recipe) trains everything, embeddings
+    included (unless ``freeze_embeddings``);
     an int K trains the top K layers (plus the pooler, with ``pooling="pooler"`` and K >= 1); 0 leaves only the
     task head to train.
     ``frozen_layers=N`` is the other common spelling: the bottom N layers frozen, i.e. K = L - N.
@@ -198,11 +199,7 @@ class LanguageModel(nn.Module):
             if isinstance(frozen_layers, bool) or not isinstance(frozen_layers, int) or not 0 <= frozen_layers <= limit:
                 raise ValueError(f"frozen_layers must be an int from 0 to {limit} ({where}); got {frozen_layers!r}.")
             return limit - frozen_layers
-        if tunable_layers is None:
-            raise ValueError(f"Say how many layers of {self.name!r} to tune: tunable_layers=K (the top K of {limit} "
-                             "layers; 0 trains the head alone), tunable_layers='all' (full fine-tuning), or "
-                             "frozen_layers=N (the bottom N frozen).")
-        if tunable_layers == "all":
+        if tunable_layers is None or tunable_layers == "all":  # None: neither given, so full fine-tuning
             return "all"
         if isinstance(tunable_layers, bool) or not isinstance(tunable_layers, int) or not 0 <= tunable_layers <= limit:
             raise ValueError(
@@ -406,14 +403,18 @@ class LanguageModel(nn.Module):
                 def capture(module, args, kwargs, b=b):
                     captured[b] = args[0] if args else kwargs["hidden_states"]
                 handles.append(self.layers[b].register_forward_pre_hook(capture, with_kwargs=True))
-        was_training = self.training
+        # Each module's own mode back afterwards: `train(was_training)` would instead put a freshly loaded model
+        # (eval mode inside a train-mode wrapper) into train mode, so a run that built a cache entry would leave
+        # the model otherwise than one that read it.
+        modes = {module: module.training for module in self.modules()}
         self.eval()
         try:
             last = self.model(**self.model_inputs(batch)).last_hidden_state
         finally:
             for handle in handles:
                 handle.remove()
-            self.train(was_training)
+            for module, training in modes.items():
+                module.training = training
         if self.num_layers in boundaries:
             captured[self.num_layers] = last
         return captured

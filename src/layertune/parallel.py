@@ -8,24 +8,136 @@ then runs each cell that changed as its own ``dvc --wait-for-lock repro --single
 studies (evaluate, aggregate; every cell is up to date by then). On a machine with GPUs each worker sees one GPU
 (``CUDA_VISIBLE_DEVICES``), in turn. Each cell trains exactly as in a serial build, so the results are the same,
 byte for byte.
+
+Each `dvc` runs in a process group of its own, with the stage command it starts; SIGTERM, SIGINT or SIGHUP to
+`layertune repro` is passed on to every group, which it waits for (then SIGKILL after a grace period) before it
+exits with 128 + the signal's number. No cell goes on training, orphaned, after the build was stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+# setsid would do too, but would also detach the group from the terminal; process_group is Python 3.11+
+_OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class StageFailed(RuntimeError):
     """A cell's `dvc repro` failed; its output is in the message."""
+
+
+class Interrupted(Exception):
+    """A signal stopped `layertune repro`; every `dvc` it had started has ended."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class Children:
+    """The `dvc` processes running, each in a process group of its own, which holds the stage command it starts:
+    signalling the group reaches the command too (DVC itself does not pass SIGTERM on)."""
+
+    def __init__(self, grace_s: float = 30.0) -> None:
+        self.grace_s = grace_s
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self._signum: int | None = None  # set once stopping: no new child starts
+
+    def run(self, command: Sequence[str], **popen) -> subprocess.CompletedProcess | None:
+        """``subprocess.run(command)`` in a process group of its own; None, without starting it, once stopping."""
+        with self._lock:  # a child starts before `stop` lists the running ones, or not at all
+            if self._signum is not None:
+                return None
+            process = subprocess.Popen(command, **popen, **_OWN_GROUP)
+            self._running.add(process)
+        # Left listed if waiting is interrupted (a signal, in the main thread): `stop` must still reach it.
+        stdout, _ = process.communicate()
+        with self._lock:
+            self._running.discard(process)
+        return subprocess.CompletedProcess(command, process.returncode, stdout)
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """``signum`` to every running child's group; wait until they are gone (SIGKILL after ``grace_s``)."""
+        with self._lock:
+            self._signum = signum
+            running = list(self._running)
+        groups = [process.pid for process in running]  # each child leads its group
+        for group in groups:
+            _signal_group(group, signum)
+        if not _wait_gone(groups, self.grace_s):
+            for group in filter(_group_alive, groups):
+                _signal_group(group, signal.SIGKILL)
+            _wait_gone(groups, 5.0)
+        with self._lock:  # reaped, so that their ids (and groups) are never signalled again once reused
+            self._running.difference_update(p for p in running if p.poll() is not None)
+
+    @contextlib.contextmanager
+    def stopped_on_signal(self) -> Iterator[Children]:
+        """Within the block, SIGTERM, SIGINT and SIGHUP raise `Interrupted` (in the main thread; elsewhere the
+        caller's handlers stay), which stops the children before it leaves the block. Other errors let the running
+        children finish."""
+        def interrupt(signum: int, frame: object) -> None:
+            raise Interrupted(signum)
+
+        main = threading.current_thread() is threading.main_thread()
+        previous = {s: signal.signal(s, interrupt) for s in _STOP_SIGNALS} if main else {}
+        try:
+            yield self
+        except (Interrupted, KeyboardInterrupt) as error:
+            for s in previous:
+                signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the stopping short
+            self.stop(getattr(error, "signum", signal.SIGINT))
+            raise
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def _signal_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signum)
+
+
+def _wait_gone(groups: Sequence[int], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while any(map(_group_alive, groups)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of ``group`` still runs. Zombies do not count: an orphan's reaper may leave them."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after the command's name
+            if pgrp == str(group) and state != "Z":
+                return True
+    return False
 
 
 def devices() -> list[str | None]:
@@ -47,9 +159,11 @@ def changed_cells(targets: Sequence[str]) -> list[str]:
     return sorted(name for name in json.loads(status.stdout or "{}") if name.split("@")[0].startswith("train-"))
 
 
-def run_cells(cells: Sequence[str], jobs: int, gpus: Sequence[str | None]) -> None:
+def run_cells(cells: Sequence[str], jobs: int, gpus: Sequence[str | None], children: Children | None = None) -> None:
     """``dvc --wait-for-lock repro --single-item <cell>`` for each cell, ``jobs`` at a time; the first failure
-    stops new cells from starting and is raised once the running ones end."""
+    stops new cells from starting and is raised once the running ones end. A signal stops the running ones
+    (`Children.stopped_on_signal`) and raises `Interrupted`."""
+    children = children or Children()
     free: queue.Queue = queue.Queue()
     for slot in range(jobs):
         free.put(gpus[slot % len(gpus)])
@@ -63,16 +177,19 @@ def run_cells(cells: Sequence[str], jobs: int, gpus: Sequence[str | None]) -> No
         env = dict(os.environ) if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
         started = time.monotonic()
         try:
-            completed = subprocess.run(["dvc", "--wait-for-lock", "repro", "--single-item", cell], env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+            completed = children.run(["dvc", "--wait-for-lock", "repro", "--single-item", cell], env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         finally:
             free.put(gpu)
+        if completed is None:  # stopped by a signal before it started
+            return None
         if completed.returncode:
             stop.set()
             raise StageFailed(f"{cell} failed:\n{completed.stdout[-4000:]}")
         return time.monotonic() - started
 
-    with ThreadPoolExecutor(jobs) as pool:
+    # The signal handling is inside the pool's block: the children stop before the pool waits for its threads.
+    with ThreadPoolExecutor(jobs) as pool, children.stopped_on_signal():
         futures = {pool.submit(run, cell): cell for cell in cells}
         finished = 0
         for future in as_completed(futures):  # each cell reported as it ends
@@ -89,18 +206,26 @@ def repro(jobs: int, studies: Sequence[str]) -> int:
     all succeeded."""
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1; got {jobs}")
-    subprocess.run(["dvc", "repro", *(f"tokenize@{study}" for study in studies)], check=True)
+    children = Children()
+    with children.stopped_on_signal():
+        return _build(studies, jobs, children)
+
+
+def _build(studies: Sequence[str], jobs: int, children: Children) -> int:
+    tokenize = children.run(["dvc", "repro", *(f"tokenize@{study}" for study in studies)])
+    if tokenize.returncode:
+        raise subprocess.CalledProcessError(tokenize.returncode, tokenize.args)
     reports = [f"aggregate@{study}" for study in studies]
     cells = changed_cells(reports)
     gpus = devices()
     print(f"layertune repro: {len(cells)} cell(s) to train, {jobs} at a time"
           + (f" on GPUs {', '.join(g for g in gpus if g is not None)}" if gpus != [None] else ""), flush=True)
     try:
-        run_cells(cells, jobs, gpus)
+        run_cells(cells, jobs, gpus, children)
     except StageFailed as error:
         print(f"layertune repro: {error}", file=sys.stderr)
         return 1
-    return subprocess.run(["dvc", "repro", *reports], check=False).returncode
+    return children.run(["dvc", "repro", *reports]).returncode
 
 
 def study_names(chosen: Sequence[str]) -> list[str]:
@@ -130,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, subprocess.CalledProcessError) as error:
         print(f"layertune repro: {error}", file=sys.stderr)
         return 2
+    except Interrupted as error:
+        print(f"layertune repro: {error}; the cells it was training were stopped", file=sys.stderr)
+        return 128 + error.signum
 
 
 if __name__ == "__main__":

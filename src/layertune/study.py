@@ -63,16 +63,27 @@ from layertune.cell import (
 from layertune.errors import choices_hint, describe_validation_error
 from layertune.training_args import TrainingArguments
 
-SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Names of studies, encoders and tasks name folders and DVC stages, and reach Kedro as `--params study=<name>`,
+# which reads each value as YAML: so a letter first (never a number: `01` would arrive as 1), no dots (DVC reads
+# `${studies.<name>.tasks}` as a path) and none of YAML's words for true, false and null (`yes` would arrive as
+# True). Study and task names are lower case; encoder names may name their model (`all-MiniLM-L6-v2`).
+NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+ENCODER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+# What numpy and torch take as a seed.
+MAX_SEED = 2**32 - 1
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 _LAYER_ATTRIBUTES = ("num_hidden_layers", "n_layers", "num_layers")
-# Layer counts of common hub models, so that a study can be checked offline (the hub is asked only for others).
-KNOWN_MODEL_LAYERS = {
+_POSITION_ATTRIBUTES = ("max_position_embeddings", "n_positions")
+# Layer counts and longest inputs (tokens) of common hub models, so that a study can be checked offline (the hub is
+# asked only for others).
+KNOWN_MODELS = {name: (layers, 512) for name, layers in {
     "bert-base-cased": 12, "bert-base-uncased": 12, "bert-large-cased": 24, "bert-large-uncased": 24,
     "google-bert/bert-base-cased": 12, "google-bert/bert-base-uncased": 12, "SpanBERT/spanbert-base-cased": 12,
     "roberta-base": 12, "roberta-large": 24, "FacebookAI/roberta-base": 12, "FacebookAI/roberta-large": 24,
     "google/electra-base-discriminator": 12, "distilbert-base-uncased": 6, "distilbert-base-cased": 6,
     "distilbert/distilbert-base-uncased": 6,
-}
+}.items()}
 
 
 # Training keys that decide what the tokenize stage caches for every cell, and the seed (the seeds axis).
@@ -83,11 +94,19 @@ class ParamsError(ValueError):
     """``params.yaml`` is invalid; the message names every bad key by its dotted path."""
 
 
-def _slug(value: str, what: str) -> str:
-    if not SLUG.match(value):
-        raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.' or '-' (it names folders and DVC "
-                         "stages)")
-    return value
+def name_problem(name: object, pattern: re.Pattern = NAME) -> str | None:
+    """Why ``name`` cannot name a study, encoder or task (see `NAME`), or None."""
+    letters = "lower-case letters" if pattern is NAME else "letters"
+    rule = f"{letters}, digits, '_' and '-', starting with a letter (it names folders, DVC stages and `kedro run " \
+           "--params` values)"
+    if not isinstance(name, str):
+        kind = {bool: "a boolean", int: "a number", float: "a number", type(None): "null"}.get(type(name), "a date")
+        return f"{name!r} is not a valid name: YAML read it as {kind}, not as text; a name is {rule}"
+    if not pattern.match(name):
+        return f"{name!r} is not a valid name: a name is {rule}"
+    if name.lower() in YAML_WORDS:
+        return f"{name!r} is not a valid name: YAML reads it as a boolean or null, not as text"
+    return None
 
 
 def _unique(values: list, what: str) -> list:
@@ -125,7 +144,7 @@ class DataSpec(Spec):
 
     train_size: PositiveInt | None = None
     dev_size: PositiveInt | None = None
-    seed: int = 42
+    seed: Seed = 42
     balanced: bool | None = None
     test: bool = True
 
@@ -166,7 +185,7 @@ class StudySpec(Spec):
     tasks: list[str] = Field(min_length=1)
     encoders: dict[str, EncoderEntry] = Field(min_length=1)
     tunable_layers: list[TunableLayers] = Field(min_length=1)
-    seeds: list[int] = Field(min_length=1)
+    seeds: list[Seed] = Field(min_length=1)
     data: DataSpec = DataSpec()
     encoder: EncoderSettings = EncoderSettings()
     head: HeadSpec = HeadSpec()
@@ -183,13 +202,6 @@ class StudySpec(Spec):
             if task not in TASKS:
                 raise ValueError(f"unknown task {task!r}.{choices_hint(task, TASKS)}")
         return _unique(tasks, "tasks")
-
-    @field_validator("encoders")
-    @classmethod
-    def _encoder_names(cls, encoders: dict) -> dict:
-        for name in encoders:
-            _slug(name, "encoder name")
-        return encoders
 
     @field_validator("tunable_layers")
     @classmethod
@@ -287,25 +299,42 @@ class StudyParams(Spec):
     download: DownloadSection
     studies: dict[str, StudySpec] = Field(min_length=1)
 
-    @field_validator("studies")
+    @model_validator(mode="before")
     @classmethod
-    def _study_names(cls, studies: dict) -> dict:
-        for name in studies:
-            _slug(name, "study name")
-        return studies
+    def _names(cls, params: Any) -> Any:
+        """Study and encoder names, checked before anything else: an error names the key, not the whole mapping."""
+        studies = params.get("studies") if isinstance(params, Mapping) else None
+        if not isinstance(studies, Mapping):
+            return params
+        problems = [f"studies.{name}: {problem}" for name in studies if (problem := name_problem(name))]
+        for name, study in studies.items():
+            encoders = study.get("encoders") if isinstance(study, Mapping) else None
+            problems += [f"studies.{name}.encoders.{encoder}: {problem}" for encoder in (encoders or {})
+                         if isinstance(encoders, Mapping) and (problem := name_problem(encoder, ENCODER_NAME))]
+        if problems:
+            raise ParamsError("\n  ".join(problems))
+        return params
 
     @model_validator(mode="after")
-    def _layers_in_range(self) -> StudyParams:
+    def _models_fit(self) -> StudyParams:
+        """Each study's tunable layers and max_length, against every model it tunes (from the models' configs)."""
         for study_name, study in self.studies.items():
             for encoder in study.encoders:
                 for member, single in study.members(encoder):
-                    limit = model_layers(single.model, where=f"studies.{study_name}.encoders.{member}")
+                    where = f"studies.{study_name}.encoders.{member}"
+                    limit = model_layers(single.model, where=where)
                     for position, k in enumerate(study.tunable_layers):
                         if k != "all" and k > limit:
                             raise ParamsError(
                                 f"studies.{study_name}.tunable_layers[{position}]: {k} is out of range: encoder "
                                 f"{member!r} ({single.model}) has {limit} layers, so tunable layers go from 0 to "
                                 f"{limit} (or 'all').")
+                    longest = model_max_length(single.model, where=where)
+                    if study.training.max_length and longest and study.training.max_length > longest:
+                        raise ParamsError(
+                            f"studies.{study_name}.training.max_length: {study.training.max_length} is longer than "
+                            f"encoder {member!r} ({single.model}) takes: at most {longest} tokens (its config's "
+                            "max_position_embeddings and its tokenizer's model_max_length).")
         return self
 
 
@@ -355,32 +384,90 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 
 @functools.cache
-def model_layers(name: str, where: str = "model") -> int:
-    """How many transformer layers ``name`` has: from its config when local, packaged or mirrored, else a table of
-    known hub models, else the hub's config. An unknown name raises `ParamsError` naming ``where``."""
+def model_config(name: str, where: str = "model") -> dict | None:
+    """``name``'s config as a dict: its config.json when local, packaged or mirrored (with ``model_max_length`` from
+    its tokenizer_config.json), None for a known hub model (`KNOWN_MODELS`), else the hub's config. Only the small
+    JSON files are read: checking a study loads no model. An unknown name raises `ParamsError` naming ``where``."""
     from layertune.model_paths import MODEL_MIRROR_ENV, PACKAGED_MODELS, resolve_model_path
 
-    config_file = Path(resolve_model_path(name)) / "config.json"
-    if config_file.is_file():
-        try:
-            config = json.loads(config_file.read_text())
-            return next(config[a] for a in _LAYER_ATTRIBUTES if a in config)
-        except (json.JSONDecodeError, StopIteration):
-            raise ParamsError(f"{where}: {config_file} is not a model config with a layer count "
-                              f"({', '.join(_LAYER_ATTRIBUTES)})") from None
-    if name in KNOWN_MODEL_LAYERS:
-        return KNOWN_MODEL_LAYERS[name]
+    folder = Path(resolve_model_path(name))
+    if (folder / "config.json").is_file():
+        config = _read_json(folder / "config.json", where)
+        if (folder / "tokenizer_config.json").is_file():
+            config["tokenizer_model_max_length"] = _read_json(folder / "tokenizer_config.json", where).get(
+                "model_max_length")
+        return config
+    if name in KNOWN_MODELS:
+        return None
     try:
         import transformers
 
-        config = transformers.AutoConfig.from_pretrained(name)
+        return transformers.AutoConfig.from_pretrained(name).to_dict()
     except (OSError, ValueError) as error:
-        known = [*PACKAGED_MODELS, *KNOWN_MODEL_LAYERS]
+        known = [*PACKAGED_MODELS, *KNOWN_MODELS]
         mirror = os.environ.get(MODEL_MIRROR_ENV)
         raise ParamsError(f"{where}: unknown model {name!r}: not a local folder, not a packaged model, not in the "
                           f"model mirror (${MODEL_MIRROR_ENV}={mirror!r}), not a known hub model, and the hub did "
                           f"not provide it ({type(error).__name__}).{choices_hint(name, known)}") from None
-    return next(getattr(config, a) for a in _LAYER_ATTRIBUTES if hasattr(config, a))
+
+
+def _read_json(path: Path, where: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ParamsError(f"{where}: {path} is not valid JSON ({error})") from None
+
+
+def model_layers(name: str, where: str = "model") -> int:
+    """How many transformer layers ``name`` has (see `model_config`)."""
+    config = model_config(name, where)
+    if config is None:
+        return KNOWN_MODELS[name][0]
+    try:
+        return next(config[a] for a in _LAYER_ATTRIBUTES if a in config)
+    except StopIteration:
+        raise ParamsError(f"{where}: the config of {name!r} is not a model config with a layer count "
+                          f"({', '.join(_LAYER_ATTRIBUTES)})") from None
+
+
+def model_max_length(name: str, where: str = "model") -> int | None:
+    """The longest input ``name`` takes, in tokens, as `LanguageModel.max_length` has it: the smaller of its
+    positions (``max_position_embeddings``) and its tokenizer's ``model_max_length`` (where either is stated)."""
+    config = model_config(name, where)
+    if config is None:
+        return KNOWN_MODELS[name][1]
+    # Tokenizers without a limit state a huge placeholder (transformers' VERY_LARGE_INTEGER).
+    limits = [config.get(a) for a in (*_POSITION_ATTRIBUTES, "tokenizer_model_max_length")]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 10**9]
+    return min(limits) if limits else None
+
+
+def model_fingerprint(name: str) -> str | None:
+    """A hash of the files of ``name``'s folder (local, packaged or mirrored): config, weights, tokenizer; not
+    hidden files, subfolders or Markdown. It is recorded in the plan files the cells depend on, so that changing a
+    model's files in place reruns the cells built on it. Names, sizes and contents only: the same files elsewhere
+    (another machine's mirror) give the same hash. None for a hub model (no files here)."""
+    from layertune.model_paths import resolve_model_path
+
+    folder = Path(resolve_model_path(name))
+    if not folder.is_dir():
+        return None
+    files = sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".") and f.suffix != ".md")
+    return _files_fingerprint(tuple((f, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+
+
+@functools.cache
+def _files_fingerprint(files: tuple[tuple[Path, int, int], ...]) -> str:
+    """Keyed by each file's size and modification time, so that a plan hashes each model once (not once per cell)
+    and a changed file is hashed again."""
+    import xxhash
+
+    from layertune.io import file_digest
+
+    digest = xxhash.xxh3_128()
+    for path, size, _ in files:
+        digest.update(f"{path.name}\0{size}\0{file_digest(path)}\n".encode())
+    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------------------- plan
@@ -395,6 +482,8 @@ class StudyCell(Spec):
     tunable_layers: TunableLayers
     seed: int
     spec: CellSpec
+    model_fingerprints: list[str | None] = Field(
+        [], description="per language model of spec.encoders, `model_fingerprint` of the files it starts from")
 
     @property
     def key(self) -> str:
@@ -461,6 +550,7 @@ class FeaturePlan(Spec):
     settings: dict[str, CellFeatures]  # by setting key (`StudyCell.setting_key`): adding a seed changes nothing here
     max_length: PositiveInt | None
     cache_dtype: Literal["float32", "float16", "bfloat16"]
+    fingerprints: list[str | None] = []  # per model, `model_fingerprint` of its files: the states depend on them
 
 
 class DownloadPlan(Spec):
@@ -482,8 +572,10 @@ class Plan(BaseModel):
 
 def study_cells(name: str, study: StudySpec) -> list[StudyCell]:
     """Every task × encoder × tunable layers × seed, in the order of DVC's matrix."""
+    fingerprints = {encoder: [model_fingerprint(single.model) for _, single in study.members(encoder)]
+                    for encoder in study.encoders}
     return [StudyCell(study=name, task=task, encoder=encoder, tunable_layers=k, seed=seed,
-                      spec=study.cell_spec(task, encoder, k, seed))
+                      spec=study.cell_spec(task, encoder, k, seed), model_fingerprints=fingerprints[encoder])
             for task, encoder, k, seed in itertools.product(study.tasks, study.encoders, study.tunable_layers,
                                                              study.seeds)]
 
@@ -510,7 +602,8 @@ def feature_plan(study: StudySpec, cells: list[StudyCell]) -> FeaturePlan:
                 boundaries[indices[-1]].add(frozen)
         layout[cell.setting_key] = CellFeatures(task=cell.task, models=indices, boundaries=cell_boundaries)
     return FeaturePlan(tasks=study.tasks, models=models, boundaries=[sorted(b) for b in boundaries], settings=layout,
-                       max_length=study.training.max_length, cache_dtype=study.training.cache_dtype)
+                       max_length=study.training.max_length, cache_dtype=study.training.cache_dtype,
+                       fingerprints=[model_fingerprint(model.model) for model in models])
 
 
 def plan_studies(params: Mapping[str, Any]) -> Plan:

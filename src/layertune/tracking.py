@@ -1,4 +1,5 @@
-"""MLflow tracking: one run per study cell, one experiment per study, and a run ends FINISHED only on success.
+"""MLflow tracking: one run per study cell, one experiment per study; a run ends FINISHED only on success, and a
+tracking outage never costs a trained cell.
 
 Runs are driven through `mlflow.MlflowClient` with explicit run ids, never mlflow's active-run globals: mlflow ends a
 still-active run as FINISHED when the interpreter exits, which would mark an interrupted cell as finished.
@@ -7,30 +8,59 @@ A failed cell ends FAILED; Ctrl-C or SIGTERM (what ``kill`` and CI timeouts send
 The tracking URI is ``$MLFLOW_TRACKING_URI`` when set (a team server, say), else ``sqlite:///mlflow.db`` in the
 working directory (MLflow 3 no longer accepts a plain folder as its store); artifacts of a SQLite store go to
 ``mlartifacts/`` beside the database.
+
+A store that does not answer (a server that is down, or killed mid-cell) does not fail the cell: the first failed
+call logs one warning, and from then on the run's calls are kept, in order, in a journal in the project,
+``data/09_tracking/<experiment>/<run name>.json`` (a `PendingRun`). `sync` replays the journals of cells that have
+ended once the store answers again: the next cell of the study does it as it starts, and so does
+``python -m layertune.tracking sync``. HTTP calls give up within seconds rather than MLflow's minutes
+(`HTTP_RETRY_DEFAULTS`, unless you set those variables yourself).
+
+A cell killed with SIGKILL leaves its run RUNNING. Its next run ends it KILLED (`end_abandoned_runs`); if the cell
+is not trained again (DVC restored its outputs from its run-cache), `settle`, run by the evaluate stage and by
+``sync``, ends it: FINISHED, with the metrics of its folder, if the folder was written after the run began and holds
+that run's spec and metrics; KILLED otherwise.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import hashlib
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST_TAG, PID_TAG = "layertune.host", "layertune.pid"  # which process owns a run: a dead owner's run is abandoned
+SPEC_TAG = "layertune.spec"  # digest of the cell's spec: which outputs are this run's (`settle`)
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 # The kind of experiment the MLflow UI (3.x) shows: a model-training experiment opens on its runs table. Without it
 # the UI guesses, and opens ours on its GenAI overview page.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+# Relative to the project folder, where every stage runs; Kedro's layer for tracking data. Not a DVC output.
+JOURNAL_ROOT = Path("data") / "09_tracking"
+MODELS_ROOT = Path("data") / "04_models"  # the cell folders, data/04_models/<study>/<cell> (conf/base/catalog.yml)
+# MLflow's own defaults retry an unreachable server for about four minutes per call (7 retries, backoff factor 2,
+# 120 s timeout). A cell keeps what it cannot log, so a few seconds are enough.
+HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                       "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+RETRY_AFTER_S = 60.0  # a store that failed is not called again by this process for this long
+_failed: dict[str, float] = {}  # tracking URI -> when a call to it last failed in this process
 
 
 def tracking_uri() -> str:
@@ -67,70 +97,220 @@ def end_status(error: BaseException | None) -> str:
     return FAILED
 
 
-class CellRun:
-    """One MLflow run. Start it with :meth:`start`; :meth:`end` is idempotent (the first status wins)."""
+# ------------------------------------------------------------------------------------------ what a run logs
 
-    def __init__(self, client, run_id: str) -> None:
-        self.client = client
-        self.run_id = run_id
+
+class MetricRecord(BaseModel):
+    key: str
+    value: float
+    timestamp: int
+    step: int
+
+
+class DatasetRecord(BaseModel):
+    """A dataset input of a run (`mlflow.entities.Dataset`) and its context (training, eval)."""
+
+    name: str
+    digest: str
+    source_type: str
+    source: str
+    data_schema: str | None = None
+    profile: str | None = None
+    context: str
+
+
+class Operation(BaseModel):
+    """One logging call of a run: a batch (params, metrics, tags), dataset inputs, or a JSON artifact. Replaying
+    one is harmless: MLflow keeps a metric, a dataset or a same-valued param once, and overwrites tags and files."""
+
+    params: dict[str, str] = {}
+    metrics: list[MetricRecord] = []
+    tags: dict[str, str] = {}
+    datasets: list[DatasetRecord] = []
+    artifact: str | None = None  # the file name `data` is logged as
+    data: Any = None
+
+
+class PendingRun(BaseModel):
+    """What a run could not log yet: its creation (when ``run_id`` is None), its calls in order, and its end."""
+
+    uri: str
+    experiment: str
+    run_name: str
+    run_id: str | None = None
+    start_time: int
+    tags: dict[str, str]  # the run's tags at creation, its owner's host and pid included
+    operations: list[Operation] = []
+    status: str | None = None  # set once the cell ended
+    end_time: int | None = None
+
+
+def apply(client, run_id: str, operation: Operation) -> None:
+    """One `Operation` on the run, in as few calls as MLflow's limits allow (1,000 metrics a batch)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+
+    if operation.params or operation.tags:
+        client.log_batch(run_id, params=[Param(k, v) for k, v in sorted(operation.params.items())],
+                         tags=[RunTag(k, v) for k, v in sorted(operation.tags.items())])
+    metrics = [Metric(m.key, m.value, m.timestamp, m.step) for m in operation.metrics]
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[start : start + 1000])
+    if operation.datasets:
+        client.log_inputs(run_id, [DatasetInput(
+            Dataset(d.name, d.digest, d.source_type, d.source, d.data_schema, d.profile),
+            tags=[InputTag("mlflow.data.context", d.context)]) for d in operation.datasets])
+    if operation.artifact:
+        client.log_dict(run_id, operation.data, operation.artifact)
+
+
+def metric_records(metrics: Mapping[str, Any], step: int = 0, history: Iterable[Mapping[str, Any]] = ()
+                   ) -> list[MetricRecord]:
+    """Final ``metrics`` at ``step`` and per-epoch ``history`` records (``step`` = epoch)."""
+    now = _now()
+    records = [MetricRecord(key=k, value=float(v), timestamp=now, step=int(record["epoch"])) for record in history
+               for k, v in sorted(record.items()) if k != "epoch" and _is_number(v)]
+    return records + [MetricRecord(key=k, value=float(v), timestamp=now, step=step)
+                      for k, v in sorted(metrics.items()) if _is_number(v)]
+
+
+def result_operations(summary: Mapping[str, Any], history: list[Mapping[str, Any]],
+                      model_path: str | None = None) -> list[Operation]:
+    """What a cell's results log: per-epoch history, final metrics, the model's path (a tag), and the summary and
+    history as JSON artifacts."""
+    return [Operation(metrics=metric_records(final_metrics(summary), history=history),
+                      tags={"model_path": model_path} if model_path else {}),
+            Operation(artifact="metrics.json", data=dict(summary)),
+            Operation(artifact="history.json", data=list(history))]
+
+
+# ---------------------------------------------------------------------------------------------------- a run
+
+
+class CellRun:
+    """One MLflow run. Start it with :meth:`start`; :meth:`end` is idempotent (the first status wins). Once the
+    store fails to answer, the run is offline: what is left to log goes to its journal (`PendingRun`)."""
+
+    def __init__(self, pending: PendingRun, journal: Path, client=None) -> None:
+        self.pending = pending
+        self.journal = journal
+        self.client = client  # None: offline
         self.ended: str | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.pending.run_id
 
     @classmethod
     def start(cls, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
-              uri: str | None = None) -> CellRun:
-        """A new run ``run_name``; runs of the same name that a dead process left RUNNING end KILLED first."""
-        from mlflow.entities import Param
-
+              uri: str | None = None, datasets: Iterable[DatasetRecord] = (),
+              journal_root: str | Path = JOURNAL_ROOT) -> CellRun:
+        """A new run ``run_name`` with ``params`` and dataset inputs; runs of the same name that a dead process left
+        RUNNING end KILLED first."""
         uri = uri or tracking_uri()
-        with _store_lock(uri):  # cells starting together: one creates the store and experiment, the others wait
-            client = _client(uri)
-            found = client.get_experiment_by_name(experiment)
-            experiment_id = found.experiment_id if found else client.create_experiment(
-                experiment, artifact_location=_artifact_location(uri, experiment), tags=EXPERIMENT_TAGS)
-            if found and any(found.tags.get(k) != v for k, v in EXPERIMENT_TAGS.items()):
-                for key, value in EXPERIMENT_TAGS.items():  # an experiment made before the tag existed
-                    client.set_experiment_tag(experiment_id, key, value)
-        end_abandoned_runs(client, experiment_id, run_name)
+        use_quick_http_retries(uri)
         owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
-        run = client.create_run(experiment_id, run_name=run_name, tags={**(tags or {}), **owner})
-        client.log_batch(run.info.run_id, params=[Param(k, _param_text(v)) for k, v in sorted(params.items())])
-        logger.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_id, run_name, experiment, uri)
-        if uri.startswith(("http://", "https://")):
-            logger.info("The study's runs: %s", runs_page(uri, experiment_id))
-        return cls(client, run.info.run_id)
+        pending = PendingRun(uri=uri, experiment=experiment, run_name=run_name, start_time=_now(),
+                             tags={**(tags or {}), **owner})
+        run = cls(pending, journal_path(experiment, run_name, journal_root))
+        if _reachable(uri):
+            try:
+                run._create()
+            except Exception as error:  # whatever the store's failure (down, refusing, broken), the cell goes on
+                _warn_unreachable(uri, error)
+        run._log(Operation(params={k: _param_text(v) for k, v in params.items()}))
+        if datasets := list(datasets):
+            run._log(Operation(datasets=datasets))
+        return run
+
+    def _create(self) -> None:
+        pending = self.pending
+        client = connect(pending.uri)
+        experiment_id = ensure_experiment(client, pending.uri, pending.experiment)
+        end_abandoned_runs(client, experiment_id, pending.run_name)
+        with _quiet_retries():
+            run = client.create_run(experiment_id, start_time=pending.start_time, tags=pending.tags,
+                                    run_name=pending.run_name)
+        pending.run_id, self.client = run.info.run_id, client
+        logger.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_id, pending.run_name,
+                    pending.experiment, pending.uri)
+        local = not pending.uri.startswith(("http://", "https://"))
+        logger.info("The study's runs: %s%s", runs_page(pending.uri, experiment_id),
+                    f" (mlflow ui --backend-store-uri {pending.uri})" if local else "")
+
+    def _log(self, operation: Operation) -> None:
+        if self.client is not None:
+            try:
+                with _quiet_retries():
+                    apply(self.client, self.run_id, operation)
+                return
+            except Exception as error:
+                self._go_offline(error)
+        self.pending.operations.append(operation)
+        self._keep()
+
+    def _go_offline(self, error: Exception) -> None:
+        self.client = None
+        _warn_unreachable(self.pending.uri, error)
+
+    def _keep(self) -> None:
+        """The journal, rewritten whole and atomically: a reader never sees half of it."""
+        try:
+            write_pending(self.journal, self.pending)
+        except OSError as error:
+            logger.error("Could not keep the MLflow run of %s in %s (%s): its tracking is lost, the cell is not",
+                         self.pending.run_name, self.journal, error)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0,
-                    history: list[Mapping[str, Any]] = (), tags: Mapping[str, str] | None = None) -> None:
-        """Final ``metrics`` and per-epoch ``history`` records (``step`` = epoch) in as few calls as MLflow allows
-        (1,000 metrics each), with ``tags``."""
-        from mlflow.entities import Metric, RunTag
-
-        now = int(time.time() * 1000)
-        entries = [Metric(k, float(v), now, int(record["epoch"])) for record in history
-                   for k, v in sorted(record.items()) if k != "epoch" and _is_number(v)]
-        entries += [Metric(k, float(v), now, step) for k, v in sorted(metrics.items()) if _is_number(v)]
-        run_tags = [RunTag(k, str(v)) for k, v in sorted((tags or {}).items())]
-        for start in range(0, max(len(entries), 1), 1000):
-            self.client.log_batch(self.run_id, metrics=entries[start : start + 1000],
-                                  tags=run_tags if not start else [])
+                    history: Iterable[Mapping[str, Any]] = (), tags: Mapping[str, str] | None = None) -> None:
+        """Final ``metrics`` and per-epoch ``history`` records (``step`` = epoch), with ``tags``."""
+        self._log(Operation(metrics=metric_records(metrics, step, history), tags=dict(tags or {})))
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
-        self.client.log_dict(self.run_id, data, artifact_file)
+        self._log(Operation(artifact=artifact_file, data=data))
+
+    def log_operations(self, operations: Iterable[Operation]) -> None:
+        for operation in operations:
+            self._log(operation)
 
     def end(self, status: str) -> None:
-        if self.ended is None:
-            self.client.set_terminated(self.run_id, status=status)
-            self.ended = status
-            logger.info("MLflow run %s ended %s", self.run_id, status)
+        if self.ended is not None:
+            return
+        self.ended = status
+        if self.client is not None:
+            try:
+                with _quiet_retries():
+                    self.client.set_terminated(self.run_id, status=status)
+                logger.info("MLflow run %s ended %s", self.run_id, status)
+                return
+            except Exception as error:
+                self._go_offline(error)
+        self.pending.status, self.pending.end_time = status, _now()
+        self._keep()
+        logger.info("MLflow run of %s ended %s, kept in %s until MLflow answers", self.pending.run_name, status,
+                    self.journal)
 
 
-def _client(uri: str):
+def connect(uri: str):
     """A client whose store exists: MLflow creates (and migrates) its database when the client first opens it."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(uri)
-    client.search_experiments(max_results=1)
+    use_quick_http_retries(uri)
+    with _store_lock(uri), _quiet_retries():  # cells starting together: one creates the store, the others wait
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)
     return client
+
+
+def ensure_experiment(client, uri: str, experiment: str) -> str:
+    """The id of ``experiment``, created (with `EXPERIMENT_TAGS`) if new."""
+    with _store_lock(uri), _quiet_retries():  # cells starting together: one creates the experiment
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(
+            experiment, artifact_location=_artifact_location(uri, experiment), tags=EXPERIMENT_TAGS)
+        if found and any(found.tags.get(k) != v for k, v in EXPERIMENT_TAGS.items()):
+            for key, value in EXPERIMENT_TAGS.items():  # an experiment made before the tag existed
+                client.set_experiment_tag(experiment_id, key, value)
+    return experiment_id
 
 
 @contextlib.contextmanager
@@ -142,7 +322,7 @@ def _store_lock(uri: str) -> Iterator[None]:
         return
     import fcntl
 
-    database = Path(uri.removeprefix("sqlite:///")).expanduser().absolute()
+    database = _database(uri)
     database.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{database}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -152,23 +332,231 @@ def _store_lock(uri: str) -> Iterator[None]:
 def end_abandoned_runs(client, experiment_id: str, run_name: str) -> list[str]:
     """Runs named ``run_name`` still RUNNING whose process died on this machine (a SIGKILL, a power cut) end KILLED:
     a rerun of a cell leaves one live run, never a run forever RUNNING. Returns the ids it ended."""
-    from layertune.io import process_alive
-
     ended = []
-    for run in client.search_runs([experiment_id], filter_string=f"attributes.run_name = '{run_name}' and "
-                                                                 "attributes.status = 'RUNNING'"):
-        host, pid = run.data.tags.get(HOST_TAG), run.data.tags.get(PID_TAG, "")
-        if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
-            client.set_terminated(run.info.run_id, status=KILLED)
-            ended.append(run.info.run_id)
-            logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended KILLED", run.info.run_id,
-                        run_name)
+    for run in _abandoned_runs(client, experiment_id, f"attributes.run_name = '{run_name}'"):
+        client.set_terminated(run.info.run_id, status=KILLED)
+        ended.append(run.info.run_id)
+        logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended KILLED", run.info.run_id,
+                    run_name)
     return ended
 
 
+def _abandoned_runs(client, experiment_id: str, condition: str | None = None) -> list:
+    from layertune.io import process_alive
+
+    running = "attributes.status = 'RUNNING'"
+    with _quiet_retries():
+        runs = client.search_runs([experiment_id], filter_string=f"{condition} and {running}" if condition else running)
+    return [run for run in runs if not _owner_alive(run.data.tags, process_alive)]
+
+
+def _owner_alive(tags: Mapping[str, str], process_alive) -> bool:
+    """Whether the process that owns a run may still be running: it does unless it is known dead on this machine
+    (another machine's processes cannot be checked)."""
+    host, pid = tags.get(HOST_TAG), tags.get(PID_TAG, "")
+    return not (host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)))
+
+
+# ------------------------------------------------------------------------------- the journal, and its replay
+
+
+def journal_path(experiment: str, run_name: str, root: str | Path = JOURNAL_ROOT) -> Path:
+    return Path(root) / experiment / f"{run_name}.json"
+
+
+def write_pending(path: Path, pending: PendingRun) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as staging:
+        staging.write(pending.model_dump_json(indent=1) + "\n")
+    os.replace(staging.name, path)
+
+
+def sync(uri: str | None = None, experiment: str | None = None, root: str | Path = JOURNAL_ROOT) -> list[str]:
+    """Replays, to ``uri``, the journals of runs kept while their store did not answer (of ``experiment``, else of
+    every experiment), then removes them. A journal is replayed once its cell has ended, or its process has died
+    (then its run stays RUNNING until `settle` or the cell's next run). Returns the ids of the runs it completed;
+    a store that still does not answer leaves every journal in place, with one warning."""
+    uri = uri or tracking_uri()
+    paths = sorted(Path(root).glob(f"{experiment}/*.json" if experiment else "*/*.json"))
+    if not (ready := [path for path in paths if _ready(path, uri)]) or not _reachable(uri):
+        return []
+    done = []
+    with _sync_lock(Path(root)) as locked:
+        if not locked:
+            return []  # another process is replaying these journals
+        try:
+            client = connect(uri)
+            for path in ready:
+                if path.exists():  # read again: a process that held the lock before may have replayed it, or begun
+                    done.append(replay(client, path, PendingRun.model_validate_json(path.read_text())))
+        except Exception as error:
+            _warn_unreachable(uri, error)
+    return done
+
+
+def _ready(path: Path, uri: str) -> PendingRun | None:
+    from pydantic import ValidationError
+
+    from layertune.io import process_alive
+
+    try:
+        pending = PendingRun.model_validate_json(path.read_text())
+    except (OSError, ValidationError) as error:
+        logger.warning("Skipping %s, not a journal of an MLflow run: %s", path, str(error).splitlines()[0])
+        return None
+    if pending.uri != uri:
+        logger.info("%s is kept for MLflow at %s (set MLFLOW_TRACKING_URI to it to send it there)", path, pending.uri)
+        return None
+    return pending if pending.status or not _owner_alive(pending.tags, process_alive) else None
+
+
+def replay(client, path: Path, pending: PendingRun) -> str:
+    """One journal to its store, in order; the journal is removed once all of it is there."""
+    with _quiet_retries():
+        if pending.run_id is None:
+            experiment_id = ensure_experiment(client, pending.uri, pending.experiment)
+            pending.run_id = client.create_run(experiment_id, start_time=pending.start_time, tags=pending.tags,
+                                               run_name=pending.run_name).info.run_id
+            write_pending(path, pending)  # replayed again after an interruption, it must not create a second run
+        for operation in pending.operations:
+            apply(client, pending.run_id, operation)
+        if pending.status:
+            client.set_terminated(pending.run_id, status=pending.status, end_time=pending.end_time)
+    path.unlink()
+    logger.info("MLflow run %s (%s): logged what %s kept, %s", pending.run_id, pending.run_name, path,
+                pending.status or "still RUNNING (its process died)")
+    return pending.run_id
+
+
+@contextlib.contextmanager
+def _sync_lock(root: Path) -> Iterator[bool]:
+    """Whether this process may replay the journals below ``root``: one process at a time does."""
+    import fcntl
+
+    with open(root / ".sync.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+# ------------------------------------------------------------------------------------ runs left RUNNING
+
+
+def settle(experiment: str, cells: str | Path, uri: str | None = None) -> dict[str, str]:
+    """Ends the runs of ``experiment`` that a process which died on this machine left RUNNING, for cells whose
+    folders are in ``cells``: FINISHED, with the folder's metrics, if the folder was written after the run began
+    and holds that run's spec and final metrics (DVC restored the cell's outputs from its run-cache, so its
+    training did not run again); KILLED otherwise. Returns ``{run id: status}``. Run it once every cell is settled
+    (the evaluate stage does): a cell that is trained again ends its own abandoned runs."""
+    uri = uri or tracking_uri()
+    if (uri.startswith("sqlite:///") and not _database(uri).exists()) or not _reachable(uri):
+        return {}  # no store, no run to settle
+    try:
+        client = connect(uri)
+        with _quiet_retries():
+            found = client.get_experiment_by_name(experiment)
+        return _settle_runs(client, found.experiment_id, Path(cells)) if found else {}
+    except Exception as error:
+        _warn_unreachable(uri, error)
+        return {}
+
+
+def _settle_runs(client, experiment_id: str, cells: Path) -> dict[str, str]:
+    from layertune.cell import CellFolder
+
+    ended = {}
+    for run in _abandoned_runs(client, experiment_id):
+        folder = cells / run.info.run_name
+        status = FINISHED if _outputs_of(folder, run) else KILLED
+        with _quiet_retries():
+            if status == FINISHED:
+                cell = CellFolder(folder)
+                for operation in result_operations(cell.metrics(), cell.history(), str(folder / "model")):
+                    apply(client, run.info.run_id, operation)
+                client.set_tag(run.info.run_id, "layertune.settled", f"its process died; outputs found in {folder}")
+            client.set_terminated(run.info.run_id, status=status)
+        ended[run.info.run_id] = status
+        logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended %s", run.info.run_id,
+                    run.info.run_name, status)
+    return ended
+
+
+def _outputs_of(folder: Path, run) -> bool:
+    """Whether ``folder`` holds the outputs of ``run``'s cell: written after the run began (older outputs are not
+    the run's), of the same spec, with its final metrics."""
+    spec, metrics = folder / "cell.json", folder / "metrics.json"
+    if not (spec.is_file() and metrics.is_file()):
+        return False
+    written = max(folder.stat().st_mtime, metrics.stat().st_mtime)  # DVC may link files, keeping their old times
+    return written * 1000 >= run.info.start_time and run.data.tags.get(SPEC_TAG) == spec_digest(spec.read_text())
+
+
+def spec_digest(spec) -> str:
+    """A `CellSpec` (or its JSON)'s digest: equal specs, however their JSON is laid out, give the same one."""
+    from layertune.cell import CellSpec
+
+    if isinstance(spec, str):
+        spec = CellSpec.model_validate_json(spec)
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------- a failing store
+
+
+def use_quick_http_retries(uri: str) -> None:
+    """`HTTP_RETRY_DEFAULTS` for an HTTP store, each only where the environment does not set it already."""
+    if uri.startswith(("http://", "https://")):
+        for key, value in HTTP_RETRY_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+
+
+def _reachable(uri: str) -> bool:
+    """False for a store that failed in this process less than `RETRY_AFTER_S` ago."""
+    return time.monotonic() - _failed.get(uri, -RETRY_AFTER_S) >= RETRY_AFTER_S
+
+
+def _warn_unreachable(uri: str, error: BaseException) -> None:
+    """One line per store and process, naming the cause (not a chain of tracebacks)."""
+    warned = uri in _failed
+    _failed[uri] = time.monotonic()
+    if not warned:
+        logger.warning("MLflow at %s failed (%s): tracking goes on offline, in %s/, and reaches MLflow once it "
+                       "answers (the next cell of the study sends it, or: python -m layertune.tracking sync)",
+                       uri, _cause(error), JOURNAL_ROOT)
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost exception of a chain, on one line: 'ConnectionRefusedError: [Errno 111] Connection refused'."""
+    seen = {id(error)}
+    while (inner := error.__cause__ or error.__context__) is not None and id(inner) not in seen:
+        error = inner
+        seen.add(id(error))
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def _quiet_retries() -> Iterator[None]:
+    """Without urllib3's warning for each retry of an MLflow call: a failure is reported once, by this module."""
+    retries = logging.getLogger("urllib3.connectionpool")
+    level = retries.level
+    retries.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        retries.setLevel(level)
+
+
+# ------------------------------------------------------------------------------------------- a study's runs
+
+
 def runs_page(uri: str, experiment_id: str) -> str:
-    """The MLflow UI's runs table of an experiment, on the server at ``uri``."""
-    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs"
+    """The MLflow UI's runs table of an experiment, on the server at ``uri`` (``mlflow ui``'s for a SQLite store)."""
+    base = uri if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
 
 
 def experiment_name(study: str) -> str:
@@ -194,6 +582,27 @@ def cell_params(cell) -> dict[str, Any]:
     }
 
 
+def corpus_datasets(folder: str | Path, task: str) -> list[DatasetRecord]:
+    """A prepared corpus's train and dev splits (``<folder>/<split>.parquet``) as dataset inputs: name
+    (``<task>-<split>``), MLflow's digest of the data, the file as source, schema and row count."""
+    import mlflow.data
+    import pandas as pd
+
+    records = []
+    for split, context in (("train", "training"), ("dev", "eval")):
+        path = Path(folder) / f"{split}.parquet"
+        if not path.is_file():
+            continue
+        with warnings.catch_warnings():  # mlflow's hints on inferring a schema, and on its two local source kinds
+            warnings.simplefilter("ignore")
+            entity = mlflow.data.from_pandas(pd.read_parquet(path), source=str(path.absolute()),
+                                             name=f"{task}-{split}")._to_mlflow_entity()
+        records.append(DatasetRecord(name=entity.name, digest=entity.digest, source_type=entity.source_type,
+                                     source=entity.source, data_schema=entity.schema, profile=entity.profile,
+                                     context=context))
+    return records
+
+
 def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     """A cell's summary as run metrics: the best epoch's scores as ``best_eval_*`` (the unprefixed names hold the
     per-epoch history), test scores, time, throughput and parameter counts as they are."""
@@ -208,13 +617,10 @@ def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 def log_result(run: CellRun, result, model_path: str | None = None) -> None:
     """What a cell's `TrainingResult` reports: per-epoch history, final metrics, the saved model's path (a tag), and
     the summary and history as JSON artifacts."""
-    run.log_metrics(final_metrics(result.summary()), history=result.history,
-                    tags={"model_path": model_path} if model_path else None)
-    run.log_dict(result.summary(), "metrics.json")
-    run.log_dict(result.history, "history.json")
+    run.log_operations(result_operations(result.summary(), result.history, model_path))
 
 
-def cell_tags(stage: str | None = None, study: str | None = None) -> dict[str, str]:
+def cell_tags(stage: str | None = None, study: str | None = None, spec=None) -> dict[str, str]:
     tags = {"mlflow.source.type": "JOB"}
     if commit := git_commit():
         tags["mlflow.source.git.commit"] = commit
@@ -222,6 +628,8 @@ def cell_tags(stage: str | None = None, study: str | None = None) -> dict[str, s
         tags["dvc_stage"] = stage
     if study:
         tags["study"] = study
+    if spec is not None:
+        tags[SPEC_TAG] = spec_digest(spec)
     return tags
 
 
@@ -237,8 +645,11 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
     """Beside a SQLite database; elsewhere the server decides."""
     if not uri.startswith("sqlite:///"):
         return None
-    database = Path(uri.removeprefix("sqlite:///")).expanduser().absolute()
-    return (database.parent / "mlartifacts" / experiment).as_uri()
+    return (_database(uri).parent / "mlartifacts" / experiment).as_uri()
+
+
+def _database(uri: str) -> Path:
+    return Path(uri.removeprefix("sqlite:///")).expanduser().absolute()
 
 
 def _param_text(value: Any) -> str:
@@ -247,3 +658,36 @@ def _param_text(value: Any) -> str:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+# ------------------------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m layertune.tracking sync [--study NAME]``, in the project folder: what cells kept while MLflow did
+    not answer is sent to ``$MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``), and runs that killed cells left
+    RUNNING are ended (see `settle`)."""
+    parser = argparse.ArgumentParser(prog="python -m layertune.tracking", description=main.__doc__)
+    parser.add_argument("command", choices=["sync"])
+    parser.add_argument("--study", action="append", help="only this study (repeatable; default: every study)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    uri = tracking_uri()
+    studies = args.study or sorted({p.name.removeprefix("layertune-") for p in JOURNAL_ROOT.glob("layertune-*")}
+                                   | {p.name for p in MODELS_ROOT.glob("*") if p.is_dir()})
+    synced = [run for study in studies for run in sync(uri, experiment_name(study))]
+    settled = {run: status for study in studies
+               for run, status in settle(experiment_name(study), MODELS_ROOT / study, uri).items()}
+    left = sorted(str(p) for study in studies for p in (JOURNAL_ROOT / experiment_name(study)).glob("*.json"))
+    print(f"{len(synced)} kept run(s) sent to {uri}; {len(settled)} run(s) left RUNNING by killed cells ended "
+          f"({sum(s == FINISHED for s in settled.values())} FINISHED from their saved outputs)"
+          + (f"; still kept: {', '.join(left)}" if left else ""))
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

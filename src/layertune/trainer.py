@@ -21,7 +21,7 @@ from layertune.corpus import Corpus
 from layertune.drift import parameter_drift
 from layertune.errors import describe_validation_error
 from layertune.heads import TaskModel
-from layertune.io import atomic_directory, write_json
+from layertune.io import check_output_directory, output_directory, write_json
 from layertune.metrics import compute_metrics
 from layertune.training_args import TrainingArguments
 
@@ -103,19 +103,24 @@ class ModelTrainer:
             )
         if corpus.task_type != "regression" and model.num_classes != corpus.num_classes:
             raise ValueError(f"The model has {model.num_classes} classes; {corpus.name!r} has {corpus.num_classes}.")
+        _adopt_label_names(model, corpus)
         self.model = model
         self.corpus = corpus
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.optimizer: torch.optim.Optimizer | None = None
 
     def train(self, output_dir: str | Path | None = None, *, args: TrainingArguments | None = None,
-              progress: bool = True, **arguments) -> TrainingResult:
+              progress: bool = True, overwrite: bool = False, **arguments) -> TrainingResult:
         """Train, evaluate on dev after each epoch, restore the best epoch's weights, score test, and report.
 
         Takes a `TrainingArguments` (``args=``) or its fields as keyword arguments. With ``output_dir``, writes
-        the files of `TrainingResult.save` there, all at once at the end (an interrupted run leaves nothing).
+        the files of `TrainingResult.save` there, all at once at the end (an interrupted run leaves nothing). An
+        existing ``output_dir`` is replaced only if it is empty, a previous output, or ``overwrite=True``; else
+        `layertune.io.OutputDirectoryError` comes before training (see `layertune.io.check_output_directory`).
         """
         args = training_arguments(args, arguments)
+        if output_dir is not None:
+            check_output_directory(output_dir, overwrite=overwrite)
         task_model = self.model  # `model` below may be wrapped for data-parallel training; this never is
         accelerator = _accelerator(args)
         transformers.set_seed(args.seed)
@@ -178,7 +183,7 @@ class ModelTrainer:
             drift=parameter_drift(model, initial_state),
         )
         if output_dir is not None and accelerator.is_main_process:
-            with atomic_directory(output_dir) as staging:
+            with output_directory(output_dir, overwrite=overwrite, written_by="ModelTrainer.train") as staging:
                 result.save(staging, model)
         accelerator.wait_for_everyone()  # no process goes on before the outputs exist
         return result
@@ -253,6 +258,19 @@ class ModelTrainer:
             {"params": [p for p in head if p.dim() < 2], "lr": head_lr, "weight_decay": 0.0},
         ]
         return [g for g in groups if g["params"]]
+
+
+def _adopt_label_names(model: TaskModel, corpus: Corpus) -> None:
+    """A classifier built without label names takes the corpus's, so that the model it saves predicts names, not
+    ids, after `from_pretrained`. Names it already has are kept; if they differ from the corpus's, say so."""
+    if getattr(model, "label_names", False) is False or not corpus.label_names:
+        return  # a regressor, or a corpus without names
+    if model.label_names is None:
+        model.label_names = list(corpus.label_names)
+    elif list(model.label_names) != list(corpus.label_names):
+        logger.warning("The model's label names %s differ from those of %r, %s, whose ids it trains on: its "
+                       "predictions will be named by its own.", model.label_names, corpus.name,
+                       list(corpus.label_names))
 
 
 def _loaders(splits: dict, args: TrainingArguments, accelerator: Accelerator) -> tuple:

@@ -10,7 +10,21 @@ code. Ctrl-C and SIGTERM are passed on to the command; if the caller dies, the c
 sees a source file it imported change (or installed packages change) refuses and exits, so a call never runs stale
 code: a new server starts. It also exits after ``LAYERTUNE_WARM_IDLE`` seconds without work (default 120).
 
-``LAYERTUNE_WARM=0`` runs commands directly (the same results, a slower start), as do platforms without fork.
+Freshness: the project's own modules (layertune's, and the working folder's outside the installed packages) run
+from their current source, never from a ``.pyc`` that Python trusts by mtime and size (theirs record the source's
+hash instead, PEP 552), and the server keeps the hash of the source it imported; each call hashes those files again
+(a few dozen, about a millisecond), so an edit is seen even when it keeps the size and restores the mtime. Installed
+packages are checked by mtime and size (each imported file, and the folders they are installed in), which is what
+pip changes; an in-place edit there that restores both is not seen.
+
+Security: the socket, its lock and the server's log live in a folder only this user can enter ($XDG_RUNTIME_DIR/
+layertune-warm, else ``layertune-warm-<uid>`` in the temp folder, or ``LAYERTUNE_WARM_DIR``); a folder that is a
+symbolic link, another user's, or open to others is refused. Before sending anything the caller checks that the
+server runs as this user (SO_PEERCRED), and the server checks its callers the same way. Whatever is refused runs
+the command directly, with one line on stderr saying why.
+
+``LAYERTUNE_WARM=0`` runs commands directly (the same results, a slower start), as do platforms without fork or
+SO_PEERCRED.
 ``LAYERTUNE_WARM_PRELOAD`` (comma-separated module names) replaces the modules a server imports first.
 This module uses the standard library only, so a call itself starts in milliseconds.
 """
@@ -18,13 +32,19 @@ This module uses the standard library only, so a call itself starts in milliseco
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
+import importlib.machinery
+import importlib.util
 import json
+import marshal
 import os
 import selectors
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -44,6 +64,7 @@ PRELOAD = ("torch", "transformers", "datasets", "accelerate", "safetensors.torch
 STARTUP_TIMEOUT_S = 120
 MAX_SOCKET_PATH = 100
 MESSAGE = 1 << 20
+PEERCRED = struct.Struct("3i")  # Linux's struct ucred: pid, uid, gid
 
 
 class Unavailable(RuntimeError):
@@ -71,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def enabled() -> bool:
-    return os.environ.get("LAYERTUNE_WARM", "1") != "0" and hasattr(os, "fork") and hasattr(socket, "send_fds")
+    return (os.environ.get("LAYERTUNE_WARM", "1") != "0" and hasattr(os, "fork") and hasattr(socket, "send_fds")
+            and hasattr(socket, "SO_PEERCRED"))
 
 
 def _exec(argv: list[str]) -> int:
@@ -83,15 +105,68 @@ def _exec(argv: list[str]) -> int:
 
 
 def socket_path() -> Path:
-    """One server per project folder, interpreter and import-time environment."""
+    """One server per project folder, interpreter and import-time environment, in this user's private folder."""
     identity = [os.getcwd(), sys.executable,
                 sorted((k, v) for k, v in os.environ.items() if k.startswith(IMPORT_TIME_ENV))]
     digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
-    name = f"layertune-warm-{os.getuid()}-{digest}.sock"
-    folder = Path(os.environ.get("LAYERTUNE_WARM_DIR") or tempfile.gettempdir())
-    if len(str(folder / name)) > MAX_SOCKET_PATH:  # the limit of a Unix socket's address
-        folder = Path(tempfile.gettempdir())
-    return folder / name
+    name = f"layertune-warm-{digest}.sock"
+    path = private_folder() / name
+    if len(str(path)) > MAX_SOCKET_PATH:  # the limit of a Unix socket's address
+        path = _private(_temp_folder()) / name
+    return path
+
+
+def private_folder() -> Path:
+    """``LAYERTUNE_WARM_DIR`` if set, else ``layertune-warm`` in $XDG_RUNTIME_DIR when that is this user's and
+    private, else ``layertune-warm-<uid>`` in the temp folder; created with mode 0700 and checked (`_private`)."""
+    if override := os.environ.get("LAYERTUNE_WARM_DIR"):
+        return _private(Path(override))
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and _is_private(runtime):
+        return _private(Path(runtime) / "layertune-warm")
+    return _private(_temp_folder())
+
+
+def _temp_folder() -> Path:
+    return Path(tempfile.gettempdir()) / f"layertune-warm-{os.getuid()}"
+
+
+def _is_private(folder: str) -> bool:
+    with contextlib.suppress(OSError):
+        info = os.stat(folder)
+        return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+    return False
+
+
+def _private(folder: Path) -> Path:
+    """``folder``, created if missing; Unavailable unless it is a real folder (not a symbolic link) of this user
+    that nobody else may enter: in a shared temp folder anyone may have created that name first."""
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        info = os.lstat(folder)
+    except OSError as error:
+        raise Unavailable(f"cannot create the private folder {folder}: {error}") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a folder"
+        raise Unavailable(f"{folder} is {what}, not a private folder of this user")
+    if info.st_uid != os.getuid():
+        raise Unavailable(f"{folder} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})")
+    if info.st_mode & 0o077:
+        raise Unavailable(f"{folder} has mode {info.st_mode & 0o777:04o}; it must be private to its user (0700)")
+    return folder
+
+
+def peer_credentials(connection: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket, as the kernel saw it (SO_PEERCRED)."""
+    return PEERCRED.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
+
+
+def check_peer(connection: socket.socket, where: object, uid: int | None = None) -> None:
+    """Unavailable unless the process at the other end of ``connection`` runs as ``uid`` (this user's)."""
+    expected = os.getuid() if uid is None else uid
+    _, peer_uid, _ = peer_credentials(connection)
+    if peer_uid != expected:
+        raise Unavailable(f"{where} runs as uid {peer_uid}, not as this user (uid {expected})")
 
 
 def call(argv: list[str]) -> int:
@@ -115,30 +190,39 @@ def call(argv: list[str]) -> int:
 
 
 def _connect(path: Path) -> socket.socket | None:
+    """A connection to this user's server at ``path``; None if nobody listens there."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         connection.connect(str(path))
-        return connection
     except OSError:
         connection.close()
         return None
+    try:
+        check_peer(connection, f"the server at {path}")  # before anything is sent: argv, environment, streams
+    except BaseException:
+        connection.close()
+        raise
+    return connection
 
 
 def _connect_or_start(path: Path) -> socket.socket:
     connection = _connect(path)
     if connection is not None:
         return connection
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.lock", "w") as lock:
+    lock = _open_private(f"{path}.lock", os.O_RDWR)
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one caller starts the server; the others wait for it here
         connection = _connect(path)
         if connection is not None:
             return connection
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # left by a server that died
-        log = open(f"{path}.log", "ab")
-        server = subprocess.Popen([sys.executable, "-m", "layertune.warm", "--serve", str(path)], stdin=subprocess.DEVNULL,
-                                  stdout=log, stderr=log, start_new_session=True, close_fds=True)
+        _remove_dead_socket(path)
+        log = _open_private(f"{path}.log", os.O_WRONLY | os.O_APPEND)
+        try:
+            server = subprocess.Popen([sys.executable, "-m", "layertune.warm", "--serve", str(path)],
+                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                      close_fds=True)
+        finally:
+            os.close(log)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             connection = _connect(path)
@@ -149,6 +233,30 @@ def _connect_or_start(path: Path) -> socket.socket:
             time.sleep(0.05)
         server.kill()
         raise Unavailable(f"the server did not start within {STARTUP_TIMEOUT_S} s (see {path}.log)")
+    finally:
+        os.close(lock)
+
+
+def _open_private(name: str, flags: int) -> int:
+    """A file descriptor for ``name`` (created 0600), never truncated and never through a symbolic link."""
+    try:
+        return os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise Unavailable(f"{name} is a symbolic link; refusing to open it") from None
+        raise Unavailable(f"cannot open {name}: {error}") from None
+
+
+def _remove_dead_socket(path: Path) -> None:
+    """Remove the socket of a server that died, if it is this user's socket; anything else stays."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+        raise Unavailable(f"{path} is not a socket of this user; leaving it in place")
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def _wait_gone(path: Path, timeout: float = 10.0) -> None:
@@ -191,6 +299,7 @@ def serve(path: Path) -> int:
     stale, and exit once every child has reported back."""
     import threading
 
+    _load_project_from_current_source()
     preload = os.environ.get("LAYERTUNE_WARM_PRELOAD")
     for module in PRELOAD if preload is None else [m for m in preload.split(",") if m]:
         with contextlib.suppress(Exception):  # a missing optional module is imported (and fails) in the command
@@ -198,7 +307,7 @@ def serve(path: Path) -> int:
     _import_project()
     if threading.active_count() > 1:  # forking a process with threads can deadlock its children
         print(f"layertune.warm: {threading.active_count()} threads after imports", file=sys.stderr)
-    watched = _watched_files()
+    watched = _Watched()
     idle_after = float(os.environ.get("LAYERTUNE_WARM_IDLE", "120"))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(str(path))
@@ -252,17 +361,93 @@ def _import_project() -> None:
         dict(pipelines)  # imports every pipeline's nodes, and through them the library
 
 
-def _watched_files() -> dict[str, tuple[int, int]]:
-    """(mtime, size) of every imported source file of the project folder and of layertune (wherever installed),
-    and of the folders packages are installed in (installing or removing one changes them)."""
+# The hash of the source each project module was compiled from, by file (filled by _SourceLoader).
+_COMPILED: dict[str, bytes] = {}
+
+
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """Runs a module's current source: its cached .pyc only when that records the hash of this very source (a
+    checked hash-based .pyc, PEP 552; written here), never one trusted by mtime and size; and records the hash."""
+
+    def get_code(self, fullname):
+        source = self.get_data(self.path)
+        _COMPILED[os.path.abspath(self.path)] = _digest(source)
+        header = importlib.util.MAGIC_NUMBER + (0b11).to_bytes(4, "little") + importlib.util.source_hash(source)
+        try:
+            cache = importlib.util.cache_from_source(self.path)
+        except NotImplementedError:  # an interpreter without bytecode caching
+            cache = None
+        with contextlib.suppress(OSError, EOFError, ValueError, TypeError):  # none yet, or not readable
+            data = self.get_data(cache) if cache else b""
+            if data[:16] == header:
+                return marshal.loads(data[16:])
+        code = self.source_to_code(source, self.path)
+        if cache and not sys.dont_write_bytecode:
+            self.set_data(cache, header + marshal.dumps(code))  # ignores a folder it cannot write to
+        return code
+
+
+class _ProjectFinder:
+    """Python's own path finder, with the project's modules loaded by `_SourceLoader`."""
+
+    def __init__(self, is_project) -> None:
+        self.is_project = is_project
+
+    def find_spec(self, fullname, path=None, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if (spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader
+                and self.is_project(spec.origin)):
+            spec.loader = _SourceLoader(fullname, spec.origin)
+        return spec
+
+    def invalidate_caches(self) -> None:  # PathFinder itself is still on sys.meta_path and does this
+        pass
+
+
+def _load_project_from_current_source() -> None:
+    """Put `_ProjectFinder` before Python's path finder: taking its place, it costs no second look-up."""
+    finder = _ProjectFinder(_project_files())
+    position = next((i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder),
+                    len(sys.meta_path))
+    sys.meta_path.insert(position, finder)
+
+
+def _project_files():
+    """A test: is a file one of the project's own (layertune's, or the working folder's outside the installed
+    packages, which a virtual environment inside the project holds)? Compares path strings: no system call per
+    import."""
     import sysconfig
 
-    roots = [Path.cwd().resolve(), Path(__file__).resolve().parent]
-    files = {source for module in list(sys.modules.values())
-             if (source := getattr(module, "__file__", None)) and any(Path(source).resolve().is_relative_to(r)
-                                                                       for r in roots)}
-    files |= {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    return {name: _stat(name) for name in sorted(files)}
+    paths = sysconfig.get_paths()
+    own = _with_sep(os.path.dirname(os.path.realpath(__file__)))
+    folder = _with_sep(os.getcwd())
+    installed = tuple(_with_sep(os.path.realpath(p)) for p in {
+        paths["purelib"], paths["platlib"], paths["stdlib"], paths["platstdlib"],
+        sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix})
+
+    def is_project(file: str | None) -> bool:
+        if not file:
+            return False
+        file = os.path.abspath(file)
+        return file.startswith(own) or (file.startswith(folder) and not file.startswith(installed))
+
+    return is_project
+
+
+def _with_sep(folder: str) -> str:
+    return folder.rstrip(os.sep) + os.sep
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _content(name: str) -> bytes | None:
+    try:
+        with open(name, "rb") as file:
+            return _digest(file.read())
+    except OSError:
+        return None
 
 
 def _stat(name: str) -> tuple[int, int]:
@@ -273,12 +458,48 @@ def _stat(name: str) -> tuple[int, int]:
         return (0, 0)
 
 
+class _Watched:
+    """What the server's code was built from: the hash of each project file (as compiled, or as read now for
+    the few imported before `_ProjectFinder`), and (mtime, size) of every other imported file and of the folders
+    packages are installed in (installing or removing one changes them)."""
+
+    def __init__(self) -> None:
+        import sysconfig
+
+        is_project = _project_files()
+        files = {os.path.abspath(source) for module in list(sys.modules.values())
+                 if isinstance(source := getattr(module, "__file__", None), str)}
+        self.hashes = {name: _COMPILED.get(name) or _content(name) for name in sorted(files) if is_project(name)}
+        installed = (files - self.hashes.keys()) | {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+        self.stamps = {name: _stat(name) for name in sorted(installed)}
+
+    def changed(self) -> str | None:
+        """The first file that changed since the server imported it, or None."""
+        for name, digest in self.hashes.items():
+            if _content(name) != digest:
+                return name
+        return next((name for name, stamp in self.stamps.items() if _stat(name) != stamp), None)
+
+
 def _accept(connection, watched, selector, children) -> bool:
     """Fork a child for the request on ``connection``; False (and the request refused) when the imported code
     changed since the server started."""
+    try:
+        check_peer(connection, "a caller")  # the socket's mode already keeps others out; root is not kept out
+    except Unavailable as error:
+        print(f"layertune.warm: {error}; refused", file=sys.stderr, flush=True)
+        connection.close()
+        return True
     data, fds, _, _ = socket.recv_fds(connection, MESSAGE, 3)
+    if not data:  # connected and went away without a request
+        for fd in fds:
+            os.close(fd)
+        connection.close()
+        return True
     request = json.loads(data)
-    if any(_stat(name) != stamp for name, stamp in watched.items()):
+    if (changed := watched.changed()) is not None:
+        print(f"layertune.warm: {changed} changed since it was imported; this server stops", file=sys.stderr,
+              flush=True)
         connection.send(json.dumps({"stale": True}).encode())
         for fd in fds:
             os.close(fd)

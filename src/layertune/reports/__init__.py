@@ -1,7 +1,7 @@
 """Study reports: one function per kind of study, built from the shared pieces in `layertune.reports.common`.
 
 A report function takes a `StudyResults` (the study's plan, every cell's scores and saved folder, the prepared
-corpora) and returns a `Report` (Markdown, a deterministic metrics dict, tables, figures). ``report.kind`` in a
+corpora) and returns a `Report` (Markdown, deterministic headline metrics and details, tables, figures). ``report.kind`` in a
 study of params.yaml picks one of `REPORTS` (the kinds are listed in `layertune.study.ReportKind` too, so that
 checking params.yaml does not import the reports). A new kind of study is a params.yaml section plus, if none of
 these fits, a function registered in both places.

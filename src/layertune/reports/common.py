@@ -46,10 +46,13 @@ class StudyResults:
 
 @dataclass
 class Report:
-    """``<study>.md``, ``<study>/metrics.json``, ``<study>/<table>.csv`` and ``<study>/figures/<name>.png``."""
+    """``<study>.md``; ``<study>.json``, the headline numbers that `dvc metrics` and `dvc exp show` compare (per
+    task: the answer, the best score, the mean score of each setting); ``<study>/details.json``, every number of
+    the report (spreads, intervals, tests); ``<study>/<table>.csv`` and ``<study>/figures/<name>.png``."""
 
     markdown: str
     metrics: dict
+    details: dict
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)
 

@@ -124,7 +124,7 @@ def encoders_report(results: StudyResults) -> Report:
                 f"Each encoder is compared with the reference (the best single language model) by a two-sided paired "
                 f"test at {results.options.confidence:.0%} ({PAIRED_TEST}): *better* or *worse* where the interval "
                 "of the difference excludes 0, *no difference shown* where the data cannot separate them.\n"]
-    metrics: dict = {}
+    details: dict = {}
     groups: dict[tuple, list[Setting]] = {}
     for setting in found:
         groups.setdefault((setting.task, setting.tunable_layers), []).append(setting)
@@ -135,7 +135,7 @@ def encoders_report(results: StudyResults) -> Report:
                      answer_text(reference, comparisons, results)]
         sections += [attention_table(results, task, s.encoder, layers) for s in group
                      if results.options.examples and combine_method(results, s.encoder) == "dme"]
-        metrics.setdefault(task, {})[str(layers)] = {
+        details.setdefault(task, {})[str(layers)] = {
             "reference": reference.encoder, "metric": reference.metric,
             "encoders": {s.encoder: {"mean": round_metric(s.mean), "std": round_metric(s.std),
                                      "ci_low": round_metric(s.interval[0]), "ci_high": round_metric(s.interval[1]),
@@ -145,6 +145,16 @@ def encoders_report(results: StudyResults) -> Report:
                                  for name, c in comparisons.items()}}
     table = settings_table(found)
     sections += ["## Figures\n", f"![encoders]({results.plan.name}/figures/encoders.png)\n"]
-    return Report("\n".join(sections), metrics, {"settings": table, "cells": results.scores},
+    return Report("\n".join(sections), headline(details), details, {"settings": table, "cells": results.scores},
                   {"encoders": encoders_figure(table)})
+
+
+def headline(details: dict) -> dict:
+    """Per task and tunable layers, what `dvc exp show` compares: the reference, each encoder's mean score and each
+    one's verdict against the reference (intervals and spreads stay in the details)."""
+    return {task: {layers: {"reference": entry["reference"],
+                            "mean": {name: scores["mean"] for name, scores in entry["encoders"].items()},
+                            "verdict": {name: c["verdict"] for name, c in entry["versus_reference"].items()}}
+                   for layers, entry in by_layers.items()}
+            for task, by_layers in details.items()}
 

@@ -125,21 +125,32 @@ def task_section(results: StudyResults, found: list[Setting], chosen: list[Recom
     return "\n".join(lines)
 
 
-def report_metrics(found: list[Setting], chosen: list[Recommendation], tolerance: float) -> dict:
-    """``{task: {encoder: {metric, mean: {K: …}, std, ci_low, ci_high, best_layers, recommended_layers, …}}}``."""
-    metrics: dict = {}
+# Per task and encoder, what `dvc exp show` compares between experiments (the rest is in the details).
+HEADLINE = ("recommended_layers", "best_layers", "best_score", "mean")
+
+
+def report_details(found: list[Setting], chosen: list[Recommendation], tolerance: float) -> dict:
+    """``{task: {encoder: {metric, mean: {K: …}, std, ci_low, ci_high, best_layers, best_score, recommended_layers,
+    undecided_between, within_tolerance, …}}}``."""
+    details: dict = {}
     for setting in found:
-        entry = metrics.setdefault(setting.task, {}).setdefault(setting.encoder, {
+        entry = details.setdefault(setting.task, {}).setdefault(setting.encoder, {
             "metric": setting.metric, "mean": {}, "std": {}, "ci_low": {}, "ci_high": {}, "seeds": len(setting.scores)})
         k = str(setting.tunable_layers)
         entry["mean"][k], entry["std"][k] = round_metric(setting.mean), round_metric(setting.std)
         entry["ci_low"][k], entry["ci_high"][k] = map(round_metric, setting.interval)
     for recommendation in chosen:
-        metrics[recommendation.task][recommendation.encoder].update(
-            best_layers=recommendation.best.tunable_layers, recommended_layers=recommendation.recommended,
-            undecided_between=recommendation.candidates, tolerance=tolerance,
-            within_tolerance={k: c.verdict for k, c in recommendation.comparisons.items()})
-    return metrics
+        details[recommendation.task][recommendation.encoder].update(
+            best_layers=recommendation.best.tunable_layers, best_score=round_metric(recommendation.best.mean),
+            recommended_layers=recommendation.recommended, undecided_between=recommendation.candidates,
+            tolerance=tolerance, within_tolerance={k: c.verdict for k, c in recommendation.comparisons.items()})
+    return details
+
+
+def headline(details: dict) -> dict:
+    """``{task: {encoder: {recommended_layers, best_layers, best_score, mean: {K: …}}}}`` of `report_details`."""
+    return {task: {encoder: {key: entry[key] for key in HEADLINE} for encoder, entry in encoders.items()}
+            for task, encoders in details.items()}
 
 
 def layer_figures(results: StudyResults, table: pd.DataFrame) -> dict:
@@ -169,5 +180,6 @@ def layers_report(results: StudyResults) -> Report:
         "## Figures\n",
         *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures],
     ])
-    return Report(markdown, report_metrics(found, chosen, options.tolerance),
-                  {"settings": settings_table(found), "cells": results.scores}, figures)
+    details = report_details(found, chosen, options.tolerance)
+    return Report(markdown, headline(details), details, {"settings": settings_table(found), "cells": results.scores},
+                  figures)

@@ -24,7 +24,14 @@ from layertune.reports.common import (
     settings_table,
     setup_text,
 )
-from layertune.reports.layers import layer_figures, recommendations, report_metrics, rule_text, task_section
+from layertune.reports.layers import (
+    headline,
+    layer_figures,
+    recommendations,
+    report_details,
+    rule_text,
+    task_section,
+)
 
 ENTITY_TYPES = ("PER", "ORG", "LOC", "MISC")
 
@@ -96,10 +103,10 @@ def ner_report(results: StudyResults) -> Report:
                 "- F1, precision and recall are entity-level micro averages on dev (conlleval's rules); losses are "
                 "cross-entropy per labelled word piece (each word's first piece).\n",
                 rule_text(options.tolerance, options.confidence), task_section(results, found, chosen)]
-    metrics = report_metrics(found, chosen, options.tolerance)
+    details = report_details(found, chosen, options.tolerance)
     for task in results.plan.spec.tasks:
         baselines = majority_baselines(results.corpora[task]())
-        metrics[task]["baselines"] = {name: round_metric(b["f1"]) for name, b in baselines.items()}
+        details[task]["baselines"] = {name: round_metric(b["f1"]) for name, b in baselines.items()}
         sections.append(f"## {display(task)}: entities and baselines\n")
         sections.append(baselines_text(baselines))
         for encoder in results.plan.spec.encoders:
@@ -110,4 +117,7 @@ def ner_report(results: StudyResults) -> Report:
                                         [[k, *[f"{v:.2e}" for v in row]] for k, row in drift.iterrows()])]
     figures = layer_figures(results, settings_table(found))
     sections += ["## Figures\n", *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures]]
-    return Report("\n".join(sections), metrics, {"settings": settings_table(found), "cells": results.scores}, figures)
+    metrics = headline({task: {e: entry for e, entry in encoders.items() if e != "baselines"}
+                        for task, encoders in details.items()})
+    return Report("\n".join(sections), metrics, details, {"settings": settings_table(found), "cells": results.scores},
+                  figures)
