@@ -5,7 +5,7 @@ import pytest
 
 from layertune.cli import main
 from layertune.cell import CellSpec, EncoderSpec
-from layertune.training_args import TrainingArguments
+from layertune.training_config import TrainingConfig
 
 
 def write_split(path, n):
@@ -39,7 +39,7 @@ def test_every_library_argument_is_an_option(capsys):
     with pytest.raises(SystemExit):
         main(["train-cell", "--help"])
     text = capsys.readouterr().out
-    for name in [*EncoderSpec.model_fields, *TrainingArguments.model_fields]:
+    for name in [*EncoderSpec.model_fields, *TrainingConfig.model_fields]:
         assert f"--{name.replace('_', '-')}" in text
     assert "--data-seed" in text
 

@@ -9,7 +9,7 @@ from layertune import LanguageModel, ModelTrainer, TextClassifier, TextRegressor
 from layertune.batching import Examples
 from layertune.multi_encoder import MultiEncoder, MultiExamples
 from layertune.testing import make_tiny_model
-from layertune.trainer import TrainingArguments
+from layertune.trainer import TrainingConfig
 from tests.conftest import toy_sentiment_corpus
 
 FAST = dict(epochs=1, batch_size=8, learning_rate=1e-3, seed=3)
@@ -73,7 +73,7 @@ def test_collate_pads_each_encoder_with_its_pad_id():
 def test_per_encoder_learning_rates_reach_the_optimizer(encoder_dirs):
     model = build(encoder_dirs, "dme")
     trainer = ModelTrainer(model, toy_sentiment_corpus(8, 4))
-    groups = trainer._parameter_groups(TrainingArguments(learning_rate=[1e-4, 3e-5], head_learning_rate=1e-2))
+    groups = trainer._parameter_groups(TrainingConfig(learning_rate=[1e-4, 3e-5], head_learning_rate=1e-2))
     rate_of = {id(p): group["lr"] for group in groups for p in group["params"]}
     parts = model.parameter_parts()
     expected = {"lm0": 1e-4, "lm1": 3e-5, "head": 1e-2, "combine": 1e-2}
@@ -81,9 +81,9 @@ def test_per_encoder_learning_rates_reach_the_optimizer(encoder_dirs):
     assert len(rate_of) == sum(len(g["params"]) for g in groups) == len(trainable)
     for name, parameter in trainable:
         assert rate_of[id(parameter)] == expected[parts[name].split("/")[0]], name
-    single = trainer._parameter_groups(TrainingArguments(learning_rate=2e-5, head_learning_rate=None))
+    single = trainer._parameter_groups(TrainingConfig(learning_rate=2e-5, head_learning_rate=None))
     assert {group["lr"] for group in single} == {2e-5}  # None: the head and combination at the encoders' rate
-    default = trainer._parameter_groups(TrainingArguments(learning_rate=2e-5))
+    default = trainer._parameter_groups(TrainingConfig(learning_rate=2e-5))
     assert {group["lr"] for group in default} == {2e-5, 3e-3}  # the default head rate (it used to be learning_rate)
 
 

@@ -12,7 +12,7 @@ from layertune.cell import CombineSpec, CorpusSpec, EncoderSpec, HeadSpec
 from layertune.profiles import apply_overrides, dvc_arguments, load_profile
 from layertune.stages import prepare_corpus
 from layertune.study import DataSpec, ParamsError, ReportKind, plan_studies, validate_params
-from layertune.training_args import TrainingArguments
+from layertune.training_config import TrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
@@ -251,9 +251,9 @@ def test_specs_take_exactly_the_library_arguments():
     assert arguments(TextClassifier.__init__, ("encoder", "num_classes", "label_names")) == set(HeadSpec.model_fields)
     assert {"method" if n == "combine_method" else n
             for n in arguments(MultiEncoder.__init__, ("language_models",))} == set(CombineSpec.model_fields)
-    assert "args" in arguments(ModelTrainer.train)  # train(args=TrainingArguments(...)) or its fields as keywords
+    assert "args" in arguments(ModelTrainer.train)  # train(args=TrainingConfig(...)) or its fields as keywords
     assert set(DataSpec.model_fields) == set(CorpusSpec.model_fields) - {"task", "config"}
-    assert {"learning_rate", "head_learning_rate", "epochs", "max_length"} <= set(TrainingArguments.model_fields)
+    assert {"learning_rate", "head_learning_rate", "epochs", "max_length"} <= set(TrainingConfig.model_fields)
 
 
 def test_report_kinds_are_the_registered_report_functions():

@@ -9,7 +9,7 @@ _EXPORTS = {
     "Corpus": "corpus",
     "LanguageModel": "language_model", "encoder_layers": "language_model", "MultiEncoder": "multi_encoder",
     "TaskModel": "heads", "TextClassifier": "heads", "TextRegressor": "heads", "TokenClassifier": "heads",
-    "ModelTrainer": "trainer", "TrainingResult": "trainer", "TrainingArguments": "training_args",
+    "ModelTrainer": "trainer", "TrainingResult": "trainer", "TrainingConfig": "training_args",
     "CellSpec": "cell", "train_cell": "cell",
     "parameter_drift": "drift", "layer_drift": "drift",
 }

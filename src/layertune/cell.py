@@ -1,7 +1,7 @@
 """One cell: which data, which encoder(s), which head, how it trains → a folder of results.
 
 A `CellSpec` is the whole recipe, typed and checked: a `CorpusSpec`, one `EncoderSpec` per language model (several
-are combined by a `CombineSpec`), a `HeadSpec` and the `TrainingArguments` (seed included). Each spec has exactly
+are combined by a `CombineSpec`), a `HeadSpec` and the `TrainingConfig` (seed included). Each spec has exactly
 the arguments of the library object it builds (`LanguageModel`, `MultiEncoder`, the heads, `ModelTrainer.train`),
 so anything the library can do, a cell can do. `train_cell` is the one way to train a cell: the command line, the
 study pipeline and your own code all go through it.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
 
-from layertune.training_args import TrainingArguments
+from layertune.training_config import TrainingConfig
 
 if TYPE_CHECKING:
     from torch import nn
@@ -30,7 +30,7 @@ TunableLayers = int | Literal["all"]
 
 
 class Spec(BaseModel):
-    """Strict like `TrainingArguments`: no unknown keys, no strings for numbers, no NaN."""
+    """Strict like `TrainingConfig`: no unknown keys, no strings for numbers, no NaN."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
@@ -103,7 +103,7 @@ class CellSpec(Spec):
     encoders: list[EncoderSpec] = Field(min_length=1)
     combine: CombineSpec | None = None
     head: HeadSpec = HeadSpec()
-    training: TrainingArguments = TrainingArguments()
+    training: TrainingConfig = TrainingConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> CellSpec:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 # (section of CellSpec, its model, options renamed where two sections share a field name)
 _SECTIONS = (("corpus", "CorpusSpec", {"seed": "data_seed"}), ("encoder", "EncoderSpec", {}),
-             ("head", "HeadSpec", {}), ("training", "TrainingArguments", {}))
+             ("head", "HeadSpec", {}), ("training", "TrainingConfig", {}))
 
 
 def _models() -> list[tuple[str, type[BaseModel], dict[str, str]]]:

@@ -19,7 +19,7 @@ from layertune.batching import Examples
 from layertune.errors import choices_hint
 from layertune.frozen_prefix import FrozenPrefixCache
 from layertune.model_paths import PACKAGED_MODELS, resolve_model_path
-from layertune.training_args import cache_decision
+from layertune.training_config import cache_decision
 from layertune.tokenization import tokenize_corpus
 
 logger = logging.getLogger(__name__)

@@ -61,7 +61,7 @@ from layertune.cell import (
     TunableLayers,
 )
 from layertune.errors import choices_hint, describe_validation_error
-from layertune.training_args import TrainingArguments
+from layertune.training_config import TrainingConfig
 
 # Names of studies, encoders and tasks name folders and DVC stages, and reach Kedro as `--params study=<name>`,
 # which reads each value as YAML: so a letter first (never a number: `01` would arrive as 1), no dots (DVC reads
@@ -189,7 +189,7 @@ class StudySpec(Spec):
     data: DataSpec = DataSpec()
     encoder: EncoderSettings = EncoderSettings()
     head: HeadSpec = HeadSpec()
-    training: TrainingArguments = TrainingArguments()
+    training: TrainingConfig = TrainingConfig()
     per_tunable_layers: dict[TunableLayers, dict[str, Any]] = Field(
         {}, description="training arguments for one tunable-layers value, e.g. {0: {head_learning_rate: 3.0e-3}}")
 
@@ -263,7 +263,7 @@ class StudySpec(Spec):
             specs.append(EncoderSpec(tunable_layers=tunable_layers, **settings))
         return specs
 
-    def training_for(self, tunable_layers: TunableLayers, seed: int, encoder: str | None = None) -> TrainingArguments:
+    def training_for(self, tunable_layers: TunableLayers, seed: int, encoder: str | None = None) -> TrainingConfig:
         """The study's training arguments, with the overrides of ``per_tunable_layers[K]``, the cell's seed and, for
         ``encoder``, each member's own learning rate."""
         values = {**self.training.model_dump(), **self.per_tunable_layers.get(tunable_layers, {}), "seed": seed}
@@ -271,7 +271,7 @@ class StudySpec(Spec):
             rates = [single.learning_rate or values["learning_rate"] for _, single in self.members(encoder)]
             values["learning_rate"] = rates if len(rates) > 1 else rates[0]
         try:
-            return TrainingArguments.model_validate(values)
+            return TrainingConfig.model_validate(values)
         except ValidationError as error:
             raise _nested(error, ("per_tunable_layers", tunable_layers)) from None
 
@@ -581,7 +581,7 @@ def study_cells(name: str, study: StudySpec) -> list[StudyCell]:
 
 
 def feature_plan(study: StudySpec, cells: list[StudyCell]) -> FeaturePlan:
-    from layertune.training_args import cache_decision
+    from layertune.training_config import cache_decision
 
     models: list[EncoderSpec] = []
     boundaries: list[set[int]] = []

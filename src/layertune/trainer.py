@@ -23,7 +23,7 @@ from layertune.errors import describe_validation_error
 from layertune.heads import TaskModel
 from layertune.io import check_output_directory, output_directory, write_json
 from layertune.metrics import compute_metrics
-from layertune.training_args import TrainingArguments
+from layertune.training_config import TrainingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -71,14 +71,14 @@ class TrainingResult:
         model.save(directory / "model")
 
 
-def training_arguments(args: TrainingArguments | None, arguments: dict) -> TrainingArguments:
+def training_arguments(args: TrainingConfig | None, arguments: dict) -> TrainingConfig:
     """``args`` as given, or keyword arguments checked into one; a bad value is a ValueError naming it."""
     if args is not None:
         if arguments:
-            raise TypeError(f"Give a TrainingArguments or keyword arguments, not both (got {sorted(arguments)} too).")
+            raise TypeError(f"Give a TrainingConfig or keyword arguments, not both (got {sorted(arguments)} too).")
         return args
     try:
-        return TrainingArguments(**arguments)
+        return TrainingConfig(**arguments)
     except ValidationError as error:
         raise ValueError("Invalid training arguments: " + "; ".join(describe_validation_error(error))) from None
 
@@ -109,11 +109,11 @@ class ModelTrainer:
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.optimizer: torch.optim.Optimizer | None = None
 
-    def train(self, output_dir: str | Path | None = None, *, args: TrainingArguments | None = None,
+    def train(self, output_dir: str | Path | None = None, *, args: TrainingConfig | None = None,
               progress: bool = True, overwrite: bool = False, **arguments) -> TrainingResult:
         """Train, evaluate on dev after each epoch, restore the best epoch's weights, score test, and report.
 
-        Takes a `TrainingArguments` (``args=``) or its fields as keyword arguments. With ``output_dir``, writes
+        Takes a `TrainingConfig` (``args=``) or its fields as keyword arguments. With ``output_dir``, writes
         the files of `TrainingResult.save` there, all at once at the end (an interrupted run leaves nothing). An
         existing ``output_dir`` is replaced only if it is empty, a previous output, or ``overwrite=True``; else
         `layertune.io.OutputDirectoryError` comes before training (see `layertune.io.check_output_directory`).
@@ -189,7 +189,7 @@ class ModelTrainer:
         return result
 
     def _train_epoch(self, model, train_loader, optimizer, scheduler, accelerator: Accelerator,
-                     args: TrainingArguments, epoch: int, progress: bool) -> list[float]:
+                     args: TrainingConfig, epoch: int, progress: bool) -> list[float]:
         """One pass over the training batches; returns each batch's loss. ``model`` may be accelerate's wrapper."""
         model.train()
         losses = []
@@ -247,7 +247,7 @@ class ModelTrainer:
 
     # ----------------------------------------------------------------------------------------------------------
 
-    def _parameter_groups(self, args: TrainingArguments) -> list[dict]:
+    def _parameter_groups(self, args: TrainingConfig) -> list[dict]:
         groups = self.model.encoder.optimizer_groups(args.learning_rate, args.weight_decay)
         head_lr = args.head_learning_rate or (
             args.learning_rate if isinstance(args.learning_rate, float) else max(args.learning_rate)
@@ -273,7 +273,7 @@ def _adopt_label_names(model: TaskModel, corpus: Corpus) -> None:
                        list(corpus.label_names))
 
 
-def _loaders(splits: dict, args: TrainingArguments, accelerator: Accelerator) -> tuple:
+def _loaders(splits: dict, args: TrainingConfig, accelerator: Accelerator) -> tuple:
     """The training loader, and one loader per scored split (dev, test) holding this process's share."""
     train_loader = make_loader(splits["train"], args.batch_size, shuffle=args.shuffle_data, seed=args.seed,
                                group_by_length=args.group_by_length)
@@ -286,14 +286,14 @@ def _loaders(splits: dict, args: TrainingArguments, accelerator: Accelerator) ->
     return train_loader, score_loaders
 
 
-def _linear_schedule(optimizer: torch.optim.Optimizer, args: TrainingArguments, batches_per_epoch: int):
+def _linear_schedule(optimizer: torch.optim.Optimizer, args: TrainingConfig, batches_per_epoch: int):
     """Linear warm-up over ``warmup_ratio`` of the optimizer steps, then linear decay to zero."""
     total_steps = args.epochs * math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
     return transformers.get_linear_schedule_with_warmup(optimizer, math.ceil(args.warmup_ratio * total_steps),
                                                         total_steps)
 
 
-def _check_finite(loss: torch.Tensor, epoch: int, step: int, args: TrainingArguments,
+def _check_finite(loss: torch.Tensor, epoch: int, step: int, args: TrainingConfig,
                   accelerator: Accelerator) -> None:
     """A NaN or infinite loss poisons every weight it reaches: stop the run instead of saving a broken model.
     Between data-parallel processes the check is collective, so that all stop together (none waits forever)."""
@@ -331,7 +331,7 @@ def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if k in trainable}
 
 
-def _accelerator(args: TrainingArguments) -> Accelerator:
+def _accelerator(args: TrainingConfig) -> Accelerator:
     """A fresh Accelerator for each run. accelerate keeps one process-wide state, which refuses a second precision;
     like `transformers.TrainingArguments`, start from a clean one (the distributed setup, PartialState, is kept).
 

@@ -1,4 +1,4 @@
-"""`TrainingArguments`: every argument of `ModelTrainer.train`, as one typed, checked object.
+"""`TrainingConfig`: every argument of `ModelTrainer.train`, as one typed, checked object.
 
 Kept free of torch so that checking a study's parameters (the plan stage) costs milliseconds, not seconds.
 """
@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 
-class TrainingArguments(BaseModel):
+class TrainingConfig(BaseModel):
     """Every argument of `ModelTrainer.train`, checked once before any work: an unknown, mistyped or non-finite
     value is named in the error. The study's ``training`` sections are this model too, so the library and
     params.yaml accept exactly the same values."""
