@@ -38,7 +38,7 @@ build() {  # build <name>: clone HEAD, run the ci profile as a DVC experiment, c
     export PYTHONPATH="$copy/src"  # this clone's library, whichever checkout `pip install -e` last pointed at
     started=$SECONDS
     # shellcheck disable=SC2046  # the profile expands to several `-S key=value` arguments
-    dvc exp run --quiet $(python -m layertune.profiles ci)
+    dvc exp run --quiet $(python -m pipelines.profiles ci)
     echo "repro-check: $1 built in $((SECONDS - started)) s"
     status="$(dvc status --json)"
     test "$status" = '{"plan": ["always changed"]}' || {
@@ -47,7 +47,7 @@ build() {  # build <name>: clone HEAD, run the ci profile as a DVC experiment, c
 import yaml
 from mlflow import MlflowClient
 
-from layertune.study import plan_studies
+from pipelines.plans import plan_studies
 
 client = MlflowClient()
 for name, study in plan_studies(yaml.safe_load(open("params.yaml"))).studies.items():

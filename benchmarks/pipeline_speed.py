@@ -31,8 +31,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from layertune.profiles import apply_overrides, load_profile  # noqa: E402
-from layertune.study import plan_studies  # noqa: E402
+from pipelines.profiles import apply_overrides, load_profile  # noqa: E402
+from pipelines.plans import plan_studies  # noqa: E402
 
 RUNNING = re.compile(r"^Running stage '([^']+)':")
 

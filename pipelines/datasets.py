@@ -1,5 +1,11 @@
 """Kedro datasets for what the stages exchange: typed plans, corpora, the feature cache, trained cells, and plain
 JSON/CSV/text/PNG files (one, or a tree of them). Each writes atomically or sorted, so equal data gives equal bytes.
+
+Why not kedro-datasets' `json.JSONDataset`, `pandas.CSVDataset`, `matplotlib.MatplotlibDataset` and
+`PartitionedDataset`: they write through fsspec in place (an interrupted stage leaves a half-written file that DVC
+would then cache), they know nothing of pydantic specs, and their JSON/PNG bytes differ from ours, which the
+byte-for-byte reproduction check relies on. What these classes add over them is exactly that: atomic, sorted,
+typed writes.
 """
 
 from __future__ import annotations

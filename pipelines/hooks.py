@@ -5,7 +5,7 @@ each cell is its own process (its own DVC stage), so a parent run would have no 
 one experiment per study is what the MLflow UI compares side by side (its runs table, charts and parallel
 coordinates over the cells' parameters).
 
-A cell never fails for its tracking: what MLflow does not take is kept and sent later (`layertune.tracking`). A
+A cell never fails for its tracking: what MLflow does not take is kept and sent later (`pipelines.tracking`). A
 cell, as it starts, sends what earlier cells of its study kept; a stage that reads every cell of a study (evaluate,
 then aggregate), which runs once each cell is trained or restored by DVC, ends the runs that killed cells left
 RUNNING.
@@ -19,6 +19,8 @@ import logging
 import signal
 
 from kedro.framework.hooks import hook_impl
+
+from pipelines.plans import dvc_stage
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class MlflowCellHook:
             self._settle(inputs["study_plan"].name)
         if MLFLOW_TAG not in node.tags:
             return
-        from layertune import tracking
+        from pipelines import tracking
 
         cell = inputs["cell_plan"]
         experiment = tracking.experiment_name(cell.study)
@@ -59,14 +61,14 @@ class MlflowCellHook:
         corpora = self._path("prepared_corpora")
         self.run = tracking.CellRun.start(
             experiment=experiment, run_name=cell.key, params=tracking.cell_params(cell),
-            tags=tracking.cell_tags(stage=cell.dvc_stage, study=cell.study, spec=cell.spec),
+            tags=tracking.cell_tags(stage=dvc_stage(cell), study=cell.study, spec=cell.spec),
             datasets=tracking.corpus_datasets(f"{corpora}/{cell.task}", cell.task) if corpora else (),
         )
         self._signals.enter_context(tracking.sigterm_raises())
         atexit.register(self.end_open_run)
 
     def _settle(self, study: str) -> None:
-        from layertune import tracking
+        from pipelines import tracking
 
         experiment = tracking.experiment_name(study)
         tracking.sync(experiment=experiment)
@@ -82,7 +84,7 @@ class MlflowCellHook:
     def after_node_run(self, node, outputs) -> None:
         if MLFLOW_TAG not in node.tags or self.run is None:
             return
-        from layertune import tracking
+        from pipelines import tracking
 
         model_path = self._path("trained_cell")
         tracking.log_result(self.run, outputs["trained_cell"].result, model_path=model_path and f"{model_path}/model")
@@ -106,7 +108,7 @@ class MlflowCellHook:
     def _end(self, error: BaseException | None) -> None:
         if self.run is None:
             return
-        from layertune.tracking import end_status
+        from pipelines.tracking import end_status
 
         run, self.run = self.run, None
         self._signals.close()

@@ -10,7 +10,8 @@ import click
 from kedro.framework.hooks import hook_impl
 
 from layertune.errors import choices_hint
-from layertune.study import ParamsError, validate_params
+from layertune.study import ParamsError
+from pipelines.params import validate_params
 
 PLAN_NODE = "plan_studies"
 # The plan files a stage reads for one study (and cell): the catalog's paths name them by `--params`.

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from layertune import LanguageModel, ModelTrainer, TextClassifier, load_corpus
+from layertune import LanguageModel, ModelTrainer, TextClassifier, frozen_prefix, load_corpus
 from layertune.batching import Examples, make_loader
 from layertune.frozen_prefix import BoundaryStates, FrozenPrefixCache
 from layertune.testing import make_tiny_model
@@ -187,6 +187,24 @@ def test_one_build_fills_several_boundaries_in_one_pass(lm, tokenized, tmp_path)
     for row in range(5):
         n = examples.lengths[row]
         torch.testing.assert_close(states[row], direct[row, :n], atol=1e-5, rtol=0)
+
+
+def test_cache_features_fills_what_prepare_examples_then_reads(tiny_bert, tmp_path, monkeypatch):
+    """The pipeline's tokenize stage fills every boundary its cells train from; each cell's prepare_examples then
+    finds its entries (the same keys) and builds nothing."""
+    corpus = toy_sentiment_corpus(24, 12)
+    found = frozen_prefix.cache_features(LanguageModel(tiny_bert, tunable_layers=1), corpus, [3, 2],
+                                         cache_dir=tmp_path)
+    assert set(found["frozen_prefix"]) == {2, 3} and set(found["tokenized"]) == {"train", "dev"}
+    builds = []
+    monkeypatch.setattr(FrozenPrefixCache, "_compute", lambda *_: builds.append(1))
+    for k, boundary in ((2, 2), (1, 3)):
+        lm = LanguageModel(tiny_bert, tunable_layers=k)
+        splits, info = lm.prepare_examples(corpus, cache_dir=tmp_path)
+        assert info["used"] and info["boundary"] == boundary
+        assert {split: info[f"{split}_entry"] for split in splits} == found["frozen_prefix"][boundary]
+        assert len(splits["train"].boundary_states) == len(corpus.train)
+    assert not builds
 
 
 def test_memory_mapped_states_equal_in_ram_states(lm, tokenized, tmp_path):

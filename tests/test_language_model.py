@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from torch import nn
 
 from layertune import LanguageModel, encoder_layers
@@ -154,3 +155,63 @@ def test_a_damaged_model_folder_is_named(tiny_bert, tmp_path, damage, message):
     damage(folder)
     with pytest.raises(OSError, match=message):
         LanguageModel(folder, tunable_layers=1)
+
+
+class WrappedBertConfig(transformers.BertConfig):
+    model_type = "layertune-test-wrapped-bert"
+
+
+class WrappedBert(transformers.BertModel):
+    """A BERT with a longer ModuleList of identical blocks beside its layers: the generic guess takes the wrong one."""
+
+    config_class = WrappedBertConfig
+
+    def __init__(self, config, add_pooling_layer=True):
+        super().__init__(config, add_pooling_layer)
+        self.adapters = nn.ModuleList(nn.Linear(config.hidden_size, config.hidden_size) for _ in range(6))
+        self.post_init()
+
+
+@pytest.fixture(scope="module")
+def wrapped_bert(tmp_path_factory) -> Path:
+    from layertune.testing import build_tokenizer
+
+    transformers.AutoConfig.register(WrappedBertConfig.model_type, WrappedBertConfig, exist_ok=True)
+    transformers.AutoModel.register(WrappedBertConfig, WrappedBert, exist_ok=True)
+    folder = tmp_path_factory.mktemp("wrapped-bert")
+    tokenizer = build_tokenizer(folder)
+    config = WrappedBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    WrappedBert(config).save_pretrained(folder)
+    return folder
+
+
+def test_layers_names_the_stack_the_generic_guess_misses(wrapped_bert, tmp_path):
+    from layertune import TaskModel, TextClassifier
+
+    assert LanguageModel(wrapped_bert, tunable_layers=1).num_layers == 6  # the guess: the 6 adapters
+    lm = LanguageModel(wrapped_bert, tunable_layers=1, layers="encoder.layer")
+    assert lm.num_layers == 4 and lm.layers is lm.model.encoder.layer
+    assert trainable_names(lm) == names_under(lm, lm.model.encoder.layer[3])
+    assert lm.frozen_prefix_layers == 3 and lm.settings()["layers"] == "encoder.layer"
+    batch = lm.eval().tokenize(["the movie was good", "bad"])
+    states = lm.boundary_states(batch, [3])[3]
+    torch.testing.assert_close(lm.token_states({**batch, "boundary_states": states}), lm.token_states(batch),
+                               atol=1e-5, rtol=0)
+    model = TextClassifier(lm, 2).eval()
+    reloaded = TaskModel.from_pretrained(model.save(tmp_path / "model"))
+    assert reloaded.encoder.num_layers == 4 and reloaded.encoder.layers_path == "encoder.layer"
+    torch.testing.assert_close(reloaded(batch), model(batch), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", ["encoder.layers", "encoder", "", "adapters.0"])
+def test_a_layers_path_that_is_no_stack_names_the_path_and_the_stacks(wrapped_bert, path):
+    with pytest.raises(ValueError, match=rf"layers={path!r} is not a ModuleList of layers in WrappedBert: .* "
+                                         r"Valid choices: encoder.layer, adapters\."):
+        LanguageModel(wrapped_bert, tunable_layers=1, layers=path)
+
+
+def test_settings_name_layers_only_when_given(tiny_bert):
+    assert "layers" not in LanguageModel(tiny_bert, tunable_layers=1).settings()
+    assert LanguageModel(tiny_bert, tunable_layers=1, layers="encoder.layer").settings()["layers"] == "encoder.layer"

@@ -193,3 +193,36 @@ def test_the_write_ups_example_runs_as_written(encoder_dirs, tmp_path):
     assert set(predictions) <= {"negative", "positive"} and predictions == loaded.predict(SENTENCES)
     ids, same = loaded.predict_with_attention(SENTENCES, return_ids=True)
     assert [corpus.label_names[i] for i in ids] == predictions and same == attention
+
+
+def test_both_encoders_satisfy_the_encoder_protocol_and_name_their_language_models(encoder_dirs):
+    from layertune.encoder import Encoder, TokenEncoder
+
+    lms = [LanguageModel(path, tunable_layers=k) for path, k in zip(encoder_dirs, (1, "all"))]
+    multi = MultiEncoder(lms, "dme")
+    assert isinstance(lms[0], Encoder) and isinstance(multi, Encoder)
+    assert isinstance(lms[0], TokenEncoder) and not isinstance(multi, TokenEncoder)
+    assert lms[0].language_models == [lms[0]] and list(multi.language_models) == lms
+    # One name, one meaning: frozen_prefix_layers is each language model's own count, never a list.
+    assert [lm.frozen_prefix_layers for lm in multi.language_models] == [3, None]
+    assert not hasattr(multi, "frozen_prefix_layers")
+    assert lms[0].combination_parameters() == [] and multi.combination_parameters()
+
+
+def test_an_encoder_lacking_a_member_is_named_with_what_it_lacks(encoder_dirs):
+    from layertune import TokenClassifier
+
+    class PooledOnly(torch.nn.Module):
+        hidden_size = 8
+
+        def forward(self, batch):
+            return torch.zeros(len(batch["input_ids"]), 8)
+
+    with pytest.raises(TypeError, match=r"TextClassifier needs an encoder \(a LanguageModel or MultiEncoder\); "
+                                        r"PooledOnly has no parameter_parts, language_models, tokenize, "
+                                        r"prepare_examples, .*, from_config\.$"):
+        TextClassifier(PooledOnly(), 2)
+    multi = build(encoder_dirs).encoder
+    with pytest.raises(TypeError, match=r"TokenClassifier needs an encoder with per-token states \(a LanguageModel\)"
+                                        r"; MultiEncoder has no tokenizer, max_length, token_states, model_inputs\.$"):
+        TokenClassifier(multi, 3)

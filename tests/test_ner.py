@@ -10,8 +10,8 @@ import torch
 import transformers
 
 from layertune.batching import IGNORE_INDEX
-from layertune.conll import iob1_to_iob2, iob2_label_names, token_features
 from layertune.corpora import CONLL_03, load_corpus
+from layertune.corpora.conll import iob1_to_iob2, iob2_label_names, token_features
 from layertune.corpus import Corpus
 from layertune.language_model import LanguageModel
 from layertune.metrics import compute_metrics

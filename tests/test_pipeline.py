@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.plans import dvc_stage
 from tests.projects import make_dvc_project, make_project, project_env, run, study
 PARAMS = {
     "download": {"mirror": "mirror"},
@@ -82,7 +83,7 @@ def test_one_finished_mlflow_run_per_cell_with_params_history_and_model(built):
             history = client.get_metric_history(run.info.run_id, "eval_loss")
             assert [m.step for m in history] == [1, 2]
             assert (project / run.data.tags["model_path"] / "config.json").is_file()
-            assert run.data.tags["dvc_stage"] == cell.dvc_stage
+            assert run.data.tags["dvc_stage"] == dvc_stage(cell)
 
 
 def test_reports_of_all_three_kinds(built):

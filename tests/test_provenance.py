@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 import layertune
-from layertune.provenance import import_closure, stage_fingerprint
+from pipelines.provenance import import_closure, stage_fingerprint
 from pipelines.plan.nodes import FOLLOWED, HASHED, PROJECT, code_fingerprints
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ def test_training_runs_the_trainer_and_no_report_code():
     fingerprints = code_fingerprints()
     train, aggregate = set(fingerprints["train"]), set(fingerprints["aggregate"])
     assert {"layertune/trainer.py", "layertune/cell.py", "layertune/frozen_prefix.py", "pipelines/hooks.py",
-            "layertune/tracking.py", "conf/base/catalog.yml"} <= train  # trainer: imported inside train_cell
+            "pipelines/tracking.py", "conf/base/catalog.yml"} <= train  # trainer: imported inside train_cell
     assert not {name for name in train if name.startswith(("layertune/reports/", "pipelines/aggregate/"))}
     assert {"layertune/reports/layers.py", "layertune/reports/ner.py", "layertune/reports/encoders.py",
             "layertune/statistics.py"} <= aggregate

@@ -24,7 +24,7 @@ def test_four_cells_starting_at_once_on_a_new_mlflow_database_all_finish(tmp_pat
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from layertune.tracking import CellRun
+        from pipelines.tracking import CellRun
         while not Path({str(go)!r}).exists():
             time.sleep(0.005)
         run = CellRun.start("layertune-race", f"cell-{{sys.argv[1]}}", {{"seed": sys.argv[1]}}, uri={uri!r})

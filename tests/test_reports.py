@@ -13,8 +13,8 @@ from layertune.reports import build_report
 from layertune.reports.common import Setting, StudyResults
 from layertune.reports.layers import recommend
 from layertune.statistics import Estimate
-from layertune.stages import score_cells
-from layertune.study import plan_studies
+from layertune.reports.scores import score_cells
+from pipelines.plans import plan_studies
 
 
 def setting(layers, samples, scores=(0.8,)) -> Setting:
@@ -142,7 +142,7 @@ def test_evaluate_names_missing_cells_and_refuses_inconsistent_folders(results):
     cells = dict(results.cells)
     first = results.plan.cells[0]
     del cells[first.key]
-    with pytest.raises(ValueError, match=f"have no results: {first.dvc_stage}"):
+    with pytest.raises(ValueError, match=f"have no results: {first.key}"):
         score_cells(results.plan, cells, {"sst2": results.corpora["sst2"]()})
     broken = dict(results.cells)
     broken[first.key] = Cell(results.cells[first.key].dev, accuracy=0.123)
@@ -193,7 +193,7 @@ def test_the_expected_ci_reports_are_those_of_the_ci_profile():
 
     import yaml
 
-    from layertune.profiles import apply_overrides, load_profile
+    from pipelines.profiles import apply_overrides, load_profile
 
     root = Path(__file__).resolve().parents[1]
     params = apply_overrides(yaml.safe_load((root / "params.yaml").read_text()), load_profile("ci", root))

@@ -67,7 +67,7 @@ def origin(tmp_path_factory):
 def test_two_workers_build_exactly_what_a_serial_build_does(origin, tmp_path):
     repository, serial = origin
     parallel = clone(repository, tmp_path / "parallel")
-    log = sh(parallel, sys.executable, "-m", "layertune.cli", "repro", "--jobs", "2")
+    log = sh(parallel, sys.executable, "-m", "pipelines.parallel", "--jobs", "2")
     assert f"{CELLS} cell(s) to train, 2 at a time" in log
     assert reports(parallel) == reports(serial) and len(reports(parallel)) == 3
     runs = finished_runs(parallel)

@@ -9,9 +9,12 @@ import pytest
 import yaml
 
 from layertune.cell import CombineSpec, CorpusSpec, EncoderSpec, HeadSpec
-from layertune.profiles import apply_overrides, dvc_arguments, load_profile
-from layertune.stages import prepare_corpus
-from layertune.study import DataSpec, ParamsError, ReportKind, plan_studies, validate_params
+from pipelines.profiles import apply_overrides, dvc_arguments, load_profile
+from layertune.cell import SampleSpec
+from layertune.study import ParamsError, ReportKind
+from pipelines.params import validate_params
+from pipelines.plans import dvc_stage, plan_studies
+from pipelines.prepare.nodes import prepare_corpus
 from layertune.training_config import TrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +124,7 @@ def test_seeds_at_the_edges_of_numpys_range_are_valid(params):
 
 def test_every_task_has_a_valid_name():
     from layertune.study import name_problem
-    from layertune.tasks import TASKS
+    from layertune.corpora.registry import TASKS
 
     assert {task: name_problem(task) for task in TASKS} == {task: None for task in TASKS}
 
@@ -177,7 +180,7 @@ def test_the_plan_records_the_files_each_cell_starts_from(tmp_path):
 
 
 def test_a_hub_model_has_no_fingerprint(params):
-    from layertune.study import model_fingerprint
+    from layertune.model_paths import model_fingerprint
 
     assert model_fingerprint("bert-base-cased") is None  # no files here: known by name only
 
@@ -193,7 +196,7 @@ def test_cells_are_the_grid_named_like_dvc(params):
         spec = study.spec
         assert len(study.cells) == len(spec.tasks) * len(spec.encoders) * len(spec.tunable_layers) * len(spec.seeds)
     cell = plan.studies["multi_encoder"].cells[-1]
-    assert cell.key == "sst2-dme-2-1" and cell.dvc_stage == "train-multi_encoder@sst2-dme-2-1"
+    assert cell.key == "sst2-dme-2-1" and dvc_stage(cell) == "train-multi_encoder@sst2-dme-2-1"
     assert [e.model for e in cell.spec.encoders] == ["sentence-transformers/all-MiniLM-L6-v2",
                                                      "sentence-transformers/paraphrase-MiniLM-L3-v2"]
     assert cell.spec.combine.method == "dme" and cell.spec.training.seed == 1
@@ -210,10 +213,10 @@ def test_per_encoder_settings_and_rates(params):
                      {"model": "sentence-transformers/paraphrase-MiniLM-L3-v2", "learning_rate": 3e-5,
                       "hidden_dropout_prob": 0.3})
     cells = {c.encoder: c for c in plan_studies(changed).studies["multi_encoder"].cells if c.seed == 0}
-    assert cells["dme"].spec.training.learning_rate == [1e-4, 3e-5]
+    assert cells["dme"].spec.training_config().learning_rate == [1e-4, 3e-5]
     assert [e.hidden_dropout_prob for e in cells["dme"].spec.encoders] == [None, 0.3]
     assert [e.pooling for e in cells["dme"].spec.encoders] == ["mean", "mean"]  # the study's encoder settings
-    assert cells["paraphrase-MiniLM-L3-v2"].spec.training.learning_rate == 3e-5
+    assert cells["paraphrase-MiniLM-L3-v2"].spec.training_config().learning_rate == 3e-5
 
 
 def test_adding_a_seed_changes_no_existing_cell_and_no_earlier_slice(params):
@@ -247,12 +250,12 @@ def test_specs_take_exactly_the_library_arguments():
         return {name for name in inspect.signature(function).parameters if name not in ("self", *skip)}
 
     assert arguments(LanguageModel.__init__, ("name_or_path", "frozen_layers")) == set(EncoderSpec.model_fields) - {
-        "model"}
+        "model", "learning_rate"}  # learning_rate: the trainer's, per language model
     assert arguments(TextClassifier.__init__, ("encoder", "num_classes", "label_names")) == set(HeadSpec.model_fields)
     assert {"method" if n == "combine_method" else n
             for n in arguments(MultiEncoder.__init__, ("language_models",))} == set(CombineSpec.model_fields)
     assert "args" in arguments(ModelTrainer.train)  # train(args=TrainingConfig(...)) or its fields as keywords
-    assert set(DataSpec.model_fields) == set(CorpusSpec.model_fields) - {"task", "config"}
+    assert set(SampleSpec.model_fields) == set(CorpusSpec.model_fields) - {"task", "config"}
     assert {"learning_rate", "head_learning_rate", "epochs", "max_length"} <= set(TrainingConfig.model_fields)
 
 
@@ -286,9 +289,9 @@ def test_dvc_stages_and_catalog_paths_agree_with_the_code(params):
     with Repo(str(ROOT)) as repo:
         stages = {stage.addressing: stage for stage in repo.index.stages}
     train_stages = {name for name in stages if name.startswith("train-")}
-    assert train_stages == {cell.dvc_stage for cell in plan.cells()}
+    assert train_stages == {dvc_stage(cell) for cell in plan.cells()}
     for cell in (plan.studies["ner"].cells[-1], plan.studies["multi_encoder"].cells[0]):
-        stage = stages[cell.dvc_stage]
+        stage = stages[dvc_stage(cell)]
         out = str(stage.outs[0].fs_path).removeprefix(str(ROOT) + "/")
         runtime = {"study": cell.study, "cell": cell.key}
         catalog = OmegaConfigLoader(str(ROOT / "conf"), runtime_params=runtime, **CONFIG_LOADER_ARGS)["catalog"]
@@ -322,10 +325,10 @@ def test_prepare_caps_sizes_at_the_split(toy_corpus):
         calls.append(options)
         return toy_corpus
 
-    prepare_corpus(load, DataSpec(train_size=10, dev_size=10_000))
+    prepare_corpus(load, SampleSpec(train_size=10, dev_size=10_000))
     assert calls[-1] == {"train_size": 10, "dev_size": None, "seed": 42, "balanced": None}
     calls.clear()
-    prepare_corpus(load, DataSpec())
+    prepare_corpus(load, SampleSpec())
     assert calls == [{}]
 
 
@@ -334,3 +337,17 @@ def test_a_local_model_config_without_a_layer_count_is_named(params, tmp_path):
     (tmp_path / "m" / "config.json").write_text('{"model_type": "custom"}')
     message = error_of(edited(params, "studies.ablation.encoders", {"m": str(tmp_path / "m")}))
     assert "studies.ablation.encoders.m" in message and "not a model config with a layer count" in message
+
+
+def test_dvc_yaml_has_one_generated_train_stage_per_study_of_params_yaml(params, tmp_path):
+    from pipelines import dvc_stages
+
+    assert dvc_stages.main(["--check", "--project", str(ROOT)]) == 0  # the committed dvc.yaml is current
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(edited(params, "studies.mine", params["studies"]["ner"])))
+    assert dvc_stages.main(["--check", "--project", str(tmp_path)]) == 1  # a new study: its block is missing
+    assert dvc_stages.main(["--project", str(tmp_path)]) == 0
+    stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
+    assert stages["train-mine"]["cmd"] == "${run} train --params study=mine,cell=${key}"
+    assert stages["train-mine"]["matrix"]["seed"] == "${studies.mine.seeds}"
+    assert {name for name in stages if name.startswith("train-")} == {f"train-{s}" for s in [*params["studies"], "mine"]}

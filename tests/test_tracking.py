@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from layertune import tracking
+from pipelines import tracking
 from layertune.cell import CellSpec, CorpusSpec, EncoderSpec
 from layertune.study import StudyCell
 from layertune.trainer import TrainingResult
@@ -296,7 +296,7 @@ def warning_lines(output: str) -> list[str]:
 
 def test_a_tracking_server_killed_mid_cell_loses_no_cell(tmp_path, monkeypatch):
     """A real `mlflow server` killed while a cell trains: the stage succeeds with the cell's folder and one warning
-    line; once the server is back, `python -m layertune.tracking sync` makes the cell's run FINISHED there, with its
+    line; once the server is back, `python -m pipelines.tracking sync` makes the cell's run FINISHED there, with its
     parameters, metrics and dataset inputs."""
     from tests.projects import make_project, project_env, run, study
     from tests.team_server import free_port, mlflow_server
@@ -327,7 +327,7 @@ def test_a_tracking_server_killed_mid_cell_loses_no_cell(tmp_path, monkeypatch):
     assert tracking.PendingRun.model_validate_json(journal.read_text()).status == "FINISHED"
 
     with mlflow_server(store, tmp_path / "artifacts", port=port):
-        synced = subprocess.run([sys.executable, "-m", "layertune.tracking", "sync"], cwd=project, env=env,
+        synced = subprocess.run([sys.executable, "-m", "pipelines.tracking", "sync"], cwd=project, env=env,
                                 capture_output=True, text=True, timeout=300)
         assert synced.returncode == 0, synced.stdout + synced.stderr
         assert "1 kept run(s) sent" in synced.stdout

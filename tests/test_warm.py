@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from layertune import warm as warm_module
+from pipelines import warm as warm_module
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="acting as another user needs root")
@@ -79,7 +79,7 @@ def project(monkeypatch):
 
 
 def warm(*args, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "layertune.warm", sys.executable, "-m", "helper", *args],
+    return subprocess.run([sys.executable, "-m", "pipelines.warm", sys.executable, "-m", "helper", *args],
                           capture_output=True, text=True, timeout=60, **kwargs)
 
 
@@ -106,7 +106,7 @@ def test_changed_code_is_never_run_stale(project):
 
 def test_sigterm_reaches_the_command(project):
     warm("show", "-", "0")  # the server is up
-    caller = subprocess.Popen([sys.executable, "-m", "layertune.warm", sys.executable, "-m", "helper", "wait"],
+    caller = subprocess.Popen([sys.executable, "-m", "pipelines.warm", sys.executable, "-m", "helper", "wait"],
                               stdout=subprocess.PIPE, text=True)
     assert caller.stdout.readline().strip() == "waiting"
     caller.send_signal(signal.SIGTERM)
@@ -116,7 +116,7 @@ def test_sigterm_reaches_the_command(project):
 
 def test_a_killed_caller_stops_its_command(project):
     warm("show", "-", "0")
-    caller = subprocess.Popen([sys.executable, "-m", "layertune.warm", sys.executable, "-m", "helper", "wait"],
+    caller = subprocess.Popen([sys.executable, "-m", "pipelines.warm", sys.executable, "-m", "helper", "wait"],
                               stdout=subprocess.PIPE, text=True)
     assert caller.stdout.readline().strip() == "waiting"
     caller.kill()
@@ -128,7 +128,7 @@ def test_a_killed_caller_stops_its_command(project):
 
 
 def test_callers_at_once_share_one_server(project):
-    callers = [subprocess.Popen([sys.executable, "-m", "layertune.warm", sys.executable, "-m", "helper", "show",
+    callers = [subprocess.Popen([sys.executable, "-m", "pipelines.warm", sys.executable, "-m", "helper", "show",
                                  str(i), "0"], stdout=subprocess.PIPE, text=True) for i in range(4)]
     outputs = [caller.communicate(timeout=60)[0] for caller in callers]
     assert [caller.returncode for caller in callers] == [0, 0, 0, 0]
@@ -223,7 +223,7 @@ def test_a_socket_folder_that_is_not_private_is_refused(project, monkeypatch, fl
         warm_module.socket_path()
     result = warm("show", "-", "0")
     assert result.returncode == 0 and "version=1" in result.stdout
-    assert result.stderr.startswith(f"layertune.warm: {folder} {message}") and "running the command directly" \
+    assert result.stderr.startswith(f"pipelines.warm: {folder} {message}") and "running the command directly" \
         in result.stderr
     assert not list(folder.iterdir())
 

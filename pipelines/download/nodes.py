@@ -2,7 +2,7 @@
 
 from layertune.corpora import load_corpus, resolve_data_mirror
 from layertune.corpus import Corpus
-from layertune.study import DownloadPlan
+from pipelines.plans import DownloadPlan
 
 
 def download_corpora(plan: DownloadPlan) -> dict[str, Corpus]:

@@ -6,7 +6,7 @@ import pandas as pd
 
 from layertune.cell import CellFolder
 from layertune.corpus import Corpus
-from layertune.stages import score_cells
+from layertune.reports.scores import score_cells
 from layertune.study import StudyPlan
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import layertune
 import pipelines
-from layertune import study
-from layertune.provenance import stage_fingerprint
+from pipelines.plans import plan_studies as plan
+from pipelines.provenance import stage_fingerprint
 
 PROJECT = Path(pipelines.__file__).resolve().parent.parent
 # What every stage runs besides its own pipeline: hooks, datasets and settings, followed into their imports; the
@@ -18,16 +18,14 @@ HASHED = ("pipelines/pipeline_registry.py", "conf/base/catalog.yml", "conf/loggi
 
 def plan_studies(parameters: dict) -> tuple:
     """The download plan, and per study: its plan, prepare and tokenize slices, and one spec per cell."""
-    plan = study.plan_studies(parameters)
-    cells = {f"{cell.study}/cells/{cell.key}": cell for cell in plan.cells()}
-    return plan.download, plan.studies, plan.prepare, plan.features, cells
+    planned = plan(parameters)
+    cells = {f"{cell.study}/cells/{cell.key}": cell for cell in planned.cells()}
+    return planned.download, planned.studies, planned.prepare, planned.features, cells
 
 
 def code_fingerprints() -> dict[str, dict]:
-    """Per stage, the hash of every source file it runs (see `layertune.provenance`)."""
-    from pipelines.pipeline_registry import STAGES
-
+    """Per stage, the hash of every source file it runs (see `pipelines.provenance`)."""
     packages = {"layertune": Path(layertune.__file__).resolve().parent, "pipelines": PROJECT / "pipelines"}
     followed, hashed = [PROJECT / name for name in FOLLOWED], [PROJECT / name for name in HASHED]
     return {stage: stage_fingerprint(PROJECT / "pipelines" / stage, followed, hashed, packages, PROJECT)
-            for stage in STAGES if stage != "plan"}
+            for stage in pipelines.STAGES if stage != "plan"}

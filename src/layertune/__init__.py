@@ -5,11 +5,12 @@ import importlib
 # Public names → defining module. Loaded on first use, so `import layertune` stays cheap (no torch import).
 _EXPORTS = {
     "GLUE_COLA": "corpora", "GLUE_MRPC": "corpora", "GLUE_RTE": "corpora", "GLUE_SST2": "corpora",
-    "GLUE_STSB": "corpora", "IMDB": "corpora", "CONLL_03": "corpora", "load_corpus": "corpora", "TASKS": "tasks",
+    "GLUE_STSB": "corpora", "IMDB": "corpora", "CONLL_03": "corpora", "load_corpus": "corpora", "TASKS": "corpora",
     "Corpus": "corpus",
     "LanguageModel": "language_model", "encoder_layers": "language_model", "MultiEncoder": "multi_encoder",
+    "Encoder": "encoder",
     "TaskModel": "heads", "TextClassifier": "heads", "TextRegressor": "heads", "TokenClassifier": "heads",
-    "ModelTrainer": "trainer", "TrainingResult": "trainer", "TrainingConfig": "training_args",
+    "ModelTrainer": "trainer", "TrainingResult": "trainer", "TrainingConfig": "training_config",
     "CellSpec": "cell", "train_cell": "cell",
     "parameter_drift": "drift", "layer_drift": "drift",
 }

@@ -13,9 +13,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from layertune.training_config import TrainingConfig
 
@@ -35,17 +35,28 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
-class CorpusSpec(Spec):
-    """Arguments of `load_corpus`: a registry task, hub id or local path, and a seeded subsample."""
+# What numpy and torch take as a seed.
+MAX_SEED = 2**32 - 1
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
-    task: str
-    config: str | None = None
+
+class SampleSpec(Spec):
+    """Which examples of a corpus a cell sees: a seeded subsample (a study's ``data`` section: the same for each of
+    its tasks)."""
+
     train_size: PositiveInt | None = Field(None, description="at most this many training examples; null: all")
     dev_size: PositiveInt | None = Field(None, description="at most this many dev examples; null: all")
-    seed: int = Field(42, description="seed of the subsample (and of a dev split carved from train)")
+    seed: Seed = Field(42, description="seed of the subsample (and of a dev split carved from train)")
     balanced: bool | None = Field(None, description="equal classes; null: the task's default (IMDb: balanced)")
     test: bool = Field(True, description="keep a labelled test split (its predictions are scored with the best "
                                          "weights); false leaves it out")
+
+
+class CorpusSpec(SampleSpec):
+    """Arguments of `load_corpus`: a registry task, hub id or local path, and a seeded subsample of it."""
+
+    task: str
+    config: str | None = None
 
     def load(self, data_mirror: str | os.PathLike | None = None) -> Corpus:
         import dataclasses
@@ -66,18 +77,24 @@ class EncoderSettings(Spec):
     frozen_dropout: bool = False
     trust_remote_code: bool = False
     revision: str | None = None
+    layers: str | None = Field(None, description="dotted path of the transformer layer stack (an nn.ModuleList, e.g. "
+                                                 "'encoder.layer'), for models whose stack the generic search misses")
 
 
 class EncoderSpec(EncoderSettings):
-    """One `LanguageModel`."""
+    """One `LanguageModel`, and optionally its own learning rate (a `MultiEncoder` tunes each of its language
+    models at its own rate)."""
 
     model: str
     tunable_layers: TunableLayers = "all"
+    learning_rate: PositiveFloat | None = Field(None, description="this language model's own rate; null: "
+                                                                  "training.learning_rate")
 
     def build(self) -> nn.Module:
         from layertune.language_model import LanguageModel
 
-        return LanguageModel(self.model, self.tunable_layers, **self.model_dump(exclude={"model", "tunable_layers"}))
+        return LanguageModel(self.model, self.tunable_layers,
+                             **self.model_dump(exclude={"model", "tunable_layers", "learning_rate"}))
 
 
 class CombineSpec(Spec):
@@ -114,7 +131,18 @@ class CellSpec(Spec):
         if isinstance(rates, list) and len(rates) != len(self.encoders):
             raise ValueError(f"training.learning_rate lists {len(rates)} rates for {len(self.encoders)} encoders: "
                              "give one rate, or one per encoder in the same order")
+        if isinstance(rates, list) and any(spec.learning_rate is not None for spec in self.encoders):
+            raise ValueError("learning rates are given twice: as a list in training.learning_rate and as an "
+                             "encoder's own learning_rate; give one or the other")
         return self
+
+    def training_config(self) -> TrainingConfig:
+        """``training``, with each encoder's own ``learning_rate`` in place of the shared one (one per encoder)."""
+        own = [spec.learning_rate for spec in self.encoders]
+        if all(rate is None for rate in own):
+            return self.training
+        rates = [rate or self.training.learning_rate for rate in own]
+        return self.training.model_copy(update={"learning_rate": rates if len(rates) > 1 else rates[0]})
 
     def build_model(self, corpus: Corpus) -> TaskModel:
         """The encoder(s) and the head that fits ``corpus``, initialised from ``training.seed``."""
@@ -168,7 +196,7 @@ def train_cell(spec: CellSpec, output_dir: str | Path | None = None, *, corpus: 
     corpus = corpus if corpus is not None else spec.corpus.load(data_mirror)
     model = spec.build_model(corpus)
     trainer = ModelTrainer(model, corpus, cache_dir=cache_dir)
-    trained = TrainedCell(spec, trainer.train(args=spec.training, progress=progress), trainer.model)
+    trained = TrainedCell(spec, trainer.train(args=spec.training_config(), progress=progress), trainer.model)
     if output_dir is not None and is_main_process():  # one folder, whatever the number of processes
         trained.save(output_dir, overwrite=overwrite)
     return trained

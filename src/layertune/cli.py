@@ -1,6 +1,6 @@
 """Command line: ``layertune train-cell --task sst2 --model sentence-transformers/all-MiniLM-L6-v2 --tunable-layers 2
---seed 1 --output-dir runs/sst2-k2``, or ``layertune train-cell --spec cell.json --output-dir runs/x``; and
-``layertune repro --jobs 4`` to build the studies with four cells at a time (`layertune.parallel`).
+--seed 1 --output-dir runs/sst2-k2``, or ``layertune train-cell --spec cell.json --output-dir runs/x``. (Building a
+study is the pipeline's work: ``dvc repro``, or ``python -m pipelines.parallel --jobs 4`` for several cells at a time.)
 
 Every option is a field of `layertune.cell.CellSpec` (``--seed`` is the training seed, ``--data-seed`` the
 subsample's), generated from it, so the command line takes exactly what the library takes, checked the same way.
@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 # (section of CellSpec, its model, options renamed where two sections share a field name)
-_SECTIONS = (("corpus", "CorpusSpec", {"seed": "data_seed"}), ("encoder", "EncoderSpec", {}),
+_SECTIONS = (("corpus", "CorpusSpec", {"seed": "data_seed"}), ("encoder", "EncoderSpec", {"learning_rate": "encoder_learning_rate"}),
              ("head", "HeadSpec", {}), ("training", "TrainingConfig", {}))
 
 
@@ -52,9 +52,6 @@ def _parser() -> argparse.ArgumentParser:
     cell.add_argument("--spec", type=Path, help="a CellSpec as JSON (options given too override it)")
     cell.add_argument("--data-mirror", help="local data folder (default: $LAYERTUNE_DATA_MIRROR)")
     cell.add_argument("--cache-dir", help="tokenized-data and frozen-prefix cache (default: $LAYERTUNE_CACHE)")
-    build = commands.add_parser("repro", help="dvc repro with several cells at a time (run in the project folder)")
-    build.add_argument("studies", nargs="*", help="studies to build (default: every study of params.yaml)")
-    build.add_argument("-j", "--jobs", type=int, default=1, help="cells trained at a time (one GPU each, if any)")
     for section, model, renamed in _models():
         group = cell.add_argument_group(f"{section} ({model.__name__})")
         for name, field in model.model_fields.items():
@@ -82,10 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     from layertune.errors import describe_validation_error
 
     args = vars(_parser().parse_args(argv))
-    if args["command"] == "repro":
-        from layertune.parallel import main as repro
-
-        return repro([*args["studies"], "--jobs", str(args["jobs"])])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         base = json.loads(args.pop("spec").read_text()) if args.get("spec") else None

@@ -1,5 +1,5 @@
-"""Several processes training one cell (``accelerate launch --num_processes N``): who writes, and how scored
-shards come back together.
+"""Several processes training one cell (``accelerate launch --num_processes N``): who writes (scored shards come
+back together through accelerate's ``gather_for_metrics``, in the trainer).
 
 Every process trains (each on its slice of every batch) and scores its share of the dev examples; only the main
 process writes files or logs to MLflow, so a data-parallel run leaves exactly the outputs of a one-process run.
@@ -34,10 +34,3 @@ def is_main_process() -> bool:
     Asks accelerate only when several processes were launched, so that a single process does not import torch for it.
     """
     return not launched() or state().is_main_process
-
-
-def gather_shards(shard: Any) -> list[Any]:
-    """Every process's ``shard`` (any picklable object), in process order, on every process."""
-    from accelerate.utils import gather_object
-
-    return gather_object([shard]) if state().num_processes > 1 else [shard]

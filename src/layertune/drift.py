@@ -6,6 +6,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from layertune.encoder import HasParameterParts
+
 
 def parameter_drift(model: nn.Module, reference: dict[str, torch.Tensor]) -> pd.DataFrame:
     """One row per parameter tensor: mean absolute change and relative L2 change against ``reference``.
@@ -13,8 +15,9 @@ def parameter_drift(model: nn.Module, reference: dict[str, torch.Tensor]) -> pd.
     ``reference`` holds the values training started from (pretrained encoder weights, initial head) of the tensors
     that could change; a tensor it leaves out was frozen, so its change is exactly 0 and its own value is the
     reference (no copy of a frozen model is needed). The L2 norms are kept so `layer_drift` can aggregate exactly.
+    A module that does not name its parts (a `TaskModel` and an `Encoder` do) puts every tensor in part ``other``.
     """
-    parts = model.parameter_parts() if hasattr(model, "parameter_parts") else {}
+    parts = model.parameter_parts() if isinstance(model, HasParameterParts) else {}
     rows = []
     for name, parameter in model.named_parameters():
         if name in reference:

@@ -7,6 +7,10 @@ train and evaluate the top K layers and the head from them: an epoch then costs 
 An entry is keyed by the frozen weights, the tokenized data, the boundary layer and the dtype, written atomically
 with a checksum, and verified on load: a corrupt or partial entry is rebuilt, never used.
 
+`prepare_examples` gives a language model's tokenized splits, with their cached states where training from them is
+exact and enabled (`layertune.training_config.cache_decision`); `cache_features` fills the entries of several
+boundaries at once, in one forward pass per split.
+
 Building an entry leaves the random generators and the model's train/eval modes as it found them, so a run that
 builds its entry trains exactly like one that reads it. Its disk space is reserved before any state is computed: a
 full disk is an OSError naming the folder and the bytes needed, and leaves nothing behind.
@@ -22,6 +26,7 @@ import os
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
@@ -33,6 +38,11 @@ from tqdm.auto import tqdm
 from layertune import timing
 from layertune.batching import Examples
 from layertune.io import atomic_directory, file_digest, write_json
+from layertune.tokenization import tokenize_corpus
+from layertune.training_config import cache_decision
+
+if TYPE_CHECKING:
+    from layertune.language_model import LanguageModel
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +54,52 @@ _DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # no space 
 
 def default_cache_root() -> Path:
     return Path(os.environ.get("LAYERTUNE_CACHE", Path.home() / ".cache" / "layertune"))
+
+
+def prepare_examples(lm: LanguageModel, corpus, *, max_length: int | None = None, cache_dir=None,
+                     frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
+                     device: torch.device | str = "cpu") -> tuple[dict[str, Examples], dict]:
+    """Tokenized examples of every split (``train``, ``dev``, ``test`` where present), with cached frozen-prefix
+    states where that is exact and enabled.
+
+    Returns the splits and what ran (recorded in the run's metadata).
+    """
+    tokenized = _tokenized(lm, corpus, max_length, cache_dir)
+    pad_id = lm.tokenizer.pad_token_id or 0
+    use_cache, reason = cache_decision(lm.frozen_prefix_layers, lm.frozen_dropout, frozen_prefix_cache)
+    info = {"used": use_cache, "reason": reason}
+    if not use_cache:
+        return {split: Examples(data, pad_id) for split, data in tokenized.items()}, info
+    cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype)
+    splits = {}
+    for split, data in tokenized.items():
+        states, entry = cache.states(lm, data, lm.frozen_prefix_layers, device=device)
+        splits[split] = Examples(data, pad_id, states)
+        info[f"{split}_entry"] = entry
+    info.update(boundary=lm.frozen_prefix_layers, dtype=cache_dtype)
+    return splits, info
+
+
+def cache_features(lm: LanguageModel, corpus, boundaries: list[int], *, max_length: int | None = None,
+                   cache_dir=None, cache_dtype: str = "float32", device: torch.device | str = "cpu") -> dict:
+    """Tokenize every split and cache, in one forward pass per split, the states entering each of ``boundaries``:
+    what `prepare_examples` of any tunable-layers value with those boundaries will then find.
+
+    Returns the tokenized splits' fingerprints and, per boundary and split, the cache entry's key."""
+    tokenized = _tokenized(lm, corpus, max_length, cache_dir)
+    found = {"tokenized": {split: data._fingerprint for split, data in tokenized.items()}, "frozen_prefix": {}}
+    if boundaries:
+        cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype, progress=False)
+        for split, data in tokenized.items():
+            for boundary, key in zip(sorted(set(boundaries)), cache.build(lm, data, boundaries, device=device)):
+                found["frozen_prefix"].setdefault(boundary, {})[split] = key
+    return found
+
+
+def _tokenized(lm: LanguageModel, corpus, max_length: int | None, cache_dir) -> dict[str, datasets.Dataset]:
+    lm.check_max_length(max_length)  # before tokenizing: a too-long max_length fails fast
+    return tokenize_corpus(corpus, lm.tokenizer, max_length=max_length,
+                           cache_dir=cache_dir and Path(cache_dir) / "tokenized")
 
 
 class BoundaryStates(Sequence):

@@ -1,4 +1,4 @@
-"""Task models: an encoder with a classification, regression or tagging head, saved as safetensors + JSON.
+"""Task models: an encoder with a classification, regression or tagging head (saved by `layertune.persistence`).
 
 `TextClassifier` and `TextRegressor` put their head on one pooled vector per text; `TokenClassifier` (named-entity
 recognition) puts it on every token state and reads each word's tag from its first word piece, the convention of
@@ -7,25 +7,22 @@ BERT's CoNLL-2003 experiments (later pieces carry label -100, see `layertune.tok
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import ClassVar, Literal
 
-import safetensors.torch
 import torch
 from torch import nn
 
+from layertune import persistence
 from layertune.batching import IGNORE_INDEX
+from layertune.encoder import Encoder, TokenEncoder, require
 from layertune.errors import choices_hint
-from layertune.io import atomic_directory, file_digest, write_json
-from layertune.language_model import LanguageModel
+from layertune.multi_encoder import MultiEncoder
 
 logger = logging.getLogger(__name__)
 
 HEAD_TYPES = ("linear", "mlp")
-MIN_FROZEN_SHARE = 0.1  # below this share of frozen weights, a saved model stores everything (no base needed)
-_MODEL_CLASSES: dict[str, type[TaskModel]] = {}
 
 
 class TaskModel(nn.Module):
@@ -35,11 +32,12 @@ class TaskModel(nn.Module):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        _MODEL_CLASSES[cls.__name__] = cls
+        persistence.register(cls)
 
-    def __init__(self, encoder: nn.Module, num_outputs: int, head: str, head_hidden_size: int | None,
+    def __init__(self, encoder: Encoder, num_outputs: int, head: str, head_hidden_size: int | None,
                  head_dropout: float) -> None:
         super().__init__()
+        require(encoder, Encoder, f"{type(self).__name__} needs an encoder (a LanguageModel or MultiEncoder)")
         if head not in HEAD_TYPES:
             raise ValueError(f"Unknown head {head!r}.{choices_hint(head, HEAD_TYPES)}")
         self.encoder = encoder
@@ -79,8 +77,7 @@ class TaskModel(nn.Module):
     def head_parameters(self) -> list[nn.Parameter]:
         """Parameters that are not the encoder's: these get the head learning rate."""
         # A MultiEncoder's combination layer (dme projections + attention) is new and task-specific like the head.
-        combination = getattr(self.encoder, "combination_parameters", None)
-        return list(self.head.parameters()) + (combination() if combination else [])
+        return list(self.head.parameters()) + self.encoder.combination_parameters()
 
     # ----------------------------------------------------------------------------------------------------------
 
@@ -107,7 +104,7 @@ class TaskModel(nn.Module):
                                return_ids: bool = False) -> tuple[list, list[list[float]]]:
         """Predictions as `predict` gives them (label names where the model has them; ``return_ids=True``: class
         ids), and per example the weight a dme `MultiEncoder` gave each encoder (each row sums to 1)."""
-        method = getattr(self.encoder, "combine_method", None)
+        method = self.encoder.combine_method if isinstance(self.encoder, MultiEncoder) else None
         if method != "dme":
             why = (f"this model's MultiEncoder uses combine_method={method!r}, which has no attention" if method
                    else f"this model's encoder is a single {type(self.encoder).__name__}, with nothing to weigh")
@@ -121,7 +118,7 @@ class TaskModel(nn.Module):
         return predictions, attention
 
     # ----------------------------------------------------------------------------------------------------------
-    # Persistence: safetensors for weights, JSON for settings; never pickle.
+    # Persistence (see `layertune.persistence`)
 
     def config(self) -> dict:
         return {"class": type(self).__name__, "encoder": self.encoder.settings(), **self.head_settings,
@@ -137,24 +134,7 @@ class TaskModel(nn.Module):
         combination): the frozen rest is the base model's, which `from_pretrained` loads again by name and checks
         against a content hash recorded here. A model that trained (nearly) everything stores everything, tokenizer
         included, and needs no base."""
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        trained = {name for name, parameter in self.named_parameters() if parameter.requires_grad}
-        # Frozen and provided by the base checkpoint: these can be left to it (a frozen tensor the checkpoint lacked
-        # was initialized at random, and is stored like a trained one).
-        base = {f"encoder.{name}" for name in self.encoder.base_tensors()}
-        frozen = {k: v for k, v in state.items() if k not in trained and k in base}
-        frozen_share = sum(p.numel() for p in self.parameters() if not p.requires_grad) / max(
-            sum(p.numel() for p in self.parameters()), 1)
-        if frozen_share < MIN_FROZEN_SHARE:
-            frozen = {}
-        with atomic_directory(directory) as staging:
-            self.encoder.save_config(staging / "encoder", tokenizer=not frozen)
-            safetensors.torch.save_file({k: v for k, v in state.items() if k not in frozen},
-                                        staging / "model.safetensors")
-            weights = {"file_xxh3": file_digest(staging / "model.safetensors"),
-                       "base": {"frozen_xxh3": tensors_digest(frozen)} if frozen else None}
-            write_json(staging / "config.json", {**self.config(), "weights": weights})
-        return Path(directory)
+        return persistence.save_task_model(self, directory)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, *, trust_remote_code: bool = False) -> TaskModel:
@@ -164,88 +144,17 @@ class TaskModel(nn.Module):
         loader run code that ships with it. A model that stored only what it trained is rebuilt on its base model;
         if those base weights differ from the ones it was trained on, that is an error, not a silent mix.
         """
-        directory = Path(directory)
-        config = _read_config(directory, cls)
-        weights = config.get("weights") or {}
-        encoder = load_encoder(directory / "encoder", config["encoder"], trust_remote_code=trust_remote_code,
-                               pretrained=weights.get("base") is not None)
-        model = _MODEL_CLASSES[config["class"]]._from_config(encoder, config)
-        if weights.get("file_xxh3") and file_digest(directory / "model.safetensors") != weights["file_xxh3"]:
-            raise ValueError(f"{directory}/model.safetensors does not match the checksum in its config.json: the file "
-                             "was changed or damaged after it was saved. Retrain or restore it.")
-        try:
-            state = safetensors.torch.load_file(directory / "model.safetensors")
-        except Exception as error:  # safetensors raises its own error types for truncated/corrupt files
-            raise ValueError(f"{directory}/model.safetensors is corrupt or partial ({error}).") from None
-        if weights.get("base") is not None:
-            _check_base(model, state, weights["base"], config["encoder"], directory)
-        try:
-            model.load_state_dict(state, strict=weights.get("base") is None)
-        except RuntimeError as error:
-            raise ValueError(f"{directory}/model.safetensors does not fit its config.json (a class count or size "
-                             f"differs): {str(error).splitlines()[-1].strip()}") from None
-        model.eval()
-        return model
+        return persistence.load_task_model(cls, directory, trust_remote_code=trust_remote_code)
 
     @classmethod
-    def _from_config(cls, encoder: nn.Module, config: dict) -> TaskModel:
+    def _from_config(cls, encoder: Encoder, config: dict) -> TaskModel:
         raise NotImplementedError
-
-
-def _read_config(directory: Path, cls: type[TaskModel]) -> dict:
-    missing = [f for f in ("config.json", "model.safetensors", "encoder") if not (directory / f).exists()]
-    if missing:
-        raise ValueError(f"{directory} is not a complete saved layertune model: missing {', '.join(missing)}.")
-    try:
-        config = json.loads((directory / "config.json").read_text())
-        model_class = _MODEL_CLASSES[config["class"]]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ValueError(f"{directory}/config.json is corrupt or not a layertune model config ({error}).") from None
-    if cls is not TaskModel and not issubclass(model_class, cls):
-        raise ValueError(f"{directory} holds a {config['class']}, not a {cls.__name__}.")
-    return config
-
-
-def _check_base(model: TaskModel, stored: dict, base: dict, encoder: dict, directory: Path) -> None:
-    """The base weights under the stored ones must be those the model was trained on."""
-    current = model.state_dict()
-    if unknown := sorted(set(stored) - set(current)):
-        raise ValueError(f"{directory}/model.safetensors holds tensors this model does not have: {unknown[:3]}")
-    frozen = {k: v for k, v in current.items() if k not in stored}
-    if tensors_digest(frozen) != base["frozen_xxh3"]:
-        names = [e["name"] for e in encoder.get("language_models", [encoder])]
-        raise ValueError(f"The base weights found for {', '.join(map(repr, names))} differ from the ones the model in "
-                         f"{directory} was trained on (content hash of its frozen tensors): another version or "
-                         "revision of the model is installed or mirrored. Load the base it was trained on.")
-
-
-def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
-    """A content hash of named tensors: names, dtypes, shapes and bytes."""
-    import xxhash
-
-    digest = xxhash.xxh3_128()
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")
-    return digest.hexdigest()
 
 
 def _check_sentences(sentences) -> None:
     if isinstance(sentences, (str, tuple)):
         raise TypeError(f"predict takes a list of sentences (or of sentence pairs), not one {type(sentences).__name__}"
                         f": wrap it in a list, e.g. predict([{sentences!r}]).")
-
-
-def load_encoder(directory: Path, settings: dict, *, trust_remote_code: bool = False,
-                 pretrained: bool = False) -> nn.Module:
-    """Rebuild a saved encoder (single or multi) from its settings: random weights, or ``pretrained`` the base
-    models' (see `LanguageModel.from_config`)."""
-    if "language_models" in settings:
-        from layertune.multi_encoder import MultiEncoder
-
-        return MultiEncoder.from_config(directory, settings, trust_remote_code=trust_remote_code, pretrained=pretrained)
-    return LanguageModel.from_config(directory, settings, trust_remote_code=trust_remote_code, pretrained=pretrained)
 
 
 def _head_arguments(config: dict) -> dict:
@@ -258,7 +167,7 @@ class TextClassifier(TaskModel):
 
     task_type = "classification"
 
-    def __init__(self, encoder: nn.Module, num_classes: int, *, label_names: list[str] | None = None,
+    def __init__(self, encoder: Encoder, num_classes: int, *, label_names: list[str] | None = None,
                  head: Literal["linear", "mlp"] = "linear", head_hidden_size: int | None = None,
                  head_dropout: float = 0.1) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
@@ -293,7 +202,7 @@ class TextRegressor(TaskModel):
     task_type = "regression"
     num_classes = 1
 
-    def __init__(self, encoder: nn.Module, *, head: Literal["linear", "mlp"] = "linear",
+    def __init__(self, encoder: Encoder, *, head: Literal["linear", "mlp"] = "linear",
                  head_hidden_size: int | None = None, head_dropout: float = 0.1) -> None:
         super().__init__(encoder, 1, head, head_hidden_size, head_dropout)
 
@@ -317,14 +226,12 @@ class TokenClassifier(TaskModel):
 
     task_type = "token_classification"
 
-    def __init__(self, encoder: nn.Module, num_labels: int, *, label_names: list[str] | tuple[str, ...] | None = None,
-                 head: Literal["linear", "mlp"] = "linear", head_hidden_size: int | None = None,
-                 head_dropout: float = 0.1) -> None:
+    def __init__(self, encoder: TokenEncoder, num_labels: int, *,
+                 label_names: list[str] | tuple[str, ...] | None = None, head: Literal["linear", "mlp"] = "linear",
+                 head_hidden_size: int | None = None, head_dropout: float = 0.1) -> None:
         if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2:
             raise ValueError(f"num_labels must be an int >= 2; got {num_labels!r}.")
-        if not hasattr(encoder, "token_states"):
-            raise TypeError(f"TokenClassifier needs an encoder with per-token states (a LanguageModel); "
-                            f"{type(encoder).__name__} has no token_states.")
+        require(encoder, TokenEncoder, "TokenClassifier needs an encoder with per-token states (a LanguageModel)")
         if label_names is not None and len(label_names) != num_labels:
             raise ValueError(f"{len(label_names)} label_names {list(label_names)} for num_labels={num_labels}.")
         super().__init__(encoder, num_labels, head, head_hidden_size, head_dropout)
@@ -414,7 +321,7 @@ def word_tags(word_ids: list[int | None], piece_predictions: list[int], num_word
     return [tag or "O" for tag in tags], missing
 
 
-def build_model(encoder: nn.Module, corpus, head: Literal["linear", "mlp"] = "linear",
+def build_model(encoder: Encoder, corpus, head: Literal["linear", "mlp"] = "linear",
                 head_hidden_size: int | None = None, head_dropout: float = 0.1) -> TaskModel:
     """The head that fits the corpus's task type, with the corpus's label names."""
     arguments = {"head": head, "head_hidden_size": head_hidden_size, "head_dropout": head_dropout}

@@ -1,4 +1,8 @@
-"""`LanguageModel`: any Hugging Face encoder with only its top K layers trainable."""
+"""`LanguageModel`: any Hugging Face encoder with only its top K layers trainable.
+
+It loads, freezes, tokenizes and runs the model, from the embeddings or from given states entering a layer; which
+states to cache and when is `layertune.frozen_prefix`'s business.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +19,10 @@ import torch
 import transformers
 from torch import nn
 
+from layertune import frozen_prefix
 from layertune.batching import Examples
 from layertune.errors import choices_hint
-from layertune.frozen_prefix import FrozenPrefixCache
 from layertune.model_paths import PACKAGED_MODELS, resolve_model_path
-from layertune.training_config import cache_decision
-from layertune.tokenization import tokenize_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,22 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
     """The stack of transformer layers: the longest `ModuleList` of identical blocks in ``model``."""
     name, _ = _find_layer_stack(model)
     return model.get_submodule(name)
+
+
+def _layer_stack(model: nn.Module, path: str | None) -> tuple[str, int]:
+    """The layer stack's name and length: the one at the dotted ``path``, or the generic guess."""
+    if path is None:
+        return _find_layer_stack(model)
+    try:
+        stack = model.get_submodule(path) if isinstance(path, str) and path else None
+    except AttributeError:
+        stack = None
+    if not isinstance(stack, nn.ModuleList) or len(stack) == 0:
+        lists = [name for name, module in model.named_modules() if isinstance(module, nn.ModuleList) and len(module)]
+        found = choices_hint(path, lists) if lists else " It has no ModuleList."
+        raise ValueError(f"layers={path!r} is not a ModuleList of layers in {type(model).__name__}: give the dotted "
+                         f"path of its transformer layer stack.{found}")
+    return path, len(stack)
 
 
 def _find_layer_stack(model: nn.Module) -> tuple[str, int]:
@@ -66,6 +84,8 @@ class LanguageModel(nn.Module):
     an int K trains the top K layers (plus the pooler, with ``pooling="pooler"`` and K >= 1); 0 leaves only the
     task head to train.
     ``frozen_layers=N`` is the other common spelling: the bottom N layers frozen, i.e. K = L - N.
+    ``layers`` is the dotted path of the transformer layer stack (an ``nn.ModuleList``, e.g. ``"encoder.layer"``)
+    for a model whose stack the generic guess (`encoder_layers`) does not find.
 
     Frozen layers are constants, so by default they run in eval mode (no dropout) even while training.
     ``frozen_dropout=True`` keeps train-mode dropout in them, as a plain ``requires_grad=False`` recipe does.
@@ -83,11 +103,16 @@ class LanguageModel(nn.Module):
         frozen_dropout: bool = False,
         trust_remote_code: bool = False,
         revision: str | None = None,
+        layers: str | None = None,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"Unknown pooling {pooling!r}.{choices_hint(pooling, POOLINGS)}")
+        if layers is not None and not isinstance(layers, str):
+            raise ValueError(f"layers must be the dotted path of the layer stack, e.g. 'encoder.layer'; got "
+                             f"{layers!r}.")
         self.name = str(name_or_path)
+        self.layers_path = layers
         self.pooling = pooling
         self.freeze_embeddings = freeze_embeddings
         self.frozen_dropout = frozen_dropout
@@ -123,6 +148,7 @@ class LanguageModel(nn.Module):
         self.frozen_dropout = settings["frozen_dropout"]
         self.trust_remote_code = trust_remote_code
         self.revision = settings.get("revision")
+        self.layers_path = settings.get("layers")
         config = _load_config(str(directory), trust_remote_code, None)
         if pretrained:
             self.model, self.tokenizer, self.initialized = _base_model(self.name, config, trust_remote_code,
@@ -150,6 +176,8 @@ class LanguageModel(nn.Module):
             "pooling": self.pooling,
             "freeze_embeddings": self.freeze_embeddings,
             "frozen_dropout": self.frozen_dropout,
+            # only when given: the config of a model whose stack is found by the guess stays as it always was
+            **({"layers": self.layers_path} if self.layers_path is not None else {}),
         }
 
     def save_config(self, directory: str | Path, tokenizer: bool = True) -> None:
@@ -163,7 +191,7 @@ class LanguageModel(nn.Module):
 
     def _init_structure(self) -> None:
         # Submodules are remembered by name: keeping them as attributes would register them twice.
-        self._stack_name, self.num_layers = _find_layer_stack(self.model)
+        self._stack_name, self.num_layers = _layer_stack(self.model, self.layers_path)
         self._embeddings_name = _embeddings_name(self.model)
         self._has_pooler = getattr(self.model, "pooler", None) is not None
         accepted = inspect.signature(self.model.forward).parameters
@@ -189,6 +217,11 @@ class LanguageModel(nn.Module):
     def frozen_prefix_layers(self) -> int | None:
         """How many bottom layers are frozen; None when everything, embeddings included, trains."""
         return None if self.tunable_layers == "all" else self.num_layers - self.tunable_layers
+
+    @property
+    def language_models(self) -> list[LanguageModel]:
+        """``[self]``: the language models of an encoder, as `MultiEncoder.language_models` lists its own."""
+        return [self]
 
     def _resolve_tunable_layers(self, tunable_layers, frozen_layers) -> int | Literal["all"]:
         limit = self.num_layers
@@ -289,50 +322,28 @@ class LanguageModel(nn.Module):
         ]
         return [g for g in groups if g["params"]]
 
+    def combination_parameters(self) -> list[nn.Parameter]:
+        """An empty list: one language model has nothing to combine (see `MultiEncoder.combination_parameters`)."""
+        return []
+
     def prepare_examples(self, corpus, *, max_length: int | None = None, cache_dir=None,
                          frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
                          device: torch.device | str = "cpu") -> tuple[dict[str, Examples], dict]:
-        """Tokenized examples of every split (``train``, ``dev``, ``test`` where present), with cached frozen-prefix
-        states where that is exact and enabled.
-
-        Returns the splits and what ran (recorded in the run's metadata).
-        """
-        self._check_max_length(max_length)
-        tokenized = tokenize_corpus(corpus, self.tokenizer, max_length=max_length,
-                                    cache_dir=cache_dir and Path(cache_dir) / "tokenized")
-        pad_id = self.tokenizer.pad_token_id or 0
-        use_cache, reason = cache_decision(self.frozen_prefix_layers, self.frozen_dropout, frozen_prefix_cache)
-        info = {"used": use_cache, "reason": reason}
-        if not use_cache:
-            return {split: Examples(data, pad_id) for split, data in tokenized.items()}, info
-        cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype)
-        splits = {}
-        for split, data in tokenized.items():
-            states, entry = cache.states(self, data, self.frozen_prefix_layers, device=device)
-            splits[split] = Examples(data, pad_id, states)
-            info[f"{split}_entry"] = entry
-        info.update(boundary=self.frozen_prefix_layers, dtype=cache_dtype)
-        return splits, info
+        """Tokenized examples of every split, with cached frozen-prefix states where that is exact and enabled; and
+        what ran (see `layertune.frozen_prefix.prepare_examples`)."""
+        return frozen_prefix.prepare_examples(self, corpus, max_length=max_length, cache_dir=cache_dir,
+                                              frozen_prefix_cache=frozen_prefix_cache, cache_dtype=cache_dtype,
+                                              device=device)
 
     def cache_features(self, corpus, boundaries: list[int], *, max_length: int | None = None, cache_dir=None,
                        cache_dtype: str = "float32", device: torch.device | str = "cpu") -> dict:
-        """Tokenize every split and cache, in one forward pass per split, the states entering each of
-        ``boundaries``: what `prepare_examples` of any tunable-layers value with those boundaries will then find.
+        """Tokenize every split and cache the states entering each of ``boundaries`` (see
+        `layertune.frozen_prefix.cache_features`)."""
+        return frozen_prefix.cache_features(self, corpus, boundaries, max_length=max_length, cache_dir=cache_dir,
+                                            cache_dtype=cache_dtype, device=device)
 
-        Returns the tokenized splits' fingerprints and, per boundary and split, the cache entry's key."""
-        self._check_max_length(max_length)
-        tokenized = tokenize_corpus(corpus, self.tokenizer, max_length=max_length,
-                                    cache_dir=cache_dir and Path(cache_dir) / "tokenized")
-        found = {"tokenized": {split: data._fingerprint for split, data in tokenized.items()}, "frozen_prefix": {}}
-        if boundaries:
-            cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype,
-                                      progress=False)
-            for split, data in tokenized.items():
-                for boundary, key in zip(sorted(set(boundaries)), cache.build(self, data, boundaries, device=device)):
-                    found["frozen_prefix"].setdefault(boundary, {})[split] = key
-        return found
-
-    def _check_max_length(self, max_length: int | None) -> None:
+    def check_max_length(self, max_length: int | None) -> None:
+        """A ValueError if ``max_length`` is more than the model takes."""
         if max_length is not None and max_length > self.max_length:
             raise ValueError(f"max_length={max_length} is more than {self.name!r} takes: {self.max_length} tokens (its "
                              f"position embeddings and tokenizer). Use max_length <= {self.max_length}.")

@@ -135,10 +135,6 @@ class MultiEncoder(nn.Module):
         """One tokenizer per encoder (there is no single ``tokenizer``: vocabularies differ)."""
         return [lm.tokenizer for lm in self.language_models]
 
-    @property
-    def frozen_prefix_layers(self) -> list[int | None]:
-        return [lm.frozen_prefix_layers for lm in self.language_models]
-
     def __repr__(self) -> str:
         inner = ",\n  ".join(repr(lm) for lm in self.language_models)
         size = f", projection_size={self.projection_size}" if self.projection_size else ""

@@ -29,9 +29,9 @@ from transformers import PreTrainedTokenizerBase
 
 from layertune import timing
 from layertune.batching import IGNORE_INDEX
+from layertune.corpora.registry import TASKS
 from layertune.corpus import Corpus
 from layertune.io import file_digest, remove_stale_partials
-from layertune.tasks import TASKS
 
 logger = logging.getLogger(__name__)
 

@@ -234,11 +234,12 @@ class ModelTrainer:
             for prediction, reference in zip(*model.metric_inputs(outputs.float(), batch["labels"])):
                 index = next(order)
                 predictions[index], references[index] = prediction, reference
-        if accelerator.num_processes > 1:
-            shards = distributed.gather_shards((total_loss, terms, predictions, references))
-            total_loss, terms = sum(s[0] for s in shards), sum(s[1] for s in shards)
-            predictions = {i: p for s in shards for i, p in s[2].items()}
-            references = {i: r for s in shards for i, r in s[3].items()}
+        # Every process's share, in process order (one process: its own). Each share holds its examples once (see
+        # `_loaders`), and no accelerate loader is being iterated here, so gather_for_metrics drops nothing.
+        shards = accelerator.gather_for_metrics([(total_loss, terms, predictions, references)], use_gather_object=True)
+        total_loss, terms = sum(s[0] for s in shards), sum(s[1] for s in shards)
+        predictions = {i: p for s in shards for i, p in s[2].items()}
+        references = {i: r for s in shards for i, r in s[3].items()}
         in_order = sorted(predictions)
         predictions, references = [predictions[i] for i in in_order], [references[i] for i in in_order]
         scores = compute_metrics(self.corpus.metrics, predictions, references)

@@ -1,7 +1,7 @@
 """A warm worker: run a command in a fork of a process that has already imported torch, transformers, Kedro and
 MLflow, so that a pipeline of many short stages spends its time working, not starting Python.
 
-    python -m layertune.warm kedro run --pipelines train --params study=ablation,cell=...
+    python -m pipelines.warm kedro run --pipelines train --params study=ablation,cell=...
 
 The first call starts a server for this project folder, Python and import-time environment (it imports once, a
 few seconds); each call then forks it, and the command runs in the fork with the caller's working directory,
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--serve"]:
         return serve(Path(argv[1]))
     if not argv or argv[0].startswith("-"):
-        print("usage: python -m layertune.warm <command> [args...]   (e.g. kedro run --pipelines train)",
+        print("usage: python -m pipelines.warm <command> [args...]   (e.g. kedro run --pipelines train)",
               file=sys.stderr)
         return 2
     if not enabled():
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return call(argv)
     except Unavailable as error:
-        print(f"layertune.warm: {error}; running the command directly", file=sys.stderr)
+        print(f"pipelines.warm: {error}; running the command directly", file=sys.stderr)
         return _exec(argv)
 
 
@@ -100,7 +100,7 @@ def _exec(argv: list[str]) -> int:
     try:
         os.execvp(argv[0], argv)
     except FileNotFoundError:
-        print(f"layertune.warm: no command {argv[0]!r}", file=sys.stderr)
+        print(f"pipelines.warm: no command {argv[0]!r}", file=sys.stderr)
         return 127
 
 
@@ -218,7 +218,7 @@ def _connect_or_start(path: Path) -> socket.socket:
         _remove_dead_socket(path)
         log = _open_private(f"{path}.log", os.O_WRONLY | os.O_APPEND)
         try:
-            server = subprocess.Popen([sys.executable, "-m", "layertune.warm", "--serve", str(path)],
+            server = subprocess.Popen([sys.executable, "-m", "pipelines.warm", "--serve", str(path)],
                                       stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                       close_fds=True)
         finally:
@@ -282,7 +282,7 @@ def _wait_for_exit(connection: socket.socket) -> int:
         while True:
             reply = _receive(connection)
             if not reply:
-                print("layertune.warm: the server went away before the command finished", file=sys.stderr)
+                print("pipelines.warm: the server went away before the command finished", file=sys.stderr)
                 return 1
             if "exit" in reply:
                 return int(reply["exit"])
@@ -306,7 +306,7 @@ def serve(path: Path) -> int:
             __import__(module)
     _import_project()
     if threading.active_count() > 1:  # forking a process with threads can deadlock its children
-        print(f"layertune.warm: {threading.active_count()} threads after imports", file=sys.stderr)
+        print(f"pipelines.warm: {threading.active_count()} threads after imports", file=sys.stderr)
     watched = _Watched()
     idle_after = float(os.environ.get("LAYERTUNE_WARM_IDLE", "120"))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -487,7 +487,7 @@ def _accept(connection, watched, selector, children) -> bool:
     try:
         check_peer(connection, "a caller")  # the socket's mode already keeps others out; root is not kept out
     except Unavailable as error:
-        print(f"layertune.warm: {error}; refused", file=sys.stderr, flush=True)
+        print(f"pipelines.warm: {error}; refused", file=sys.stderr, flush=True)
         connection.close()
         return True
     data, fds, _, _ = socket.recv_fds(connection, MESSAGE, 3)
@@ -498,7 +498,7 @@ def _accept(connection, watched, selector, children) -> bool:
         return True
     request = json.loads(data)
     if (changed := watched.changed()) is not None:
-        print(f"layertune.warm: {changed} changed since it was imported; this server stops", file=sys.stderr,
+        print(f"pipelines.warm: {changed} changed since it was imported; this server stops", file=sys.stderr,
               flush=True)
         connection.send(json.dumps({"stale": True}).encode())
         for fd in fds:
@@ -597,7 +597,7 @@ def _run(argv: list[str]) -> int:
         return 0
     scripts = entry_points(group="console_scripts", name=Path(argv[0]).name)
     if not scripts:
-        print(f"layertune.warm: {argv[0]!r} is not a console script of this environment", file=sys.stderr)
+        print(f"pipelines.warm: {argv[0]!r} is not a console script of this environment", file=sys.stderr)
         return 127
     sys.argv = argv
     result = next(iter(scripts)).load()()

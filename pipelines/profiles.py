@@ -1,5 +1,5 @@
 """Profiles: named sets of overrides of ``params.yaml`` (``profiles/<name>.yaml``, ``dotted.key: value``), run as
-DVC experiments: ``dvc exp run $(python -m layertune.profiles ci)``."""
+DVC experiments: ``dvc exp run $(python -m pipelines.profiles ci)``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from layertune.errors import choices_hint
-from layertune.study import ParamsError, validate_params
+from layertune.study import ParamsError
+from pipelines.params import validate_params
 
 
 def profile_names(root: str | Path = ".") -> list[str]:
@@ -91,13 +92,13 @@ def _hydra_value(value: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m layertune.profiles <profile>`` prints the ``dvc exp run`` arguments that select it;
+    """``python -m pipelines.profiles <profile>`` prints the ``dvc exp run`` arguments that select it;
     ``--check`` validates params.yaml with the profile applied instead."""
     import argparse
 
     import yaml
 
-    parser = argparse.ArgumentParser(prog="python -m layertune.profiles", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pipelines.profiles", description=main.__doc__)
     parser.add_argument("profile", help=f"a name in profiles/ ({', '.join(profile_names())}) or a path")
     parser.add_argument("--check", action="store_true", help="validate params.yaml with the profile applied")
     parser.add_argument("--params", default="params.yaml")

@@ -13,7 +13,7 @@ A store that does not answer (a server that is down, or killed mid-cell) does no
 call logs one warning, and from then on the run's calls are kept, in order, in a journal in the project,
 ``data/09_tracking/<experiment>/<run name>.json`` (a `PendingRun`). `sync` replays the journals of cells that have
 ended once the store answers again: the next cell of the study does it as it starts, and so does
-``python -m layertune.tracking sync``. HTTP calls give up within seconds rather than MLflow's minutes
+``python -m pipelines.tracking sync``. HTTP calls give up within seconds rather than MLflow's minutes
 (`HTTP_RETRY_DEFAULTS`, unless you set those variables yourself).
 
 A cell killed with SIGKILL leaves its run RUNNING. Its next run ends it KILLED (`end_abandoned_runs`); if the cell
@@ -524,7 +524,7 @@ def _warn_unreachable(uri: str, error: BaseException) -> None:
     _failed[uri] = time.monotonic()
     if not warned:
         logger.warning("MLflow at %s failed (%s): tracking goes on offline, in %s/, and reaches MLflow once it "
-                       "answers (the next cell of the study sends it, or: python -m layertune.tracking sync)",
+                       "answers (the next cell of the study sends it, or: python -m pipelines.tracking sync)",
                        uri, _cause(error), JOURNAL_ROOT)
 
 
@@ -668,10 +668,10 @@ def _now() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m layertune.tracking sync [--study NAME]``, in the project folder: what cells kept while MLflow did
+    """``python -m pipelines.tracking sync [--study NAME]``, in the project folder: what cells kept while MLflow did
     not answer is sent to ``$MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``), and runs that killed cells left
     RUNNING are ended (see `settle`)."""
-    parser = argparse.ArgumentParser(prog="python -m layertune.tracking", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pipelines.tracking", description=main.__doc__)
     parser.add_argument("command", choices=["sync"])
     parser.add_argument("--study", action="append", help="only this study (repeatable; default: every study)")
     args = parser.parse_args(argv)

@@ -10,7 +10,7 @@ studies (evaluate, aggregate; every cell is up to date by then). On a machine wi
 byte for byte.
 
 Each `dvc` runs in a process group of its own, with the stage command it starts; SIGTERM, SIGINT or SIGHUP to
-`layertune repro` is passed on to every group, which it waits for (then SIGKILL after a grace period) before it
+`python -m pipelines.parallel` is passed on to every group, which it waits for (then SIGKILL after a grace period) before it
 exits with 128 + the signal's number. No cell goes on training, orphaned, after the build was stopped.
 """
 
@@ -40,7 +40,7 @@ class StageFailed(RuntimeError):
 
 
 class Interrupted(Exception):
-    """A signal stopped `layertune repro`; every `dvc` it had started has ended."""
+    """A signal stopped `python -m pipelines.parallel`; every `dvc` it had started has ended."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
@@ -197,7 +197,7 @@ def run_cells(cells: Sequence[str], jobs: int, gpus: Sequence[str | None], child
                 raise future.exception()  # once the running cells end (leaving the pool waits for them)
             if future.result() is not None:  # None: not started, after a failure
                 finished += 1
-                print(f"layertune repro: [{finished}/{len(cells)}] {futures[future]} done in {future.result():.1f} s",
+                print(f"pipelines.parallel: [{finished}/{len(cells)}] {futures[future]} done in {future.result():.1f} s",
                       flush=True)
 
 
@@ -218,12 +218,12 @@ def _build(studies: Sequence[str], jobs: int, children: Children) -> int:
     reports = [f"aggregate@{study}" for study in studies]
     cells = changed_cells(reports)
     gpus = devices()
-    print(f"layertune repro: {len(cells)} cell(s) to train, {jobs} at a time"
+    print(f"pipelines.parallel: {len(cells)} cell(s) to train, {jobs} at a time"
           + (f" on GPUs {', '.join(g for g in gpus if g is not None)}" if gpus != [None] else ""), flush=True)
     try:
         run_cells(cells, jobs, gpus, children)
     except StageFailed as error:
-        print(f"layertune repro: {error}", file=sys.stderr)
+        print(f"pipelines.parallel: {error}", file=sys.stderr)
         return 1
     return children.run(["dvc", "repro", *reports]).returncode
 
@@ -242,21 +242,21 @@ def study_names(chosen: Sequence[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="layertune repro", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m pipelines.parallel", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("studies", nargs="*", help="studies to build (default: every study of params.yaml)")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="cells trained at a time")
     args = parser.parse_args(argv)
     if not Path("dvc.yaml").is_file():
-        print("layertune repro: run it in the project folder (where dvc.yaml is)", file=sys.stderr)
+        print("pipelines.parallel: run it in the project folder (where dvc.yaml is)", file=sys.stderr)
         return 2
     try:
         return repro(args.jobs, study_names(args.studies))
     except (ValueError, subprocess.CalledProcessError) as error:
-        print(f"layertune repro: {error}", file=sys.stderr)
+        print(f"pipelines.parallel: {error}", file=sys.stderr)
         return 2
     except Interrupted as error:
-        print(f"layertune repro: {error}; the cells it was training were stopped", file=sys.stderr)
+        print(f"pipelines.parallel: {error}; the cells it was training were stopped", file=sys.stderr)
         return 128 + error.signum
 
 

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 DOCSTART = "-DOCSTART-"
 OUTSIDE = "O"
 _IOB_TAG = re.compile(r"^(O|[BI]-\S+)$")
+# CoNLL column files: one token per line, blank line between sentences. A .txt file counts when it has columns.
+CONLL_SUFFIXES = (".conll", ".iob", ".bio")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,17 @@ class Sentence:
     words: tuple[str, ...]
     tags: tuple[str, ...]
     first_line: int
+
+
+def is_conll_file(path: Path) -> bool:
+    """A CoNLL column file: a .conll/.iob/.bio suffix, or a .txt file whose first line has columns (word ... tag)."""
+    if path.suffix.lower() in CONLL_SUFFIXES:
+        return True
+    if path.suffix.lower() != ".txt":
+        return False
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        first = next((line for line in lines if line.strip()), "")
+    return len(first.split()) >= 2
 
 
 def read_conll(path: str | os.PathLike, num_columns: int | None = None) -> list[Sentence]:

@@ -1,4 +1,5 @@
-"""The benchmark tasks: where each lives (data mirror and hub), how its files are laid out, and how it is scored.
+"""The built-in tasks (`TASKS`): where each lives (data mirror and hub), how its files are laid out, and how it is
+scored.
 
 Free of `datasets` (imported only to build a task's column types), so that checking a study's tasks is cheap.
 """
@@ -9,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from layertune.conll import iob2_label_names
+from layertune.corpora.conll import iob2_label_names
 from layertune.corpus import TaskType
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class TaskSpec:
     def features(self) -> datasets.Features:
         import datasets
 
-        from layertune.conll import token_features
+        from layertune.corpora.conll import token_features
 
         if self.task_type == "token_classification":
             return token_features(self.label_names)

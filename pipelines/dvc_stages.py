@@ -1,0 +1,77 @@
+"""dvc.yaml's train stages, one matrix block per study, written from params.yaml.
+
+A study is a section of params.yaml; most stages iterate over the studies (``matrix: study: ${studies}``), but the
+train stage must iterate over each study's own grid (its tasks × encoders × tunable layers × seeds), and DVC's
+templating cannot nest a matrix inside an iteration over studies. So those blocks are the same lines with the study's
+name, written here between two marker lines of dvc.yaml rather than by hand:
+
+    python -m pipelines.dvc_stages           # rewrite the blocks (after adding or removing a study)
+    python -m pipelines.dvc_stages --check   # exit 1 if dvc.yaml is not what params.yaml asks for
+
+`make study` runs the first before `dvc repro`, and a test runs the second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+BEGIN = "  # >>> train stages: written by `python -m pipelines.dvc_stages` from params.yaml's studies; do not edit"
+END = "  # <<< end of the train stages"
+BLOCK = """\
+  train-{study}:
+    matrix:
+      task: ${{studies.{study}.tasks}}
+      encoder: ${{studies.{study}.encoders}}
+      tunable_layers: ${{studies.{study}.tunable_layers}}
+      seed: ${{studies.{study}.seeds}}
+    cmd: ${{run}} train --params study={study},cell=${{key}}
+    deps:
+      - data/00_plan/{study}/cells/${{key}}.json
+      - data/00_plan/code/train.json
+      - data/02_prepared/{study}/${{item.task}}
+      - data/03_features/{study}/${{item.task}}-${{item.encoder}}-${{item.tunable_layers}}.json
+    outs:
+      - data/04_models/{study}/${{key}}
+"""
+
+
+def train_blocks(studies: list[str]) -> str:
+    return "\n".join(BLOCK.format(study=study) for study in studies)
+
+
+def written(dvc_yaml: str, studies: list[str]) -> str:
+    """``dvc_yaml`` with the text between the markers replaced by one train block per study."""
+    try:
+        start, end = dvc_yaml.index(BEGIN + "\n") + len(BEGIN) + 1, dvc_yaml.index(END)
+    except ValueError:
+        raise ValueError(f"dvc.yaml lacks the marker lines of the generated train stages:\n{BEGIN}\n{END}") from None
+    return dvc_yaml[:start] + train_blocks(studies) + dvc_yaml[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.dvc_stages", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only check that dvc.yaml is up to date")
+    parser.add_argument("--project", type=Path, default=Path("."), help="the project folder (default: here)")
+    args = parser.parse_args(argv)
+    studies = list((yaml.safe_load((args.project / "params.yaml").read_text()) or {}).get("studies") or {})
+    path = args.project / "dvc.yaml"
+    current = path.read_text()
+    wanted = written(current, studies)
+    if wanted == current:
+        return 0
+    if args.check:
+        print(f"{path}: its train stages do not match params.yaml's studies ({', '.join(studies)}); run "
+              "python -m pipelines.dvc_stages", file=sys.stderr)
+        return 1
+    path.write_text(wanted)
+    print(f"{path}: train stages written for {', '.join(studies)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

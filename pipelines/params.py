@@ -1,0 +1,110 @@
+"""params.yaml: its schema (a ``download`` section and the ``studies``, each a `layertune.study.StudySpec`) and the
+one check of it, which names every bad key by its dotted path and asks no model more than its small config files."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from layertune.cell import Spec
+from layertune.errors import describe_validation_error
+from layertune.model_paths import model_layers, model_max_length
+from layertune.study import ENCODER_NAME, ENCODER_TAGS, ParamsError, StudySpec, name_problem
+
+class DownloadSection(Spec):
+    mirror: str | None = Field(None, description="folder with glue/, imdb/, ner/; $LAYERTUNE_DATA_MIRROR wins; null "
+                                                 "and no variable: the Hugging Face hub")
+
+
+class StudyParams(Spec):
+    """All of ``params.yaml``."""
+
+    download: DownloadSection
+    studies: dict[str, StudySpec] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, params: Any) -> Any:
+        """Study and encoder names, checked before anything else: an error names the key, not the whole mapping."""
+        studies = params.get("studies") if isinstance(params, Mapping) else None
+        if not isinstance(studies, Mapping):
+            return params
+        problems = [f"studies.{name}: {problem}" for name in studies if (problem := name_problem(name))]
+        for name, study in studies.items():
+            encoders = study.get("encoders") if isinstance(study, Mapping) else None
+            problems += [f"studies.{name}.encoders.{encoder}: {problem}" for encoder in (encoders or {})
+                         if isinstance(encoders, Mapping) and (problem := name_problem(encoder, ENCODER_NAME))]
+        if problems:
+            raise ParamsError("\n  ".join(problems))
+        return params
+
+    @model_validator(mode="after")
+    def _models_fit(self) -> StudyParams:
+        """Each study's tunable layers and max_length, against every model it tunes (from the models' configs)."""
+        for study_name, study in self.studies.items():
+            for encoder in study.encoders:
+                for member, single in study.members(encoder):
+                    where = f"studies.{study_name}.encoders.{member}"
+                    limit = model_layers(single.model, where=where)
+                    for position, k in enumerate(study.tunable_layers):
+                        if k != "all" and k > limit:
+                            raise ParamsError(
+                                f"studies.{study_name}.tunable_layers[{position}]: {k} is out of range: encoder "
+                                f"{member!r} ({single.model}) has {limit} layers, so tunable layers go from 0 to "
+                                f"{limit} (or 'all').")
+                    longest = model_max_length(single.model, where=where)
+                    if study.training.max_length and longest and study.training.max_length > longest:
+                        raise ParamsError(
+                            f"studies.{study_name}.training.max_length: {study.training.max_length} is longer than "
+                            f"encoder {member!r} ({single.model}) takes: at most {longest} tokens (its config's "
+                            "max_position_embeddings and its tokenizer's model_max_length).")
+        return self
+
+
+# --------------------------------------------------------------------------------------------------- validation
+
+
+def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> StudyParams:
+    """The whole parameter file, checked; raises `ParamsError` naming each bad key by its dotted path."""
+    for name, study in (params.get("studies") or {}).items():
+        if isinstance(study, Mapping) and "seed" in (study.get("training") or {}):
+            raise ParamsError(f"{source} is invalid:\n  studies.{name}.training.seed: each cell's seed comes from "
+                              f"studies.{name}.seeds; remove this key")
+    try:
+        return StudyParams.model_validate(dict(params))
+    except ValidationError as error:
+        raise ParamsError(_describe(error, source)) from None
+    except ParamsError as error:
+        raise ParamsError(f"{source} is invalid:\n  {error}") from None
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = describe_validation_error(error, known_keys=_known_keys, union_tags=ENCODER_TAGS)
+    return f"{source} is invalid:\n  " + "\n  ".join(lines)
+
+
+def _known_keys(location: tuple) -> list[str]:
+    """The keys valid at ``location`` (for 'did you mean'): walk the schema, stepping over mapping keys."""
+    annotation: Any = StudyParams
+    for part in location:
+        model = _model_in(annotation)
+        if model is not None and isinstance(part, str) and part in model.model_fields:
+            annotation = model.model_fields[part].annotation
+        elif get_origin(annotation) is dict:
+            annotation = get_args(annotation)[1]  # `part` was a key of the mapping: go to its values
+    model = _model_in(annotation)
+    return list(model.model_fields) if model else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class of an annotation (the first one inside a union or Annotated), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        if (model := _model_in(argument)) is not None and get_origin(annotation) is not dict:
+            return model
+    return None
+
+

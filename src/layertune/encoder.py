@@ -1,0 +1,87 @@
+"""What a task model, the trainer, the drift table and persistence ask of an encoder: the `Encoder` protocol.
+
+`LanguageModel` and `MultiEncoder` both satisfy `Encoder`; only a `LanguageModel` also satisfies `TokenEncoder`
+(per-token states, which a tagger needs). Code that needs a capability checks the protocol with `require`, which
+names the encoder's class and the members it lacks, rather than probing single attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from layertune.language_model import LanguageModel
+
+
+@runtime_checkable
+class HasParameterParts(Protocol):
+    """A module that names the part (``embeddings``, ``layer.3``, ``head`` …) each of its parameters belongs to."""
+
+    def parameter_parts(self) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class Encoder(HasParameterParts, Protocol):
+    """An encoder a `TaskModel` puts its head on: one vector of ``hidden_size`` per example."""
+
+    # The language models inside: ``[self]`` for a `LanguageModel`, each of them for a `MultiEncoder`.
+    language_models: Sequence[LanguageModel]
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    def forward(self, batch: dict) -> torch.Tensor: ...
+
+    def tokenize(self, texts: list[str] | list[tuple[str, str]], max_length: int | None = None) -> dict: ...
+
+    def prepare_examples(self, corpus, *, max_length: int | None = None, cache_dir=None,
+                         frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
+                         device: torch.device | str = "cpu") -> tuple[dict, dict]: ...
+
+    def optimizer_groups(self, learning_rate: float | list[float], weight_decay: float) -> list[dict]: ...
+
+    def combination_parameters(self) -> list[nn.Parameter]: ...
+
+    def base_tensors(self) -> set[str]: ...
+
+    def settings(self) -> dict: ...
+
+    def save_config(self, directory: str | Path, tokenizer: bool = True) -> None: ...
+
+    @classmethod
+    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False,
+                    pretrained: bool = False) -> Encoder: ...
+
+
+@runtime_checkable
+class TokenEncoder(Encoder, Protocol):
+    """An encoder with one state per word piece, and the tokenizer that made the pieces."""
+
+    tokenizer: Any
+    max_length: int
+
+    def token_states(self, batch: dict) -> torch.Tensor: ...
+
+    def model_inputs(self, batch: dict) -> dict: ...
+
+
+def require(encoder: object, protocol: type, purpose: str) -> None:
+    """A TypeError that says ``purpose`` and which members ``encoder``'s class lacks, unless it has them all."""
+    if isinstance(encoder, protocol):
+        return
+    missing = [name for name in members(protocol) if not hasattr(encoder, name)]
+    raise TypeError(f"{purpose}; {type(encoder).__name__} has no {', '.join(missing)}.")
+
+
+def members(protocol: type) -> list[str]:
+    """The public members a protocol asks for, in the order they are declared (bases first)."""
+    names: list[str] = []
+    for cls in reversed(protocol.__mro__):
+        if getattr(cls, "_is_protocol", False) and cls is not Protocol:
+            names += [name for name in (*vars(cls).get("__annotations__", {}), *vars(cls)) if not name.startswith("_")]
+    return list(dict.fromkeys(names))

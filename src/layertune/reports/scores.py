@@ -1,0 +1,51 @@
+"""A study's cells scored: one row per cell with every metric of its task, recomputed from its saved predictions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from layertune.study import StudyPlan
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from layertune.cell import CellFolder
+    from layertune.corpus import Corpus
+
+# Training figures of a cell that reports show next to its scores.
+TRAINING_FIGURES = ("best_epoch", "train_time_s", "samples_per_s", "trainable_parameters", "total_parameters",
+                    "peak_memory_mb")
+
+
+def score_cells(plan: StudyPlan, cells: Mapping[str, CellFolder], corpora: Mapping[str, Corpus]) -> pd.DataFrame:
+    """One row per cell of ``plan``: its place in the grid, every metric of its task on each split it predicted
+    (``dev_<metric>``, ``test_<metric>``), its main ``score`` (dev) and training figures.
+
+    Scores are recomputed from the saved predictions; they must equal what training measured, which checks that
+    predictions, references and the model's best epoch belong together."""
+    import pandas as pd
+
+    from layertune.metrics import compute_metrics
+
+    missing = [cell.key for cell in plan.cells if cell.key not in cells]
+    if missing:
+        raise ValueError(f"{len(missing)} cell(s) of study {plan.name} have no results: {', '.join(missing)}. "
+                         "Train them first.")
+    rows = []
+    for cell in plan.cells:
+        corpus, folder = corpora[cell.task], cells[cell.key]
+        row = {"key": cell.key, "task": cell.task, "encoder": cell.encoder,
+               "tunable_layers": str(cell.tunable_layers), "seed": cell.seed, "metric": corpus.main_metric}
+        for split, predicted in folder.predictions().items():
+            scores = compute_metrics(corpus.metrics, predicted["predictions"], predicted["references"])
+            row.update({f"{split}_{name}": value for name, value in scores.items()})
+        trained = folder.metrics()
+        if abs(row[f"dev_{corpus.main_metric}"] - trained[f"eval_{corpus.main_metric}"]) > 1e-9:
+            raise ValueError(f"{folder.path}: its saved dev predictions score {row[f'dev_{corpus.main_metric}']}, "
+                             f"but training measured {trained[f'eval_{corpus.main_metric}']}: the folder is "
+                             f"inconsistent; retrain cell {cell.key} of study {plan.name}.")
+        row["score"] = row[f"dev_{corpus.main_metric}"]
+        row.update({name: trained[name] for name in TRAINING_FIGURES})
+        rows.append(row)
+    return pd.DataFrame(rows)
