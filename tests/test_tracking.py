@@ -255,7 +255,6 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
 
 def test_each_cell_logs_its_train_and_dev_data_as_dataset_inputs(uri, tmp_path):
     import mlflow.data
-    from mlflow import MlflowClient
 
     prepared = tmp_path / "02_prepared"
     (prepared / "sst2").mkdir(parents=True)

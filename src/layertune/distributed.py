@@ -8,7 +8,6 @@ process writes files or logs to MLflow, so a data-parallel run leaves exactly th
 from __future__ import annotations
 
 import os
-from typing import Any
 
 
 def launched() -> bool:
