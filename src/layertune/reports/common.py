@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from layertune.statistics import Estimate, Resamples, SeedSpread, interval
-from layertune.study import StudyPlan, layers_order
+from layertune.study import CombinedEncoder, StudyPlan, layers_order
 
 if TYPE_CHECKING:
     from layertune.cell import CellFolder
@@ -176,7 +176,7 @@ def setup_text(results: StudyResults) -> str:
     sizes = (f"{data.train_size:,} training examples" if data.train_size else "all training examples") + ", " + (
         f"{data.dev_size:,} dev examples" if data.dev_size else "the full dev set") + f" (subsample seed {data.seed})"
     encoders = "; ".join(f"`{name}`: " + " + ".join(single.model for _, single in spec.members(name))
-                         + (f" ({entry.combine})" if hasattr(entry, "combine") else "")
+                         + (f" ({entry.combine.method})" if isinstance(entry, CombinedEncoder) else "")
                          for name, entry in spec.encoders.items())
     training = spec.training
     return (

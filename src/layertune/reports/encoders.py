@@ -25,6 +25,7 @@ from layertune.reports.common import (
     theme,
 )
 from layertune.statistics import Comparison, better_or_worse, differences_spread
+from layertune.study import CombinedEncoder
 
 VERDICTS = {"yes": "better", "no": "worse", "undecided": "no difference shown"}
 
@@ -34,7 +35,8 @@ def is_combined(results: StudyResults, encoder: str) -> bool:
 
 
 def combine_method(results: StudyResults, encoder: str) -> str | None:
-    return getattr(results.plan.spec.encoders[encoder], "combine", None)
+    entry = results.plan.spec.encoders[encoder]
+    return entry.combine.method if isinstance(entry, CombinedEncoder) else None
 
 
 def compare(results: StudyResults, group: list[Setting]) -> tuple[Setting, dict[str, Comparison]]:
