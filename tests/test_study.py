@@ -351,3 +351,19 @@ def test_dvc_yaml_has_one_generated_train_stage_per_study_of_params_yaml(params,
     assert stages["train-mine"]["cmd"] == "${run} train --params study=mine,cell=${key}"
     assert stages["train-mine"]["matrix"]["seed"] == "${studies.mine.seeds}"
     assert {name for name in stages if name.startswith("train-")} == {f"train-{s}" for s in [*params["studies"], "mine"]}
+
+
+def test_an_encoder_entry_takes_its_tunable_layers_from_the_grid_and_reads_back_as_written():
+    from layertune.study import StudyPlan, StudySpec, study_cells
+
+    study = {"report": {"kind": "layers"}, "tasks": ["sst2"], "tunable_layers": [0, 2], "seeds": [1],
+             "encoders": {"mean": {"model": "sentence-transformers/all-MiniLM-L6-v2", "pooling": "mean"},
+                          "plain": "sentence-transformers/all-MiniLM-L6-v2",
+                          "both": {"members": ["mean", "plain"], "combine": "dme"}}}
+    spec = StudySpec.model_validate(study)
+    plan = StudyPlan(name="p", spec=spec, cells=study_cells("p", spec))
+    assert StudyPlan.model_validate_json(plan.model_dump_json()) == plan  # what the later stages read back
+    assert [c.spec.encoders[0].tunable_layers for c in plan.cells if c.encoder == "mean"] == [0, 2]
+    study["encoders"]["mean"]["tunable_layers"] = 2
+    with pytest.raises(ValueError, match="encoders.mean.tunable_layers: an encoder's tunable layers come from"):
+        StudySpec.model_validate(study)

@@ -39,6 +39,7 @@ from pydantic import (
     PositiveInt,
     Tag,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -172,6 +173,22 @@ class StudySpec(Spec):
                 raise ValueError(f"unknown task {task!r}.{choices_hint(task, TASKS)}")
         return _unique(tasks, "tasks")
 
+    @field_validator("encoders", mode="before")
+    @classmethod
+    def _grid_sets_tunable_layers(cls, encoders: Any) -> Any:
+        # Checked on the written entries only: a planned study read back from JSON holds each EncoderSpec whole.
+        for name, entry in (encoders.items() if isinstance(encoders, Mapping) else ()):
+            if isinstance(entry, Mapping) and "tunable_layers" in entry:
+                raise ValueError(f"encoders.{name}.tunable_layers: an encoder's tunable layers come from the study's "
+                                 "tunable_layers (the grid); remove this key")
+        return encoders
+
+    @field_serializer("encoders")
+    def _entries_without_tunable_layers(self, encoders: dict) -> dict:
+        # An entry's tunable layers come from the grid: written back without them, so the entry reads back as given.
+        return {name: entry.model_dump(exclude={"tunable_layers"}) if isinstance(entry, EncoderSpec)
+                else entry if isinstance(entry, str) else entry.model_dump() for name, entry in encoders.items()}
+
     @field_validator("tunable_layers")
     @classmethod
     def _layers(cls, values: list) -> list:
@@ -196,9 +213,6 @@ class StudySpec(Spec):
     @model_validator(mode="after")
     def _consistent(self) -> StudySpec:
         for name, entry in self.encoders.items():
-            if isinstance(entry, EncoderSpec) and "tunable_layers" in entry.model_fields_set:
-                raise ValueError(f"encoders.{name}.tunable_layers: an encoder's tunable layers come from the "
-                                 "study's tunable_layers (the grid); remove this key")
             if isinstance(entry, CombinedEncoder):
                 for member in entry.members:
                     if not isinstance(self.encoders.get(member), (str, EncoderSpec)):
