@@ -16,7 +16,10 @@ export DO_NOT_TRACK := 1
 SHARED ?= $(abspath ../shared)
 ifneq ($(wildcard $(SHARED)/data),)
 export LAYERTUNE_DATA_MIRROR ?= $(SHARED)/data
-export LAYERTUNE_MODEL_MIRROR ?= $(SHARED)/models
+# `make study` finds models as a plain `dvc repro` does, through params.yaml's download.model_mirror. The tests
+# check params.yaml outside Kedro, and they and the benchmarks build clones elsewhere (where ../shared/models is
+# not beside them), so these two get the folder from the environment.
+test benchmark: export LAYERTUNE_MODEL_MIRROR ?= $(SHARED)/models
 endif
 
 .PHONY: setup study test repro-check benchmark

@@ -80,34 +80,60 @@ class SpecTreeDataset(AbstractDataset[dict, dict]):
         return {"path": str(self._path), "suffix": self._suffix, "spec": self._spec}
 
 
-class CorporaDataset(AbstractDataset[dict, dict]):
-    """``{task: Corpus}`` saved as ``<path>/<task>/<split>.parquet``.
+class SplitFilesDataset(AbstractDataset[dict, dict]):
+    """Downloaded data as it came, ``{name: {split: datasets.Dataset}}`` saved as ``<path>/<name>/<split>.parquet``.
 
-    Loading gives ``{task: loader}``: ``loader(**options)`` calls `layertune.corpora.load_corpus` on the files, so a
-    node can subsample (``loader(train_size=500, seed=1)``) or take the corpus as it is (``loader()``).
+    Loading gives ``{name: {split: path}}``: the files that `layertune.cell.CorpusSpec.load` reads in place of
+    the mirror or the hub (``files=``).
     """
 
     def __init__(self, path: str) -> None:
         self._path = Path(path)
 
     def load(self) -> dict:
-        from layertune.corpora import load_corpus
+        if not self._path.is_dir():
+            raise DatasetError(f"No downloaded data in {self._path}: run the stage that writes it first.")
+        return {folder.name: {f.stem: str(f) for f in sorted(folder.glob("*.parquet"))}
+                for folder in sorted(self._path.iterdir()) if folder.is_dir() and not folder.name.startswith(".")}
+
+    def save(self, data: dict) -> None:
+        self._path.mkdir(parents=True, exist_ok=True)
+        for name, splits in data.items():
+            with atomic_directory(self._path / name) as staging:
+                for split, dataset in splits.items():
+                    # One row group and no index: the same rows always give the same bytes.
+                    dataset.to_parquet(staging / f"{split}.parquet", batch_size=len(dataset) or 1)
+
+    def _exists(self) -> bool:
+        return self._path.is_dir()
+
+    def _describe(self) -> dict[str, Any]:
+        return {"path": str(self._path)}
+
+
+class CorporaDataset(AbstractDataset[dict, dict]):
+    """``{task: Corpus}``, each saved by `Corpus.save_to_disk` as ``<path>/<task>/`` (split files and corpus.json).
+
+    Loading gives ``{task: loader}``; ``loader()`` reads that corpus back (`Corpus.load_from_disk`), so a node reads
+    only the tasks it needs.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = Path(path)
+
+    def load(self) -> dict:
+        from layertune.corpus import Corpus
 
         if not self._path.is_dir():
             raise DatasetError(f"No corpora in {self._path}: run the stage that writes it first.")
-        return {
-            folder.name: functools.partial(load_corpus, folder.name,
-                                           data_files={f.stem: str(f) for f in sorted(folder.glob("*.parquet"))})
-            for folder in sorted(self._path.iterdir()) if folder.is_dir() and not folder.name.startswith(".")
-        }
+        return {folder.name: functools.partial(Corpus.load_from_disk, folder)
+                for folder in sorted(self._path.iterdir()) if folder.is_dir() and not folder.name.startswith(".")}
 
     def save(self, data: dict) -> None:
         self._path.mkdir(parents=True, exist_ok=True)
         for task, corpus in data.items():
             with atomic_directory(self._path / task) as staging:
-                for split, dataset in corpus.splits().items():
-                    # One row group and no index: the same rows always give the same bytes.
-                    dataset.to_parquet(staging / f"{split}.parquet", batch_size=len(dataset) or 1)
+                corpus.save_to_disk(staging)
 
     def _exists(self) -> bool:
         return self._path.is_dir()

@@ -1,4 +1,5 @@
-"""Kedro hooks: track each trained cell, of every study, as one MLflow run.
+"""Kedro hooks: resolve every stage's models through the model mirror of params.yaml, and track each trained cell,
+of every study, as one MLflow run.
 
 Runs are grouped as one MLflow experiment per study (``layertune-<study>``), not as child runs of a study run:
 each cell is its own process (its own DVC stage), so a parent run would have no process to own it and end it, and
@@ -16,16 +17,55 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import signal
+from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
+from layertune.model_paths import MODEL_MIRROR_ENV
+from pipelines.param_checks import InvalidParams
 from pipelines.plans import dvc_stage
 
 logger = logging.getLogger(__name__)
 
 MLFLOW_TAG = "mlflow"  # nodes with this tag are tracked: one MLflow run per run of the node
 STUDY_CELLS = "study_cells"  # a node that reads every cell of a study settles their runs (`tracking.settle`)
+
+
+class ModelMirrorHook:
+    """Every stage finds the same model files however it was started (`make study`, a plain `dvc repro` or
+    `dvc exp run`, `kedro run`): ``$LAYERTUNE_MODEL_MIRROR``, what the library reads, is set to params.yaml's
+    ``download.model_mirror`` unless the environment sets it, as the Kedro context is created: before params.yaml
+    is checked (`ParamsCheckHook`, then the plan node) and before any node loads a model."""
+
+    def __init__(self) -> None:
+        self.mirror: str | None = None  # what this hook set, so that a later run in this process may set it again
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        download = context.config_loader["parameters"].get("download")
+        configured = download.get("model_mirror") if isinstance(download, dict) else None
+        current = os.environ.get(MODEL_MIRROR_ENV)
+        if current and current != self.mirror:  # the environment's own: it wins
+            return
+        if not isinstance(configured, str) or not configured:  # null, or a bad value the plan's check reports
+            if current:
+                del os.environ[MODEL_MIRROR_ENV]
+            self.mirror = None
+            return
+        self.mirror = os.environ[MODEL_MIRROR_ENV] = model_mirror_path(configured, context.project_path)
+
+
+def model_mirror_path(configured: str, project: str | os.PathLike) -> str:
+    """``download.model_mirror`` as an absolute path (a relative one is relative to the project folder, as
+    `dvc repro` and `kedro run` from any folder of it agree); a folder that does not exist is `InvalidParams`."""
+    path = Path(configured).expanduser()
+    path = path if path.is_absolute() else Path(project) / path
+    if not path.is_dir():
+        raise InvalidParams(f"download.model_mirror: {configured!r} is not a folder ({path} is missing); "
+                            f"point it at a folder of models, set ${MODEL_MIRROR_ENV}, or set it to null")
+    return str(path.resolve())
 
 
 class MlflowCellHook:

@@ -12,10 +12,16 @@ from layertune.cell import Spec
 from layertune.errors import describe_validation_error
 from layertune.model_paths import model_layers, model_max_length
 from layertune.study import ENCODER_NAME, ENCODER_TAGS, ParamsError, StudySpec, name_problem
+from layertune.tuning_methods import METHODS
 
 class DownloadSection(Spec):
     mirror: str | None = Field(None, description="folder with glue/, imdb/, ner/; $LAYERTUNE_DATA_MIRROR wins; null "
                                                  "and no variable: the Hugging Face hub")
+    model_mirror: str | None = Field(None, description="folder of models named as their hub id or its last part, "
+                                                       "relative to the project root; every stage resolves models "
+                                                       "through it (pipelines.hooks.ModelMirrorHook); "
+                                                       "$LAYERTUNE_MODEL_MIRROR wins; a model not there, or null "
+                                                       "and no variable: a local folder, a packaged model, the hub")
 
 
 class StudyParams(Spec):
@@ -36,6 +42,9 @@ class StudyParams(Spec):
             encoders = study.get("encoders") if isinstance(study, Mapping) else None
             problems += [f"studies.{name}.encoders.{encoder}: {problem}" for encoder in (encoders or {})
                          if isinstance(encoders, Mapping) and (problem := name_problem(encoder, ENCODER_NAME))]
+            tasks = study.get("tasks") if isinstance(study, Mapping) else None
+            problems += [f"studies.{name}.tasks.{task}: {problem}" for task in (tasks or {})
+                         if isinstance(tasks, Mapping) and (problem := name_problem(task))]
         if problems:
             raise ParamsError("\n  ".join(problems))
         return params
@@ -47,14 +56,15 @@ class StudyParams(Spec):
             for encoder in study.encoders:
                 for member, single in study.members(encoder):
                     where = f"studies.{study_name}.encoders.{member}"
-                    limit = model_layers(single.model, where=where)
+                    revision = (single if "revision" in single.model_fields_set else study.encoder).revision
+                    limit = model_layers(single.model, where=where, revision=revision)
                     for position, k in enumerate(study.tunable_layers):
                         if k != "all" and k > limit:
                             raise ParamsError(
                                 f"studies.{study_name}.tunable_layers[{position}]: {k} is out of range: encoder "
                                 f"{member!r} ({single.model}) has {limit} layers, so tunable layers go from 0 to "
                                 f"{limit} (or 'all').")
-                    longest = model_max_length(single.model, where=where)
+                    longest = model_max_length(single.model, where=where, revision=revision)
                     if study.training.max_length and longest and study.training.max_length > longest:
                         raise ParamsError(
                             f"studies.{study_name}.training.max_length: {study.training.max_length} is longer than "
@@ -81,7 +91,7 @@ def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> S
 
 
 def _describe(error: ValidationError, source: str) -> str:
-    lines = describe_validation_error(error, known_keys=_known_keys, union_tags=ENCODER_TAGS)
+    lines = describe_validation_error(error, known_keys=_known_keys, union_tags=(*ENCODER_TAGS, *METHODS))
     return f"{source} is invalid:\n  " + "\n  ".join(lines)
 
 

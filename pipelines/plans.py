@@ -1,18 +1,27 @@
 """What each pipeline stage reads, derived from params.yaml by the plan stage: one file per slice, so that a stage
-reruns exactly when what it reads changes (download: the tasks; prepare: a study's tasks and subsample; tokenize:
-its language models and the frozen-prefix boundaries its cells train from; train: one `StudyCell`)."""
+reruns exactly when what it reads changes (download: the built-in tasks and hub datasets; prepare: a study's corpora,
+with a fingerprint of the local files they read; tokenize: its language models and the frozen-prefix boundaries its
+cells train from; train: one `StudyCell`).
+
+A study's own data is checked here, before any training: local files are loaded as prepare will load them (so a
+missing column or a bad label fails now, naming the key), and a hub dataset is pinned to the commit its revision
+names today, which the plan records and every later stage reads."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, PositiveInt
 
-from layertune.cell import EncoderSpec, SampleSpec, Spec
+from layertune.cell import CorpusSpec, DatasetSpec, EncoderSpec, Spec
 from layertune.model_paths import model_fingerprint, model_layers
-from layertune.study import StudyCell, StudyPlan, StudySpec, study_cells
+from layertune.study import ParamsError, StudyCell, StudyPlan, StudySpec, study_cells
+from layertune.tuning_methods import TopK
 from pipelines.params import validate_params
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def dvc_stage(cell: StudyCell) -> str:
@@ -21,10 +30,12 @@ def dvc_stage(cell: StudyCell) -> str:
 
 
 class PreparePlan(Spec):
-    """What the prepare stage reads: the study's tasks and subsample."""
+    """What the prepare stage reads: per task, its corpus (dataset and subsample), the downloaded folder it reads
+    (None: local files, read where they are) and a fingerprint of those local files (an edited row reruns it)."""
 
-    tasks: list[str]
-    data: SampleSpec
+    corpora: dict[str, CorpusSpec]
+    downloaded: dict[str, str | None]
+    fingerprints: dict[str, str | None]
 
 
 class CellFeatures(Spec):
@@ -50,8 +61,62 @@ class FeaturePlan(Spec):
 
 
 class DownloadPlan(Spec):
+    """Built-in tasks (from the data mirror or the hub) and hub datasets (at a pinned commit), by download folder."""
+
     tasks: list[str]
     mirror: str | None
+    hub: dict[str, DatasetSpec] = {}
+
+
+def download_folder(dataset: DatasetSpec) -> str | None:
+    """Where the download stage puts ``dataset`` under data/01_raw: the built-in task's name, or the hub id, config
+    and commit (``owner--name--config@commit``); None for local files (read where they are)."""
+    from layertune.corpora.sources import resolve_task
+
+    if dataset.task is not None:
+        return resolve_task(dataset.task, dataset.config).name
+    if dataset.hub is not None:
+        return "--".join(filter(None, (*dataset.hub.split("/"), dataset.config))) + f"@{dataset.revision}"
+    return None
+
+
+def pin_revision(dataset: DatasetSpec, where: str) -> DatasetSpec:
+    """A hub dataset at the commit its revision (default: main) names now; a 40-hex commit is kept as given."""
+    if dataset.hub is None or dataset.revision is not None and COMMIT.match(dataset.revision):
+        return dataset
+    try:
+        from huggingface_hub import HfApi
+
+        commit = HfApi().dataset_info(dataset.hub, revision=dataset.revision).sha
+    except Exception as error:  # offline, unknown dataset or revision: all say the same to the user
+        at = f" at revision {dataset.revision!r}" if dataset.revision else ""
+        raise ParamsError(f"{where}.hub: cannot resolve hub dataset {dataset.hub!r}{at} ({type(error).__name__}: "
+                          f"{error}). Give revision: <40-hex commit> to pin it without asking the hub, or point "
+                          "path: at a local copy.") from None
+    return dataset.model_copy(update={"revision": commit})
+
+
+def check_local_data(corpus: CorpusSpec, where: str) -> str | None:
+    """Load ``corpus`` from local files as the prepare stage will (columns, labels, subsample), and return a
+    fingerprint of the files it reads (names and contents); None when it reads none. An error names the key."""
+    import xxhash
+
+    from layertune.errors import CorpusArgumentError
+    from layertune.io import file_digest
+
+    if corpus.path is None:
+        return None
+    try:
+        corpus.load()
+        files = corpus.data_files()
+    except CorpusArgumentError as error:
+        raise ParamsError(f"{where}.{error.argument}: {error}") from None
+    except (ValueError, OSError) as error:
+        raise ParamsError(f"{where}: {error}") from None
+    digest = xxhash.xxh3_128()
+    for path in files:
+        digest.update(f"{path.name}\0{file_digest(path)}\n".encode())
+    return digest.hexdigest()
 
 
 class Plan(BaseModel):
@@ -76,28 +141,45 @@ def feature_plan(study: StudySpec, cells: list[StudyCell]) -> FeaturePlan:
         indices, cell_boundaries = [], []
         for spec in cell.spec.encoders:
             # The frozen states depend on the weights and config, not on which top layers train or how they pool.
-            base = spec.model_copy(update={"tunable_layers": "all", "pooling": "cls", "learning_rate": None})
+            # A method restricted to the top K (LoRA, IA3, BitFit) leaves the bottom as top-K does: the same states.
+            base = spec.model_copy(update={"tunable_layers": "all", "pooling": "cls", "learning_rate": None,
+                                           "method": TopK()})
             if base not in models:
                 models.append(base)
                 boundaries.append(set())
             indices.append(models.index(base))
-            frozen = None if spec.tunable_layers == "all" else model_layers(spec.model) - spec.tunable_layers
-            used, _ = cache_decision(frozen, spec.frozen_dropout, cell.spec.training.frozen_prefix_cache)
+            frozen = None if spec.tunable_layers == "all" else model_layers(spec.model, revision=spec.revision) - \
+                spec.tunable_layers
+            used, _ = cache_decision(frozen, spec.frozen_dropout, cell.spec.training.frozen_prefix_cache,
+                                     method=spec.method.name)
             cell_boundaries.append(frozen if used else None)
             if used:
                 boundaries[indices[-1]].add(frozen)
         layout[cell.setting_key] = CellFeatures(task=cell.task, models=indices, boundaries=cell_boundaries)
-    return FeaturePlan(tasks=study.tasks, models=models, boundaries=[sorted(b) for b in boundaries], settings=layout,
+    return FeaturePlan(tasks=list(study.tasks), models=models, boundaries=[sorted(b) for b in boundaries], settings=layout,
                        max_length=study.training.max_length, cache_dtype=study.training.cache_dtype,
                        fingerprints=[model_fingerprint(model.model) for model in models])
 
 
+def prepare_plan(name: str, study: StudySpec) -> PreparePlan:
+    corpora = {task: study.corpus_spec(task) for task in study.tasks}
+    return PreparePlan(corpora=corpora, downloaded={task: download_folder(c) for task, c in corpora.items()},
+                       fingerprints={task: check_local_data(c, f"studies.{name}.tasks.{task}")
+                                     for task, c in corpora.items()})
+
+
 def plan_studies(params: Mapping[str, Any]) -> Plan:
-    """params.yaml → the `Plan`: validated once, every cell resolved to its `CellSpec`."""
+    """params.yaml → the `Plan`: validated once, hub datasets pinned, local data checked, every cell resolved to
+    its `CellSpec`."""
     checked = validate_params(params)
-    studies = {name: StudyPlan(name=name, spec=study, cells=study_cells(name, study))
-               for name, study in checked.studies.items()}
-    tasks = list(dict.fromkeys(task for study in checked.studies.values() for task in study.tasks))
-    return Plan(download=DownloadPlan(tasks=tasks, mirror=checked.download.mirror), studies=studies,
-                prepare={name: PreparePlan(tasks=s.tasks, data=s.data) for name, s in checked.studies.items()},
+    pinned = {name: study.model_copy(update={"tasks": {
+                  task: pin_revision(dataset, f"studies.{name}.tasks.{task}") for task, dataset in study.tasks.items()}})
+              for name, study in checked.studies.items()}
+    studies = {name: StudyPlan(name=name, spec=study, cells=study_cells(name, study)) for name, study in pinned.items()}
+    datasets = [dataset for study in pinned.values() for dataset in study.tasks.values()]
+    download = DownloadPlan(
+        tasks=list(dict.fromkeys(download_folder(d) for d in datasets if d.task is not None)),
+        mirror=checked.download.mirror, hub={download_folder(d): d for d in datasets if d.hub is not None})
+    return Plan(download=download, studies=studies,
+                prepare={name: prepare_plan(name, study) for name, study in pinned.items()},
                 features={name: feature_plan(s.spec, s.cells) for name, s in studies.items()})

@@ -4,12 +4,14 @@ DVC experiments: ``dvc exp run $(python -m pipelines.profiles ci)``."""
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from layertune.errors import choices_hint
+from layertune.model_paths import MODEL_MIRROR_ENV
 from layertune.study import ParamsError
 from pipelines.params import validate_params
 
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import yaml
 
+    from pipelines.hooks import model_mirror_path
+    from pipelines.param_checks import InvalidParams
+
     parser = argparse.ArgumentParser(prog="python -m pipelines.profiles", description=main.__doc__)
     parser.add_argument("profile", help=f"a name in profiles/ ({', '.join(profile_names())}) or a path")
     parser.add_argument("--check", action="store_true", help="validate params.yaml with the profile applied")
@@ -106,12 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides, params = load_profile(args.profile), yaml.safe_load(Path(args.params).read_text())
         if args.check:
-            validate_params(apply_overrides(params, overrides))
+            checked = apply_overrides(params, overrides)
+            configured = (checked.get("download") or {}).get("model_mirror")
+            if configured and not os.environ.get(MODEL_MIRROR_ENV):  # resolve models as the stages will
+                os.environ[MODEL_MIRROR_ENV] = model_mirror_path(configured, Path(args.params).resolve().parent)
+            validate_params(checked)
             print(f"{args.profile}: valid")
         else:
             print(" ".join(dvc_arguments(overrides, params)))
-    except (ParamsError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (ParamsError, FileNotFoundError, InvalidParams) as error:
+        print(f"error: {error.message if isinstance(error, InvalidParams) else error}", file=sys.stderr)
         return 2
     return 0
 

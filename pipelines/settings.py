@@ -3,10 +3,10 @@ stage runs (a bad value is one message, no traceback) and track trained cells in
 
 from kedro.config import OmegaConfigLoader
 
-from pipelines.hooks import MlflowCellHook
+from pipelines.hooks import MlflowCellHook, ModelMirrorHook
 from pipelines.param_checks import ParamsCheckHook
 
-HOOKS = (ParamsCheckHook(), MlflowCellHook())
+HOOKS = (ModelMirrorHook(), ParamsCheckHook(), MlflowCellHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 # Paths are relative to conf/<env>/. The root params.yaml is the only parameter file (conf/ holds none); only the

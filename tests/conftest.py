@@ -79,6 +79,38 @@ def toy_corpus():
     return toy_sentiment_corpus()
 
 
+class FakeHub:
+    """`huggingface_hub.hf_hub_download` served from ``root/<hub id>/<file>`` (tests/hub: the real config.json of
+    the hub models that profiles name), recording each (hub id, file, revision) asked for."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.asked = root, []
+
+    def hf_hub_download(self, repo_id: str, filename: str, *, revision: str | None = None, **_) -> str:
+        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+        self.asked.append((repo_id, filename, revision))
+        if not (self.root / repo_id).is_dir():
+            raise LocalEntryNotFoundError(f"fake hub: no model {repo_id!r}")
+        if not (self.root / repo_id / filename).is_file():
+            raise EntryNotFoundError(f"fake hub: {repo_id} has no {filename}")
+        return str(self.root / repo_id / filename)
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """The hub, offline: model configs come from tests/hub (or the folder set as ``fake_hub.root``)."""
+    import huggingface_hub
+
+    from layertune import model_paths
+
+    hub = FakeHub(Path(__file__).parent / "hub")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.hf_hub_download)
+    model_paths._hub_config_files.cache_clear()  # what the real hub (or another fake) answered before
+    yield hub
+    model_paths._hub_config_files.cache_clear()
+
+
 def pytest_configure(config):
     # Under pytest-xdist each worker gets one thread: two workers × two threads on two cores thrash.
     if os.environ.get("PYTEST_XDIST_WORKER"):

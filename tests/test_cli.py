@@ -21,7 +21,7 @@ def data_folder(tmp_path, train=24, dev=8):
 
 
 def test_train_cell_writes_a_complete_cell_folder(tiny_bert, tmp_path, capsys):
-    code = main(["train-cell", "--task", data_folder(tmp_path), "--model", str(tiny_bert), "--tunable-layers", "1",
+    code = main(["train-cell", "--path", data_folder(tmp_path), "--model", str(tiny_bert), "--tunable-layers", "1",
                  "--seed", "3", "--epochs", "1", "--batch-size", "8", "--learning-rate", "1e-3",
                  "--output-dir", str(tmp_path / "cell"), "--cache-dir", str(tmp_path / "cache")])
     assert code == 0
@@ -46,7 +46,7 @@ def test_every_library_argument_is_an_option(capsys):
 
 def test_bad_values_are_one_line_errors_without_output(tiny_bert, tmp_path, capsys):
     folder = data_folder(tmp_path, 8, 4)
-    common = ["--task", folder, "--model", str(tiny_bert), "--output-dir", str(tmp_path / "cell"),
+    common = ["--path", folder, "--model", str(tiny_bert), "--output-dir", str(tmp_path / "cell"),
               "--cache-dir", str(tmp_path / "cache")]
     assert main(["train-cell", *common, "--tunable-layers", "9"]) == 2
     assert "tunable_layers must be 'all' or an int from 0 to 4" in capsys.readouterr().err
@@ -74,7 +74,7 @@ def test_a_foreign_folder_is_refused_before_training_and_replaced_only_with_over
     thesis = tmp_path / "thesis"
     (thesis / "notes").mkdir(parents=True)
     (thesis / "notes" / "chapter1.tex").write_text("my thesis")
-    cell = ["train-cell", "--task", data_folder(tmp_path, 16, 8), "--model", str(tiny_bert), "--tunable-layers", "1",
+    cell = ["train-cell", "--path", data_folder(tmp_path, 16, 8), "--model", str(tiny_bert), "--tunable-layers", "1",
             "--epochs", "1", "--batch-size", "8", "--output-dir", str(thesis), "--cache-dir", str(tmp_path / "cache")]
     with monkeypatch.context() as patch:
         from layertune.trainer import ModelTrainer

@@ -289,13 +289,13 @@ def test_unknown_config_suggests_close_match():
 
 def test_missing_label_column_lists_the_columns(tmp_path):
     path = write_csv(tmp_path / "data.csv", [{"text": "a", "stars": 1}, {"text": "b", "stars": 2}])
-    with pytest.raises(ValueError, match=r"no label column 'rating'; its columns are text, stars"):
+    with pytest.raises(ValueError, match=r"column 'rating' not in .*data.csv; columns: text, stars"):
         load_corpus(path, label_column="rating")
 
 
 def test_unguessable_text_columns_lists_the_columns(tmp_path):
     path = write_csv(tmp_path / "data.csv", [{"title": "a", "body": "b", "label": 0}] * 4)
-    expected = r"Cannot guess the text column\(s\) of 'data'; its columns are title \(\w*string\), body"
+    expected = r"Cannot guess the text column\(s\) of .*data.csv; its columns are title \(\w*string\), body"
     with pytest.raises(ValueError, match=expected):
         load_corpus(path)
 
@@ -408,7 +408,7 @@ def test_a_hub_train_split_of_one_class_is_an_error(monkeypatch):
     features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["a", "b"])})
     rows = {"text": [f"t{i}" for i in range(20)], "label": [0] * 20}
     fake_hub(monkeypatch, datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=features)}))
-    with pytest.raises(ValueError, match=r"train split of 'someone/one-class'.*same class \('a' of a, b\)"):
+    with pytest.raises(ValueError, match=r"train split of 'someone/one-class': every label is 'a'"):
         load_corpus("someone/one-class")
 
 

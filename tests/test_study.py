@@ -10,11 +10,10 @@ import yaml
 
 from layertune.cell import CombineSpec, CorpusSpec, EncoderSpec, HeadSpec
 from pipelines.profiles import apply_overrides, dvc_arguments, load_profile
-from layertune.cell import SampleSpec
+from layertune.cell import DatasetSpec, SampleSpec
 from layertune.study import ParamsError, ReportKind
 from pipelines.params import validate_params
 from pipelines.plans import dvc_stage, plan_studies
-from pipelines.prepare.nodes import prepare_corpus
 from layertune.training_config import TrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +48,7 @@ def test_params_yaml_is_valid(params):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_every_profile_validates(params, profile):
+def test_every_profile_validates(params, profile, fake_hub):  # GPU profiles name hub models: their configs, offline
     validate_params(apply_overrides(params, load_profile(profile, ROOT)))
 
 
@@ -255,7 +254,13 @@ def test_specs_take_exactly_the_library_arguments():
     assert {"method" if n == "combine_method" else n
             for n in arguments(MultiEncoder.__init__, ("language_models",))} == set(CombineSpec.model_fields)
     assert "args" in arguments(ModelTrainer.train)  # train(args=TrainingConfig(...)) or its fields as keywords
-    assert set(SampleSpec.model_fields) == set(CorpusSpec.model_fields) - {"task", "config"}
+    # load_corpus's arguments: the dataset's (named as a study writes them) and the subsample's; the mirror is a
+    # pipeline setting (download.mirror)
+    from layertune.corpora import load_corpus
+
+    renamed = {"text_columns": "text", "label_column": "label", "data_files": "splits", "name": "path"}
+    assert {renamed.get(n, n) for n in arguments(load_corpus, ("data_mirror",))} | {"task", "hub", "test"} == set(
+        CorpusSpec.model_fields) == set(SampleSpec.model_fields) | set(DatasetSpec.model_fields)
     assert {"learning_rate", "head_learning_rate", "epochs", "max_length"} <= set(TrainingConfig.model_fields)
 
 
@@ -316,20 +321,6 @@ def test_kedro_parameters_are_params_yaml_only(params):
 
     assert not list((ROOT / "conf").rglob("parameters*"))
     assert OmegaConfigLoader(str(ROOT / "conf"), **CONFIG_LOADER_ARGS)["parameters"] == params
-
-
-def test_prepare_caps_sizes_at_the_split(toy_corpus):
-    calls = []
-
-    def load(**options):
-        calls.append(options)
-        return toy_corpus
-
-    prepare_corpus(load, SampleSpec(train_size=10, dev_size=10_000))
-    assert calls[-1] == {"train_size": 10, "dev_size": None, "seed": 42, "balanced": None}
-    calls.clear()
-    prepare_corpus(load, SampleSpec())
-    assert calls == [{}]
 
 
 def test_a_local_model_config_without_a_layer_count_is_named(params, tmp_path):

@@ -1,10 +1,13 @@
-"""download: each task's official splits, from the data mirror or the Hugging Face hub."""
+"""download: each built-in task's official splits (from the data mirror or the Hugging Face hub) and each hub
+dataset's splits at its pinned commit, as they come; local files are read where they are, by prepare."""
+
+import datasets
 
 from layertune.corpora import load_corpus, resolve_data_mirror
-from layertune.corpus import Corpus
 from pipelines.plans import DownloadPlan
 
 
-def download_corpora(plan: DownloadPlan) -> dict[str, Corpus]:
+def download_corpora(plan: DownloadPlan) -> dict[str, dict[str, datasets.Dataset]]:
     mirror = resolve_data_mirror(plan.mirror)
-    return {task: load_corpus(task, data_mirror=mirror) for task in plan.tasks}
+    downloaded = {task: load_corpus(task, data_mirror=mirror).splits() for task in plan.tasks}
+    return downloaded | {folder: dataset.fetch() for folder, dataset in plan.hub.items()}

@@ -12,6 +12,8 @@ _EXPORTS = {
     "TaskModel": "heads", "TextClassifier": "heads", "TextRegressor": "heads", "TokenClassifier": "heads",
     "ModelTrainer": "trainer", "TrainingResult": "trainer", "TrainingConfig": "training_config",
     "CellSpec": "cell", "train_cell": "cell",
+    "TopK": "tuning_methods", "Lora": "tuning_methods", "IA3": "tuning_methods", "BitFit": "tuning_methods",
+    "TuningMethod": "tuning_methods",
     "parameter_drift": "drift", "layer_drift": "drift",
 }
 __all__ = sorted(_EXPORTS)

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
+from layertune.corpus import TaskType
 from layertune.training_config import TrainingConfig
+from layertune.tuning_methods import TopK, TuningMethod
 
 if TYPE_CHECKING:
+    import datasets
     from torch import nn
 
     from layertune.corpus import Corpus
@@ -52,19 +56,148 @@ class SampleSpec(Spec):
                                          "weights); false leaves it out")
 
 
-class CorpusSpec(SampleSpec):
-    """Arguments of `load_corpus`: a registry task, hub id or local path, and a seeded subsample of it."""
+class DatasetSpec(Spec):
+    """Where a task's examples are and how to read them: a built-in task, local files or a Hugging Face dataset,
+    with `load_corpus`'s options (its arguments less the subsample). Exactly one of ``task``, ``path`` and ``hub``.
 
-    task: str
-    config: str | None = None
+    In a study's ``tasks`` (``params.yaml``): ``reviews: {path: data/reviews.csv, label: sentiment}``."""
 
-    def load(self, data_mirror: str | os.PathLike | None = None) -> Corpus:
+    task: str | None = Field(None, description="a built-in task (`layertune.corpora.TASKS`): cola, sst2, mrpc, rte, "
+                                               "stsb, imdb, conll2003")
+    path: str | None = Field(None, description="a local file, or a folder of train/dev/test files (csv, tsv, json, "
+                                               "jsonl, parquet, CoNLL)")
+    hub: str | None = Field(None, description="a Hugging Face dataset id (owner/name)")
+    config: str | None = Field(None, description="the hub dataset's configuration")
+    revision: str | None = Field(None, description="the hub dataset's commit, branch or tag (a study pins a commit)")
+    text: list[str] | None = Field(None, min_length=1, max_length=2, description="the text column, or two for "
+                                                                                 "sentence pairs; null: inferred")
+    label: str | None = Field(None, description="the label column; null: label (or labels, score, target, class)")
+    task_type: TaskType | None = Field(None, description="classification, regression or token_classification; null:"
+                                                         " inferred from the labels")
+    metric: str | None = Field(None, description="the metric that picks the best epoch and ranks settings; null: "
+                                                 "the task type's default")
+    label_names: list[str] | None = Field(None, min_length=2, description="the classes in order (integer labels: the "
+                                                                          "name of each id); null: sorted")
+    splits: dict[Literal["train", "dev", "test"], str] | None = Field(
+        None, description="which file under path (or hub split) is train, dev and test; null: by name")
+    dev_fraction: float | None = Field(None, gt=0, lt=1, description="share of train carved off as dev when there is "
+                                                                     "no dev split; null: 0.1")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        from layertune.corpora import TASKS
+        from layertune.corpora.sources import is_registry_name
+        from layertune.errors import choices_hint
+
+        given = [key for key in ("task", "path", "hub") if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of task (a built-in task), path (local files) or hub (a Hugging Face "
+                             f"dataset); got {', '.join(given) or 'none'}")
+        if self.task is not None:
+            if not is_registry_name(self.task, hub=False):
+                raise ValueError(f"unknown task {self.task!r}.{choices_hint(self.task, TASKS)} Local files are "
+                                 "path: <file or folder>, a Hugging Face dataset is hub: <owner/name>")
+            if own := [k for k in ("text", "label", "task_type", "label_names", "splits", "revision")
+                       if getattr(self, k) is not None]:
+                raise ValueError(f"{', '.join(own)}: a built-in task has its own columns, labels, splits and source; "
+                                 f"these keys are for path: or hub: datasets")
+        if self.path is not None and (self.config is not None or self.revision is not None):
+            raise ValueError("config and revision are for hub datasets; local files (path:) have neither")
+        if self.metric is not None:
+            from layertune.corpora import METRICS_BY_TASK_TYPE
+
+            valid = sorted({m for metrics in METRICS_BY_TASK_TYPE.values() for m in metrics})
+            if self.metric not in valid:
+                raise ValueError(f"unknown metric {self.metric!r}.{choices_hint(self.metric, valid)}")
+        return self
+
+    @property
+    def source(self) -> str:
+        """The registry task, local path or hub dataset, as a name (``hub:owner/name@revision``)."""
+        if self.hub is not None:
+            config = f":{self.config}" if self.config else ""
+            return f"hub:{self.hub}{config}" + (f"@{self.revision}" if self.revision else "")
+        return self.task or str(self.path)
+
+    def load(self, data_mirror: str | os.PathLike | None = None, *, files: Mapping[str, str] | None = None,
+             **sample) -> Corpus:
+        """The corpus (`load_corpus` with these options and ``sample``: train_size, dev_size, seed, balanced).
+        ``files``: local copies of the splits (``{split: path}``, the pipeline's download) read instead of the
+        source. An option that does not fit the data raises `CorpusArgumentError` whose ``argument`` is the key
+        of this spec to blame (``label``, ``text``, ``path``, ...)."""
+        from layertune.corpora import load_corpus
+        from layertune.errors import CorpusArgumentError
+
+        reading = {"text_columns": self.text, "label_column": self.label or "label", "task_type": self.task_type,
+                   "label_names": self.label_names, "metric": self.metric, "dev_fraction": self.dev_fraction}
+        if self.task is not None:
+            arguments = {"name": self.task, "config": self.config, "data_files": files, "metric": self.metric,
+                         "data_mirror": data_mirror}
+        elif self.path is not None or files is not None:
+            # A hub dataset's downloaded files: its revision keeps a registry task's hub id from naming the task.
+            arguments = {"name": self.hub or self.path, "data_files": files or self._local_files(),
+                         "revision": self.revision, **reading}
+        else:
+            arguments = {"name": self.hub, "config": self.config, "revision": self.revision, "splits": self.splits,
+                         **reading}
+        try:
+            return load_corpus(**arguments, **sample)
+        except CorpusArgumentError as error:
+            field = {"text_columns": "text", "label_column": "label", "data_files": "path"}.get(error.argument,
+                                                                                                error.argument)
+            raise CorpusArgumentError(field, str(error)) from None
+        except FileNotFoundError as error:
+            raise CorpusArgumentError("splits" if self.splits else "path", str(error)) from None
+
+    def fetch(self) -> dict[str, datasets.Dataset]:
+        """A hub dataset's splits as the hub has them (columns unchanged), under our split names (train, dev,
+        test): what the pipeline downloads, to `load` later with ``files=``."""
+        from layertune.corpora import sources
+
+        if self.hub is None:
+            raise ValueError(f"fetch() downloads hub datasets; {self.source!r} is not one")
+        what = f"hub dataset {self.hub!r}"
+        hub = sources.fetch_dataset(self.hub, self.config, self.revision)
+        found, _ = sources.chosen_splits(hub, self.splits, what) if self.splits else sources.canonical_splits(hub, what)
+        return found
+
+    def _local_files(self) -> str | dict[str, str]:
+        """``path``, or ``{split: path/file}`` when ``splits`` name the files of the folder ``path``."""
+        from layertune.errors import CorpusArgumentError
+
+        if self.splits is None:
+            return self.path
+        folder = Path(self.path).expanduser()
+        if not folder.is_dir():
+            raise CorpusArgumentError("splits", f"splits name files of a folder, but path {self.path!r} is not a "
+                                      "folder")
+        return {split: str(folder / name) for split, name in self.splits.items()}
+
+    def data_files(self) -> list[Path]:
+        """The local files this dataset reads (empty for built-in tasks and hub datasets): what a study
+        fingerprints, so that an edited file re-prepares its task."""
+        from layertune.corpora.sources import split_files
+
+        if self.path is None:
+            return []
+        return sorted(split_files(self._local_files()).values())
+
+
+class CorpusSpec(DatasetSpec, SampleSpec):
+    """A dataset (`DatasetSpec`) and the seeded subsample of it a cell sees (`SampleSpec`)."""
+
+    def load(self, data_mirror: str | os.PathLike | None = None, *, files: Mapping[str, str] | None = None,
+             ) -> Corpus:
+        """The subsample: at most ``train_size`` / ``dev_size`` examples (a smaller split is kept whole), stratified
+        or balanced, dev carved from train when the data has none; the test split unless ``test`` is false."""
         import dataclasses
 
-        from layertune.corpora import load_corpus
-
-        corpus = load_corpus(self.task, self.config, data_mirror=data_mirror, train_size=self.train_size,
-                             dev_size=self.dev_size, seed=self.seed, balanced=self.balanced)
+        sample = {"seed": self.seed}
+        full = DatasetSpec.load(self, data_mirror, files=files, **sample)
+        sizes = {f"{split}_size": size for split, size in (("train", self.train_size), ("dev", self.dev_size))
+                 if size is not None and size < len(getattr(full, split))}
+        corpus = DatasetSpec.load(self, data_mirror, files=files, **sample, **sizes, balanced=self.balanced) \
+            if sizes or self.balanced is not None else full
         return corpus if self.test else dataclasses.replace(corpus, test=None)
 
 
@@ -79,6 +212,15 @@ class EncoderSettings(Spec):
     revision: str | None = None
     layers: str | None = Field(None, description="dotted path of the transformer layer stack (an nn.ModuleList, e.g. "
                                                  "'encoder.layer'), for models whose stack the generic search misses")
+    method: TuningMethod = Field(TopK(), description="what trains in the tuned layers: top_k (the layers whole), lora, "
+                                                     "ia3 or bitfit; a name, or one with settings: {name: lora, r: 8, "
+                                                     "alpha: 16, dropout: 0.1, target_modules: [query, value]}")
+
+    @model_validator(mode="after")
+    def _method_fits_layers(self) -> EncoderSettings:
+        # EncoderSpec adds tunable_layers; a study's shared settings have none (the grid gives them).
+        self.method.check_tunable_layers(getattr(self, "tunable_layers", "all"))
+        return self
 
 
 class EncoderSpec(EncoderSettings):

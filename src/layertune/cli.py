@@ -1,9 +1,10 @@
 """Command line: ``layertune train-cell --task sst2 --model sentence-transformers/all-MiniLM-L6-v2 --tunable-layers 2
---seed 1 --output-dir runs/sst2-k2``, or ``layertune train-cell --spec cell.json --output-dir runs/x``. (Building a
-study is the pipeline's work: ``dvc repro``, or ``python -m pipelines.parallel --jobs 4`` for several cells at a time.)
+--seed 1 --output-dir runs/sst2-k2`` (``--method lora``, or ``--method '{name: lora, r: 4}'``, tunes them with LoRA),
+or ``layertune train-cell --spec cell.json --output-dir runs/x``. (Building a study is the pipeline's work: ``dvc repro``, or ``python -m pipelines.parallel --jobs 4`` for several cells at a time.)
 
 Every option is a field of `layertune.cell.CellSpec` (``--seed`` is the training seed, ``--data-seed`` the
-subsample's), generated from it, so the command line takes exactly what the library takes, checked the same way.
+subsample's; ``--revision`` the model's, ``--data-revision`` the hub dataset's), generated from it, so the command line
+takes exactly what the library takes, checked the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 # (section of CellSpec, its model, options renamed where two sections share a field name)
-_SECTIONS = (("corpus", "CorpusSpec", {"seed": "data_seed"}), ("encoder", "EncoderSpec", {"learning_rate": "encoder_learning_rate"}),
+_SECTIONS = (("corpus", "CorpusSpec", {"seed": "data_seed", "revision": "data_revision"}),
+             ("encoder", "EncoderSpec", {"learning_rate": "encoder_learning_rate"}),
              ("head", "HeadSpec", {}), ("training", "TrainingConfig", {}))
 
 
@@ -29,15 +31,34 @@ def _models() -> list[tuple[str, type[BaseModel], dict[str, str]]]:
 
 
 def _value(text: str) -> Any:
-    """A command-line value as YAML 1.2 would read it: 3, 2e-5, true, null, 'all', or a list like [1e-4,3e-5]."""
+    """A command-line value as YAML 1.2 would read it: 3, 2e-5, true, null, 'all', a list like [1e-4,3e-5], or a
+    mapping like {name: lora, r: 4, target_modules: [query, value]}."""
+    text = text.strip()
     for convert in (int, float):
         try:
             return convert(text)
         except ValueError:
             pass
-    if text.startswith("["):
-        return [_value(part.strip()) for part in text[1:-1].split(",") if part.strip()]
+    if text.startswith("[") and text.endswith("]"):
+        return [_value(part) for part in _items(text[1:-1])]
+    if text.startswith("{") and text.endswith("}"):
+        pairs = [part.partition(":") for part in _items(text[1:-1])]
+        return {_value(key): _value(value) for key, _, value in pairs}
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
     return {"true": True, "false": False, "null": None}.get(text, text)
+
+
+def _items(text: str) -> list[str]:
+    """The comma-separated items of a flow list or mapping's inside, nested brackets kept whole."""
+    items, depth, start = [], 0, 0
+    for position, character in enumerate(text):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(character, 0)
+        if character == "," and depth == 0:
+            items.append(text[start:position])
+            start = position + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +98,7 @@ def cell_spec(options: dict[str, Any], base: dict | None = None):
 def main(argv: list[str] | None = None) -> int:
     from layertune.cell import train_cell
     from layertune.errors import describe_validation_error
+    from layertune.tuning_methods import METHODS
 
     args = vars(_parser().parse_args(argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -86,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         trained = train_cell(cell_spec(options, base), args["output_dir"], data_mirror=args.get("data_mirror"),
                              cache_dir=args.get("cache_dir"), overwrite=args["overwrite"])
     except ValidationError as error:
-        print(f"layertune: error: {'; '.join(describe_validation_error(error))}", file=sys.stderr)
+        print(f"layertune: error: {'; '.join(describe_validation_error(error, union_tags=METHODS))}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:
         print(f"layertune: error: {error}", file=sys.stderr)

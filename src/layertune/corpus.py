@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import datasets
 
 TaskType = Literal["classification", "regression", "token_classification"]
+CORPUS_FILE = "corpus.json"  # beside a saved corpus's split files: what the task is
 
 
 @dataclass
@@ -47,6 +49,38 @@ class Corpus:
     def splits(self) -> dict[str, datasets.Dataset]:
         named = {"train": self.train, "dev": self.dev, "test": self.test}
         return {k: v for k, v in named.items() if v is not None}
+
+    def save_to_disk(self, directory: str | Path) -> None:
+        """Each split as ``<split>.parquet`` (one row group, no index: the same rows always give the same bytes) and
+        what the task is as ``corpus.json``, so `load_from_disk` gives this corpus back without inferring anything."""
+        import json
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for split, dataset in self.splits().items():
+            dataset.to_parquet(directory / f"{split}.parquet", batch_size=len(dataset) or 1)
+        about = {"name": self.name, "task_type": self.task_type, "text_columns": list(self.text_columns),
+                 "label_names": list(self.label_names), "metrics": list(self.metrics),
+                 "main_metric": self.main_metric, "max_length": self.max_length, "notes": self.notes}
+        (directory / CORPUS_FILE).write_text(json.dumps(about, indent=2, ensure_ascii=False) + "\n")
+
+    @classmethod
+    def load_from_disk(cls, directory: str | Path) -> Corpus:
+        """The corpus `save_to_disk` wrote (splits read into memory; their features from the files' metadata)."""
+        import json
+
+        import datasets
+        import pyarrow.parquet as pq
+        from datasets.table import InMemoryTable
+
+        directory = Path(directory)
+        about = json.loads((directory / CORPUS_FILE).read_text())
+        splits = {split: datasets.Dataset(InMemoryTable(pq.read_table(directory / f"{split}.parquet")))
+                  for split in ("train", "dev", "test") if (directory / f"{split}.parquet").is_file()}
+        return cls(name=about["name"], train=splits["train"], dev=splits["dev"], test=splits.get("test"),
+                   text_columns=tuple(about["text_columns"]), task_type=about["task_type"],
+                   metrics=tuple(about["metrics"]), main_metric=about["main_metric"],
+                   label_names=tuple(about["label_names"]), notes=about["notes"], max_length=about["max_length"])
 
     def __str__(self) -> str:
         sizes = ", ".join(f"{k} {len(v):,}" for k, v in self.splits().items())

@@ -18,6 +18,15 @@ def choices_hint(value: object, choices: Iterable[object]) -> str:
     return f"{hint} Valid choices: {', '.join(names)}."
 
 
+class CorpusArgumentError(ValueError):
+    """An argument of `layertune.corpora.load_corpus` does not fit the data (a column it names is missing, labels
+    do not fit the task type, ...): ``argument`` names it, so that a study can name its own key for it."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 def unknown_choice(kind: str, value: object, choices: Iterable[object]) -> ValueError:
     """A ValueError for an unknown name, e.g. ``unknown_choice("task", "cols", TASKS)``."""
     return ValueError(f"Unknown {kind} {value!r}.{choices_hint(value, choices)}")

@@ -66,7 +66,8 @@ def prepare_examples(lm: LanguageModel, corpus, *, max_length: int | None = None
     """
     tokenized = _tokenized(lm, corpus, max_length, cache_dir)
     pad_id = lm.tokenizer.pad_token_id or 0
-    use_cache, reason = cache_decision(lm.frozen_prefix_layers, lm.frozen_dropout, frozen_prefix_cache)
+    use_cache, reason = cache_decision(lm.frozen_prefix_layers, lm.frozen_dropout, frozen_prefix_cache,
+                                       method=lm.method.name)
     info = {"used": use_cache, "reason": reason}
     if not use_cache:
         return {split: Examples(data, pad_id) for split, data in tokenized.items()}, info

@@ -146,6 +146,15 @@ class TaskModel(nn.Module):
         """
         return persistence.load_task_model(cls, directory, trust_remote_code=trust_remote_code)
 
+    def merge(self) -> TaskModel:
+        """Fold each language model's adapters (LoRA, IA3) into plain weights (`LanguageModel.merge`), in place, and
+        return this model: it predicts the same (up to float rounding) without peft, and saves as a top-K model
+        (only the top K layers, or everything with tunable_layers='all'). ``copy.deepcopy`` it first to keep the
+        adapters too."""
+        for lm in self.encoder.language_models:
+            lm.merge()
+        return self
+
     @classmethod
     def _from_config(cls, encoder: Encoder, config: dict) -> TaskModel:
         raise NotImplementedError

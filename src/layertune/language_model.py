@@ -1,4 +1,5 @@
-"""`LanguageModel`: any Hugging Face encoder with only its top K layers trainable.
+"""`LanguageModel`: any Hugging Face encoder with only its top K layers trainable, whole or through a tuning method
+(LoRA, IA3, BitFit: `layertune.tuning_methods`).
 
 It loads, freezes, tokenizes and runs the model, from the embeddings or from given states entering a layer; which
 states to cache and when is `layertune.frozen_prefix`'s business.
@@ -23,6 +24,7 @@ from layertune import frozen_prefix
 from layertune.batching import Examples
 from layertune.errors import choices_hint
 from layertune.model_paths import PACKAGED_MODELS, resolve_model_path
+from layertune.tuning_methods import METHODS, TopK, TuningMethod, tuning_method
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,11 @@ class LanguageModel(nn.Module):
     ``layers`` is the dotted path of the transformer layer stack (an ``nn.ModuleList``, e.g. ``"encoder.layer"``)
     for a model whose stack the generic guess (`encoder_layers`) does not find.
 
+    ``method`` is what trains in the tuned layers (`layertune.tuning_methods`): ``"top_k"`` (the default) the layers
+    whole; ``Lora(r=8)`` / ``"lora"``, ``IA3()`` / ``"ia3"`` peft adapters in them, ``BitFit()`` / ``"bitfit"`` their
+    biases. Whatever the method, the embeddings and the layers below the top K are untouched. `merge` folds adapters
+    into plain weights.
+
     Frozen layers are constants, so by default they run in eval mode (no dropout) even while training.
     ``frozen_dropout=True`` keeps train-mode dropout in them, as a plain ``requires_grad=False`` recipe does.
     """
@@ -104,8 +111,12 @@ class LanguageModel(nn.Module):
         trust_remote_code: bool = False,
         revision: str | None = None,
         layers: str | None = None,
+        method: TuningMethod | str | dict = "top_k",
     ) -> None:
         super().__init__()
+        self.method = _checked_method(method)
+        if frozen_layers is None:
+            self.method.check_tunable_layers(tunable_layers)  # K=0 with an adapter method: before loading anything
         if pooling not in POOLINGS:
             raise ValueError(f"Unknown pooling {pooling!r}.{choices_hint(pooling, POOLINGS)}")
         if layers is not None and not isinstance(layers, str):
@@ -131,6 +142,7 @@ class LanguageModel(nn.Module):
         )
         self._init_structure()
         self.tunable_layers = self._resolve_tunable_layers(tunable_layers, frozen_layers)
+        self.method.check_tunable_layers(self.tunable_layers)
         self._apply_freezing()
 
     @classmethod
@@ -149,6 +161,7 @@ class LanguageModel(nn.Module):
         self.trust_remote_code = trust_remote_code
         self.revision = settings.get("revision")
         self.layers_path = settings.get("layers")
+        self.method = _checked_method(settings.get("method", "top_k"))
         config = _load_config(str(directory), trust_remote_code, None)
         if pretrained:
             self.model, self.tokenizer, self.initialized = _base_model(self.name, config, trust_remote_code,
@@ -164,8 +177,11 @@ class LanguageModel(nn.Module):
 
     def base_tensors(self) -> set[str]:
         """Names (in this module's state dict) of the tensors its checkpoint provided: a saved model can leave these
-        to its base model. Tensors the checkpoint lacked (a pooler, say) were initialized at random."""
-        return {f"model.{name}" for name in self.model.state_dict() if name not in self.initialized}
+        to its base model. Tensors the checkpoint lacked (a pooler, say) were initialized at random, and a method's
+        adapters are new."""
+        provided = self._plain_names - self.initialized
+        # peft moves an adapted module's own weights one level down: query.weight → query.base_layer.weight.
+        return {f"model.{name}" for name in self.model.state_dict() if name.replace(".base_layer.", ".") in provided}
 
     def settings(self) -> dict:
         """What `from_config` needs besides the HF config (and tokenizer) files."""
@@ -178,6 +194,8 @@ class LanguageModel(nn.Module):
             "frozen_dropout": self.frozen_dropout,
             # only when given: the config of a model whose stack is found by the guess stays as it always was
             **({"layers": self.layers_path} if self.layers_path is not None else {}),
+            # only for a method other than top-K, for the same reason
+            **({"method": self.method.model_dump()} if not isinstance(self.method, TopK) else {}),
         }
 
     def save_config(self, directory: str | Path, tokenizer: bool = True) -> None:
@@ -202,6 +220,17 @@ class LanguageModel(nn.Module):
         return self.model.get_submodule(self._stack_name)
 
     @property
+    def layers_name(self) -> str:
+        """Dotted path of the layer stack in ``model`` (e.g. ``encoder.layer``)."""
+        return self._stack_name
+
+    @property
+    def tuned_layer_indices(self) -> list[int]:
+        """Indices of the layers the method tunes: the top ``tunable_layers``, or every one."""
+        first = 0 if self.tunable_layers == "all" else self.num_layers - self.tunable_layers
+        return list(range(first, self.num_layers))
+
+    @property
     def embeddings(self) -> nn.Module:
         return self.model.get_submodule(self._embeddings_name)
 
@@ -215,7 +244,8 @@ class LanguageModel(nn.Module):
 
     @property
     def frozen_prefix_layers(self) -> int | None:
-        """How many bottom layers are frozen; None when everything, embeddings included, trains."""
+        """How many bottom layers are frozen; None when every layer is tuned (``tunable_layers="all"``), whatever
+        the method."""
         return None if self.tunable_layers == "all" else self.num_layers - self.tunable_layers
 
     @property
@@ -241,21 +271,27 @@ class LanguageModel(nn.Module):
         return tunable_layers
 
     def _apply_freezing(self) -> None:
-        everything = self.tunable_layers == "all"
-        self.model.requires_grad_(everything)
-        if everything and self.freeze_embeddings:
-            self.embeddings.requires_grad_(False)
-        if not everything:
-            for layer in self.layers[self.num_layers - self.tunable_layers :]:
-                layer.requires_grad_(True)
-        if self.pooler is not None:
-            # An unused pooler stays frozen so that trainable-parameter counts mean what they say.
-            self.pooler.requires_grad_(self.pooling == "pooler" and (everything or self.tunable_layers > 0))
+        self._plain_names = set(self.model.state_dict())  # before any adapter renames a tensor (`base_tensors`)
+        # The peft tuner (None for top-K and BitFit) only points at self.model: kept outside the module tree, so
+        # that no parameter is registered twice.
+        object.__setattr__(self, "_adapters", self.method.apply(self))
+
+    def merge(self) -> LanguageModel:
+        """Fold the method's adapters into plain weights (peft's ``merge_and_unload``), in place, and return this
+        model, now top-K tuned with the same ``tunable_layers``: the same predictions (up to float rounding) from
+        plain layers, which save as a top-K model does (only the top K layers when K < L). BitFit and top-K have
+        nothing to fold."""
+        if self._adapters is not None:
+            self._adapters.merge_and_unload()
+        self.method = TopK()
+        self._apply_freezing()
+        return self
 
     def frozen_modules(self) -> list[nn.Module]:
         """Modules whose parameters never change: run them as constants (eval mode) while training."""
         if self.tunable_layers == "all":
-            return [self.embeddings] if self.freeze_embeddings else []
+            # Frozen embeddings: freeze_embeddings, or a method that adapts the layers only (LoRA, IA3).
+            return [] if any(p.requires_grad for p in self.embeddings.parameters()) else [self.embeddings]
         return [self.embeddings, *self.layers[: self.frozen_prefix_layers]]
 
     def train(self, mode: bool = True) -> LanguageModel:
@@ -287,8 +323,9 @@ class LanguageModel(nn.Module):
     def __repr__(self) -> str:
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
         total = sum(p.numel() for p in self.parameters())
+        method = "" if isinstance(self.method, TopK) else f"method={self.method.label()}, "
         return (
-            f"LanguageModel({self.name!r}, tunable_layers={self.tunable_layers!r} of {self.num_layers}, "
+            f"LanguageModel({self.name!r}, tunable_layers={self.tunable_layers!r} of {self.num_layers}, {method}"
             f"pooling={self.pooling!r}, trainable {trainable:,} / {total:,} parameters)"
         )
 
@@ -429,6 +466,18 @@ class LanguageModel(nn.Module):
         if self.num_layers in boundaries:
             captured[self.num_layers] = last
         return captured
+
+
+def _checked_method(method) -> TuningMethod:
+    """``method`` as a spec; bad settings are one ValueError naming the key (``method.r``) and the valid values."""
+    from pydantic import ValidationError
+
+    from layertune.errors import describe_validation_error
+
+    try:
+        return tuning_method(method)
+    except ValidationError as error:
+        raise ValueError("; ".join(describe_validation_error(error, ("method",), union_tags=METHODS))) from None
 
 
 def _load_config(path: str, trust_remote_code: bool, revision: str | None) -> transformers.PretrainedConfig:

@@ -1,19 +1,19 @@
 """A model's files without loading it: where they are (a local folder, a pip package that ships the weights, a local
 model mirror, or the hub), what its config says (layer count, longest input), and a fingerprint of their content.
 
-Free of torch (transformers only for a hub config), so that a study's models can be checked in milliseconds.
+Free of torch and transformers (huggingface_hub only, for a hub model's config.json), so that a study's models can be
+checked in milliseconds, and a hub model's weights are never downloaded to check it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import importlib.resources
 import json
 import os
 from pathlib import Path
-
-from layertune.errors import choices_hint
 
 MODEL_MIRROR_ENV = "LAYERTUNE_MODEL_MIRROR"
 # Hub ids whose weights ship inside a pip package, so they load offline exactly as from the hub.
@@ -44,45 +44,98 @@ def resolve_model_path(name_or_path: str | Path) -> str:
 
 _LAYER_ATTRIBUTES = ("num_hidden_layers", "n_layers", "num_layers")
 _POSITION_ATTRIBUTES = ("max_position_embeddings", "n_positions")
-# Layer counts and longest inputs (tokens) of common hub models, so that a study can be checked offline (the hub is
-# asked only for others).
-KNOWN_MODELS = {name: (layers, 512) for name, layers in {
-    "bert-base-cased": 12, "bert-base-uncased": 12, "bert-large-cased": 24, "bert-large-uncased": 24,
-    "google-bert/bert-base-cased": 12, "google-bert/bert-base-uncased": 12, "SpanBERT/spanbert-base-cased": 12,
-    "roberta-base": 12, "roberta-large": 24, "FacebookAI/roberta-base": 12, "FacebookAI/roberta-large": 24,
-    "google/electra-base-discriminator": 12, "distilbert-base-uncased": 6, "distilbert-base-cased": 6,
-    "distilbert/distilbert-base-uncased": 6,
-}.items()}
 
 
 class ModelConfigError(ValueError):
     """A model's config cannot be found or read; the message names where the model was asked for."""
 
 
-@functools.cache
-def model_config(name: str, where: str = "model") -> dict | None:
-    """``name``'s config as a dict: its config.json when local, packaged or mirrored (with ``model_max_length`` from
-    its tokenizer_config.json), None for a known hub model (`KNOWN_MODELS`), else the hub's config. Only the small
-    JSON files are read: checking a study loads no model. An unknown name raises `ModelConfigError` naming ``where``."""
+def model_config(name: str, where: str = "model", revision: str | None = None) -> dict:
+    """``name``'s config.json as a dict, with ``tokenizer_model_max_length`` from its tokenizer_config.json where
+    there is one: read from its folder when local, packaged or mirrored (see `resolve_model_path`; ``revision`` does
+    not apply), else downloaded from the hub at ``revision`` (None: the default branch). Only these two small files
+    are read, never weights, so checking a study loads no model. The hub is asked once per process for a name and
+    revision; it is not asked at all when ``HF_HUB_OFFLINE`` is set (its cache answers). A name found nowhere raises
+    `ModelConfigError` naming ``where``, what was tried and how to make the model available."""
     folder = Path(resolve_model_path(name))
     if (folder / "config.json").is_file():
-        config = _read_json(folder / "config.json", where)
-        if (folder / "tokenizer_config.json").is_file():
-            config["tokenizer_model_max_length"] = _read_json(folder / "tokenizer_config.json", where).get(
-                "model_max_length")
-        return config
-    if name in KNOWN_MODELS:
-        return None
+        tokenizer = folder / "tokenizer_config.json"
+        return _with_tokenizer_limit(_read_json(folder / "config.json", where),
+                                     _read_json(tokenizer, where) if tokenizer.is_file() else None)
+    if folder.is_dir():
+        raise ModelConfigError(f"{where}: model folder {str(folder)!r} has no config.json: a model folder is one "
+                               "that save_pretrained wrote (config.json, weights, tokenizer files).")
     try:
-        import transformers
+        config, tokenizer = _hub_config_files(name, revision)
+    except _HubUnavailable as error:
+        raise ModelConfigError(_not_found(name, where, revision, str(error))) from None
+    return _with_tokenizer_limit(_read_json(config, where), _read_json(tokenizer, where) if tokenizer else None)
 
-        return transformers.AutoConfig.from_pretrained(name).to_dict()
-    except (OSError, ValueError) as error:
-        known = [*PACKAGED_MODELS, *KNOWN_MODELS]
-        mirror = os.environ.get(MODEL_MIRROR_ENV)
-        raise ModelConfigError(f"{where}: unknown model {name!r}: not a local folder, not a packaged model, not in the "
-                          f"model mirror (${MODEL_MIRROR_ENV}={mirror!r}), not a known hub model, and the hub did "
-                          f"not provide it ({type(error).__name__}).{choices_hint(name, known)}") from None
+
+def _with_tokenizer_limit(config: dict, tokenizer: dict | None) -> dict:
+    if tokenizer is not None:
+        config["tokenizer_model_max_length"] = tokenizer.get("model_max_length")
+    return config
+
+
+class _HubUnavailable(Exception):
+    """The hub (or, offline, its local cache) did not provide a model's config.json; the message says why."""
+
+
+@functools.cache
+def _hub_config_files(repo_id: str, revision: str | None) -> tuple[Path, Path | None]:
+    """Where config.json and tokenizer_config.json (None when the hub has none) of a hub model are, once downloaded
+    into the Hugging Face cache (where `LanguageModel` finds them later). Only these two files: the weights are
+    downloaded by `LanguageModel` alone."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        config = huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision)
+    except (OSError, ValueError, EntryNotFoundError) as error:  # unknown repo or revision, no network, bad id
+        status = ("HF_HUB_OFFLINE is set and the Hugging Face cache does not hold it"
+                  if huggingface_hub.constants.HF_HUB_OFFLINE else "it could not be downloaded")
+        raise _HubUnavailable(f"{status}: {type(error).__name__}: {_first_line(error)}") from None
+    try:
+        tokenizer = huggingface_hub.hf_hub_download(repo_id, "tokenizer_config.json", revision=revision)
+    except EntryNotFoundError:  # optional (many models state their limit in config.json only), or offline: not cached
+        tokenizer = None
+    return Path(config), tokenizer and Path(tokenizer)
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
+
+
+def _not_found(name: str, where: str, revision: str | None, hub: str) -> str:
+    mirror = os.environ.get(MODEL_MIRROR_ENV)
+    last = name.rstrip("/").split("/")[-1]
+    if mirror and not Path(mirror).is_dir():
+        in_mirror = f"the model mirror ${MODEL_MIRROR_ENV}={mirror!r} is not a folder"
+    elif mirror:
+        in_mirror = (f"the model mirror ${MODEL_MIRROR_ENV}={mirror!r} has no {name}/config.json"
+                     + ("" if last == name else f" or {last}/config.json"))
+    else:
+        in_mirror = f"no model mirror is set (${MODEL_MIRROR_ENV} is unset)"
+    at = f" at revision {revision!r}" if revision else ""
+    offline = sorted({*PACKAGED_MODELS, *_mirror_models()})
+    close = difflib.get_close_matches(name, offline, n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return (f"{where}: unknown model {name!r}: found nowhere. Tried: a local folder {name!r} (there is none); the models that "
+            f"pip packages ship ({', '.join(PACKAGED_MODELS)}); {in_mirror}; the Hugging Face hub{at} ({hub}).{hint} "
+            f"To fix it, give the path of a local model folder, or put the model in a model mirror, a folder of "
+            f"models named as their hub id or its last part (download.model_mirror in params.yaml, or "
+            f"${MODEL_MIRROR_ENV}, which wins), or let the hub be reached (HF_HUB_OFFLINE unset, network).")
+
+
+def _mirror_models() -> list[str]:
+    """The models of the model mirror (``$LAYERTUNE_MODEL_MIRROR``): its folders holding a config.json, as
+    ``name`` or ``org/name``; none when no mirror is set."""
+    mirror = os.environ.get(MODEL_MIRROR_ENV)
+    if not mirror or not Path(mirror).is_dir():
+        return []
+    configs = [*Path(mirror).glob("*/config.json"), *Path(mirror).glob("*/*/config.json")]
+    return sorted(config.parent.relative_to(mirror).as_posix() for config in configs)
 
 
 def _read_json(path: Path, where: str) -> dict:
@@ -92,11 +145,9 @@ def _read_json(path: Path, where: str) -> dict:
         raise ModelConfigError(f"{where}: {path} is not valid JSON ({error})") from None
 
 
-def model_layers(name: str, where: str = "model") -> int:
-    """How many transformer layers ``name`` has (see `model_config`)."""
-    config = model_config(name, where)
-    if config is None:
-        return KNOWN_MODELS[name][0]
+def model_layers(name: str, where: str = "model", revision: str | None = None) -> int:
+    """How many transformer layers ``name`` has, from its config (see `model_config`)."""
+    config = model_config(name, where, revision)
     try:
         return next(config[a] for a in _LAYER_ATTRIBUTES if a in config)
     except StopIteration:
@@ -104,12 +155,10 @@ def model_layers(name: str, where: str = "model") -> int:
                           f"({', '.join(_LAYER_ATTRIBUTES)})") from None
 
 
-def model_max_length(name: str, where: str = "model") -> int | None:
+def model_max_length(name: str, where: str = "model", revision: str | None = None) -> int | None:
     """The longest input ``name`` takes, in tokens, as `LanguageModel.max_length` has it: the smaller of its
     positions (``max_position_embeddings``) and its tokenizer's ``model_max_length`` (where either is stated)."""
-    config = model_config(name, where)
-    if config is None:
-        return KNOWN_MODELS[name][1]
+    config = model_config(name, where, revision)
     # Tokenizers without a limit state a huge placeholder (transformers' VERY_LARGE_INTEGER).
     limits = [config.get(a) for a in (*_POSITION_ATTRIBUTES, "tokenizer_model_max_length")]
     limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 10**9]

@@ -4,7 +4,7 @@ Every study has the same shape::
 
     <name>:
       report: {kind: layers, tolerance: 0.01}     # which report function, and its options (`layertune.reports`)
-      tasks: [sst2, stsb]                          # ┐
+      tasks: [sst2, stsb]                          # ┐ (or a mapping: name → task or dataset, see below)
       encoders: {<encoder name>: <model>, ...}     # │ the grid: one cell per
       tunable_layers: [0, 1, 2, all]               # │ task × encoder × tunable layers × seed
       seeds: [1, 2]                                # ┘
@@ -13,6 +13,15 @@ Every study has the same shape::
       head: {head: linear}                         # HeadSpec
       training: {learning_rate: 2.0e-4, ...}       # TrainingConfig (the seed comes from seeds)
       per_tunable_layers: {0: {head_learning_rate: 3.0e-3}}   # training overrides for one K
+
+A task is a built-in task (``tasks: [sst2, stsb]``), or any dataset described in place, in a mapping from the name
+its cells, stages and report sections get to a `DatasetSpec` (``null``: the built-in task of that name)::
+
+      tasks:
+        sst2:                                                     # the built-in task
+        reviews: {path: data/reviews.csv, label: sentiment}       # local files (a file, or a folder of splits)
+        news: {path: data/news.parquet, label: category, dev_fraction: 0.1, label_names: [world, sports, ...]}
+        mrpc_hub: {hub: nyu-mll/glue, config: mrpc, revision: <commit>}   # a Hugging Face dataset
 
 An encoder is a model (``minilm: sentence-transformers/all-MiniLM-L6-v2``), an `EncoderSpec` with settings and a
 learning rate of its own (``roberta: {model: roberta-base, hidden_dropout_prob: 0.4, learning_rate: 1.0e-5}``), or
@@ -48,6 +57,7 @@ from layertune.cell import (
     CellSpec,
     CombineSpec,
     CorpusSpec,
+    DatasetSpec,
     EncoderSettings,
     EncoderSpec,
     HeadSpec,
@@ -152,7 +162,8 @@ class StudySpec(Spec):
     """One study of ``params.yaml``: its grid, the shared settings of its cells, and its report."""
 
     report: ReportSpec
-    tasks: list[str] = Field(min_length=1)
+    tasks: dict[str, DatasetSpec] = Field(min_length=1, description="name → DatasetSpec; a list names built-in "
+                                                                    "tasks")
     encoders: dict[str, EncoderEntry] = Field(min_length=1)
     tunable_layers: list[TunableLayers] = Field(min_length=1)
     seeds: list[Seed] = Field(min_length=1)
@@ -163,15 +174,22 @@ class StudySpec(Spec):
     per_tunable_layers: dict[TunableLayers, dict[str, Any]] = Field(
         {}, description="training arguments for one tunable-layers value, e.g. {0: {head_learning_rate: 3.0e-3}}")
 
-    @field_validator("tasks")
+    @field_validator("tasks", mode="before")
     @classmethod
-    def _tasks(cls, tasks: list[str]) -> list[str]:
-        from layertune.corpora.registry import TASKS
-
-        for task in tasks:
-            if task not in TASKS:
-                raise ValueError(f"unknown task {task!r}.{choices_hint(task, TASKS)}")
-        return _unique(tasks, "tasks")
+    def _task_entries(cls, tasks: Any) -> Any:
+        """``[sst2, stsb]`` is ``{sst2: {task: sst2}, stsb: {task: stsb}}``; in a mapping, ``null`` is the built-in
+        task of the key's name and a string a built-in task."""
+        if isinstance(tasks, list):
+            for position, task in enumerate(tasks):
+                if not isinstance(task, str):
+                    raise ValueError(f"tasks[{position}]: a list of tasks holds built-in task names; write a dataset "
+                                     "described in place in a mapping, tasks: {sst2: null, reviews: {path: ...}} (DVC "
+                                     "names each train stage after a task's key, and a list item has none)")
+            tasks = {task: None for task in _unique(tasks, "tasks")}
+        if isinstance(tasks, Mapping):
+            return {name: {"task": name} if entry is None else {"task": entry} if isinstance(entry, str) else entry
+                    for name, entry in tasks.items()}
+        return tasks
 
     @field_validator("encoders", mode="before")
     @classmethod
@@ -257,9 +275,13 @@ class StudySpec(Spec):
         except ValidationError as error:
             raise _nested(error, ("per_tunable_layers", tunable_layers)) from None
 
+    def corpus_spec(self, task: str) -> CorpusSpec:
+        """Task ``task``'s dataset and the study's subsample of it: what each of its cells trains on."""
+        return CorpusSpec(**self.tasks[task].model_dump(), **self.data.model_dump())
+
     def cell_spec(self, task: str, encoder: str, tunable_layers: TunableLayers, seed: int) -> CellSpec:
         entry = self.encoders[encoder]
-        return CellSpec(corpus=CorpusSpec(task=task, **self.data.model_dump()),
+        return CellSpec(corpus=self.corpus_spec(task),
                         encoders=self.encoder_specs(encoder, tunable_layers),
                         combine=entry.combine if isinstance(entry, CombinedEncoder) else None, head=self.head,
                         training=self.training_for(tunable_layers, seed))

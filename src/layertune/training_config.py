@@ -54,14 +54,23 @@ class TrainingConfig(BaseModel):
         return value
 
 
-def cache_decision(frozen_prefix_layers: int | None, frozen_dropout: bool, setting: bool | str) -> tuple[bool, str]:
+def cache_decision(frozen_prefix_layers: int | None, frozen_dropout: bool, setting: bool | str,
+                   method: str = "top_k") -> tuple[bool, str]:
     """Whether training from cached states is exact for an encoder with ``frozen_prefix_layers`` frozen (None:
-    everything trains), and why (recorded in the run's metadata). ``setting`` True insists, and fails where the
-    cache cannot be exact; "auto" uses it where it can; False never."""
+    every layer is tuned) by ``method`` (`layertune.tuning_methods`), and why (recorded in the run's metadata).
+    ``setting`` True insists, and fails where the cache cannot be exact; "auto" uses it where it can; False never.
+
+    Every method leaves the embeddings and the layers below the top K untouched, so it trains exactly from their
+    cached output; a method on every layer (LoRA, IA3 or BitFit with tunable_layers='all') leaves no layer's output
+    fixed."""
     if setting is False:
         return False, "disabled by frozen_prefix_cache=False"
     if frozen_prefix_layers is None:
-        reason = "every layer trains (tunable_layers='all'): nothing is frozen"
+        if method == "top_k":
+            reason = "every layer trains (tunable_layers='all'): nothing is frozen"
+        else:
+            reason = (f"{method} changes every layer (tunable_layers='all'), so no layer's output is fixed; {method} "
+                      "on the top K layers (tunable_layers=K) trains from the cached states of the layers below")
     elif frozen_dropout:
         reason = "frozen layers keep train-mode dropout (frozen_dropout=True), so their output changes each step"
     else:

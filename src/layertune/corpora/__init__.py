@@ -25,13 +25,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from layertune.corpora import sources
 from layertune.corpora.conll import is_conll_file
 from layertune.corpora.registry import GLUE_CONFIGS, TASKS, TOKEN_COLUMN, TaskSpec
 from layertune.corpora.sources import MIRROR_ENV, MIRROR_LAYOUT, DataUnavailableError, resolve_data_mirror
-from layertune.corpus import Corpus
+from layertune.corpus import Corpus, TaskType
+from layertune.errors import CorpusArgumentError, unknown_choice
 
 if TYPE_CHECKING:
     from layertune.corpora.columns import Loaded
@@ -97,6 +98,12 @@ def load_corpus(
     label_column: str = "label",
     data_files: str | os.PathLike | Mapping[str, str | os.PathLike] | None = None,
     balanced: bool | None = None,
+    revision: str | None = None,
+    splits: Mapping[str, str] | None = None,
+    task_type: TaskType | None = None,
+    metric: str | None = None,
+    label_names: tuple[str, ...] | list[str] | None = None,
+    dev_fraction: float | None = None,
 ) -> Corpus:
     """Load a corpus by registry name (``"cola"``, ``"glue"`` + ``"mrpc"``, ``"imdb"``), hub id, or local files.
 
@@ -111,27 +118,75 @@ def load_corpus(
     * ``text_columns`` / ``label_column`` are guessed when not given for data outside the registry. Their labels
       are stripped of surrounding whitespace and the classes are those of train: a dev/test label train lacks, two
       spellings differing only in case, one class in train, or a list-valued text or label column is an error.
+    * ``task_type`` (classification, regression, token_classification) is inferred from the labels unless given
+      (a note in ``Corpus.notes`` says which); ``label_names`` give the classes' order (integer labels: the name of
+      each id); ``metric`` is the one that selects the best epoch and ranks settings (any of
+      `layertune.metrics.METRICS` that fits the task type; default: the task's own).
+    * Hub datasets: ``revision`` pins a commit, branch or tag; ``splits`` says which hub split is our train / dev /
+      test (``{"dev": "validation_matched"}``; default: train, validation/valid/val/dev, test by name).
     * ``train_size`` / ``dev_size``: seeded subsample keeping class proportions, or equal classes when
-      ``balanced`` (default: the task's own setting, True for IMDb). Without a dev split one is carved from train,
-      stratified by class (a class with a single example is an error naming it: it cannot be in both parts).
+      ``balanced`` (default: the task's own setting, True for IMDb). Without a dev split one is carved from train
+      (``dev_fraction`` of it, default 0.1), stratified by class (a class with a single example is an error naming
+      it: it cannot be in both parts).
     """
     _check_size("train_size", train_size)
     _check_size("dev_size", dev_size)
-    registry = sources.is_registry_name(name)  # a registry name wins over a same-named folder in the working directory
+    if dev_fraction is not None and not 0 < dev_fraction < 1:
+        raise CorpusArgumentError("dev_fraction", f"dev_fraction must be between 0 and 1 (a share of train), not "
+                                  f"{dev_fraction!r}.")
+    if task_type is not None and task_type not in get_args(TaskType):
+        raise CorpusArgumentError("task_type", str(unknown_choice("task_type", task_type, get_args(TaskType))))
+    # A registry name wins over a same-named folder in the working directory. A registry task's hub id with a
+    # revision or splits is read from the hub like any dataset: the mirror holds no particular revision.
+    registry = sources.is_registry_name(name) and not (revision or splits) or sources.is_registry_name(name, hub=False)
     if data_files is None and not registry and sources.is_local_path(name):
         data_files = name
     spec = sources.resolve_task(name, config) if registry or data_files is None else None
     if spec is not None and balanced and spec.task_type != "classification":
         raise ValueError(f"balanced=True needs a classification task; {spec.name!r} is {spec.task_type}.")
+    if spec is not None and (given := [a for a, v in (("task_type", task_type), ("label_names", label_names))
+                                       if v is not None]):
+        raise CorpusArgumentError(given[0], f"{given[0]} is for data outside the registry; {spec.name!r} is a "
+                                  "registry task with its own labels and task type.")
     from layertune.corpora import sampling  # imports datasets: with the first corpus, not the package
 
+    reading = {"text_columns": text_columns, "label_column": label_column, "task_type": task_type,
+               "label_names": tuple(label_names) if label_names is not None else None}
     if data_files is not None:
-        loaded = _load_local(name, data_files, spec, text_columns, label_column)
+        loaded = _load_local(name, data_files, spec, **reading)
     elif spec is not None:
         loaded = _load_registry_task(spec, sources.mirror_root(data_mirror))
     else:
-        loaded = _load_hub_dataset(name, config, text_columns, label_column)
-    return sampling.finish(loaded, train_size=train_size, dev_size=dev_size, seed=seed, balanced=balanced)
+        loaded = _load_hub_dataset(name, config, revision, splits, **reading)
+    if task_type is not None and loaded.task_type != task_type:
+        raise CorpusArgumentError("task_type", f"task_type is {task_type!r}, but {name!r} reads as "
+                                  f"{loaded.task_type} data.")
+    if metric is not None:
+        loaded = _with_metric(loaded, metric)
+    return sampling.finish(loaded, train_size=train_size, dev_size=dev_size, seed=seed, balanced=balanced,
+                           dev_fraction=dev_fraction)
+
+
+# The metrics that fit each task type (see `layertune.metrics`); the first is the default.
+METRICS_BY_TASK_TYPE = {"classification": ("accuracy", "f1", "matthews_correlation"),
+                        "regression": ("spearmanr", "pearsonr"), "token_classification": ("f1", "precision", "recall",
+                                                                                          "accuracy")}
+
+
+def _with_metric(loaded: Loaded, metric: str) -> Loaded:
+    """``loaded`` selected and ranked by ``metric``: first of its metrics, and its main metric."""
+    import dataclasses
+
+    valid = METRICS_BY_TASK_TYPE[loaded.task_type]
+    if metric not in valid:
+        raise CorpusArgumentError("metric", str(unknown_choice(f"metric for {loaded.task_type}", metric, valid)))
+    if metric == "f1" and loaded.task_type == "classification" and len(loaded.label_names) != 2:
+        raise CorpusArgumentError("metric", f"metric 'f1' is binary F1, but {loaded.name!r} has "
+                                  f"{len(loaded.label_names)} classes; use accuracy or matthews_correlation.")
+    if loaded.task_type == "token_classification":  # seqeval reports them all
+        return dataclasses.replace(loaded, main_metric=metric)
+    metrics = (metric, *(m for m in loaded.metrics if m != metric))
+    return dataclasses.replace(loaded, metrics=metrics, main_metric=metric)
 
 
 def _check_size(arg: str, value: object) -> None:
@@ -155,17 +210,21 @@ def _load_registry_task(spec: TaskSpec, mirror: Path | None) -> Loaded:
                                     f"Loaded from the Hugging Face hub: {spec.hub_path} ({spec.hub_config}).")
 
 
-def _load_hub_dataset(name: str, config: str | None, text_columns, label_column: str) -> Loaded:
+def _load_hub_dataset(name: str, config: str | None, revision: str | None, splits: Mapping[str, str] | None,
+                      **reading) -> Loaded:
     """Any other hub dataset: its splits renamed to ours, its columns and labels inferred."""
     from layertune.corpora import columns
 
-    splits, notes = sources.canonical_splits(sources.fetch_dataset(name, config), f"hub dataset {name!r}")
+    what = f"hub dataset {name!r}"
+    hub = sources.fetch_dataset(name, config, revision)
+    found, notes = sources.chosen_splits(hub, splits, what) if splits else sources.canonical_splits(hub, what)
     label = f"{name}:{config}" if config else name
-    return columns.generic(label, splits, text_columns, label_column,
-                           [f"Loaded from the Hugging Face hub: {name}" + (f" ({config})." if config else "."), *notes])
+    source = f"Loaded from the Hugging Face hub: {name}" + (f" ({config})" if config else "") + (
+        f" at revision {revision}." if revision else ".")
+    return columns.generic(label, found, notes=[source, *notes], **reading)
 
 
-def _load_local(name, source, spec: TaskSpec | None, text_columns, label_column: str) -> Loaded:
+def _load_local(name, source, spec: TaskSpec | None, *, text_columns, label_column: str, **reading) -> Loaded:
     """Local files: in a registry task's layout (``spec``, or a GLUE TSV layout recognised), CoNLL column files, or
     tables whose columns and labels are inferred."""
     from layertune.corpora import columns, readers
@@ -182,4 +241,4 @@ def _load_local(name, source, spec: TaskSpec | None, text_columns, label_column:
         return columns.generic_conll(str(label), files, f"Loaded from local CoNLL files: {shown}.")
     splits = {split: readers.read_table_file(path) for split, path in files.items()}
     return columns.generic(str(label), splits, text_columns, label_column, [f"Loaded from local files: {shown}."],
-                           sources={split: str(path) for split, path in files.items()})
+                           sources={split: str(path) for split, path in files.items()}, **reading)

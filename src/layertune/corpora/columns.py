@@ -20,6 +20,7 @@ from layertune.corpora.conll import (
 )
 from layertune.corpora.registry import TOKEN_COLUMN, TaskSpec
 from layertune.corpus import TaskType
+from layertune.errors import CorpusArgumentError
 
 # Tried in order when text_columns is not given; the first set fully present wins.
 TEXT_COLUMN_GUESSES = (
@@ -74,11 +75,11 @@ def conform(ds: datasets.Dataset, spec: TaskSpec, where: str = "") -> datasets.D
     return ds if ds.features == spec.features() else ds.cast(spec.features())
 
 
-def _require_columns(ds: datasets.Dataset, wanted, where: str) -> None:
+def _require_columns(ds: datasets.Dataset, wanted, where: str, argument: str | None = None) -> None:
     missing = [c for c in wanted if c not in ds.column_names]
     if missing:
-        raise ValueError(f"{where} has no column {', '.join(map(repr, missing))}; "
-                         f"its columns are {', '.join(ds.column_names)}.")
+        message = f"{where} has no column {', '.join(map(repr, missing))}; its columns are {', '.join(ds.column_names)}."
+        raise CorpusArgumentError(argument, message) if argument else ValueError(message)
 
 
 def _encode_labels(ds: datasets.Dataset, names: tuple[str, ...], where: str) -> datasets.Dataset:
@@ -101,28 +102,38 @@ def _encode_labels(ds: datasets.Dataset, names: tuple[str, ...], where: str) -> 
 
 
 def generic(name: str, splits: dict[str, datasets.Dataset], text_columns, label_column: str,
-            notes: list[str], sources: dict[str, str] | None = None) -> Loaded:
-    token_columns = _token_columns(splits["train"], text_columns, label_column, name)
+            notes: list[str], sources: dict[str, str] | None = None, task_type: TaskType | None = None,
+            label_names: tuple[str, ...] | None = None) -> Loaded:
+    """Data outside the registry: its text and label columns found (or checked), its labels normalised. The task
+    type follows the labels (strings or integers: classification; decimals: regression) unless ``task_type`` is
+    given, and ``label_names`` give the classes' order (for integer labels, the name of each id)."""
+    token_columns = None if task_type in ("classification", "regression") else _token_columns(
+        splits["train"], text_columns, label_column, name)
     if token_columns is not None:
         return _generic_tokens(name, splits, *token_columns, notes)
+    if task_type == "token_classification":
+        raise CorpusArgumentError("task_type", f"task_type 'token_classification' needs a column of word lists "
+                                  f"('{TOKEN_COLUMN}', or text_columns=) and a list-valued tags column; "
+                                  f"{name!r} has columns {', '.join(splits['train'].column_names)}.")
     train = splits["train"]
     where = {s: (sources or {}).get(s) or f"the {s} split of {name!r}" for s in splits}
-    label_column = _find_label_column(train, label_column, name)
-    text_columns = _find_text_columns(train, text_columns, label_column, name)
+    label_column = _find_label_column(train, label_column, where["train"])
+    text_columns = _find_text_columns(train, text_columns, label_column, where["train"])
     _check_one_value_per_row(splits, text_columns, label_column, where)
     splits, notes = _drop_unlabelled_test(splits, label_column, notes)
     for split, ds in splits.items():
-        _require_columns(ds, [*text_columns, label_column], f"{split} split of {name!r}")
+        _require_columns(ds, text_columns, where[split], "text_columns")
+        _require_columns(ds, [label_column], where[split], "label_column")
     splits = {s: ds.select_columns([*text_columns, label_column]) for s, ds in splits.items()}
     _check_complete(splits, [*text_columns, label_column], where)
     if label_column != "label":
         splits = {s: ds.rename_column(label_column, "label") for s, ds in splits.items()}
-    splits, task_type, label_names = _normalize_labels(splits, name, where)
+    splits, task_type, label_names, note = _normalize_labels(splits, name, where, task_type, label_names)
     if task_type == "regression":
         metrics = ("spearmanr", "pearsonr")
     else:
         metrics = ("accuracy", "f1") if len(label_names) == 2 else ("accuracy",)
-    return Loaded(name, splits, text_columns, task_type, label_names, metrics, metrics[0], notes=notes,
+    return Loaded(name, splits, text_columns, task_type, label_names, metrics, metrics[0], notes=[*notes, note],
                   sources={s: w for s, w in (sources or {}).items() if s in splits})
 
 
@@ -157,21 +168,24 @@ def _check_complete(splits: dict[str, datasets.Dataset], columns: list[str], whe
                                  f"rows ({shown}; data rows counted from 1). Fill them in, or drop those rows.")
 
 
-def _find_label_column(ds: datasets.Dataset, label_column: str, name: str) -> str:
+def _find_label_column(ds: datasets.Dataset, label_column: str, where: str) -> str:
     if label_column in ds.column_names:
         return label_column
     guesses = [c for c in LABEL_COLUMN_GUESSES if c in ds.column_names] if label_column == "label" else []
     if len(guesses) == 1:
         return guesses[0]
-    raise ValueError(f"{name!r} has no label column {label_column!r}; its columns are "
-                     f"{', '.join(ds.column_names)}. Pass label_column=.")
+    raise CorpusArgumentError("label_column", f"column {label_column!r} not in {where}; columns: "
+                              f"{', '.join(ds.column_names)}.")
 
 
-def _find_text_columns(ds: datasets.Dataset, text_columns, label_column: str, name: str) -> tuple[str, ...]:
+def _find_text_columns(ds: datasets.Dataset, text_columns, label_column: str, where: str) -> tuple[str, ...]:
     columns = ds.column_names
     if text_columns is not None:
         text_columns = (text_columns,) if isinstance(text_columns, str) else tuple(text_columns)
-        _require_columns(ds, text_columns, repr(name))
+        _require_columns(ds, text_columns, where, "text_columns")
+        if label_column in text_columns:
+            raise CorpusArgumentError("text_columns", f"column {label_column!r} of {where} is given as both text "
+                                      "and label.")
         return text_columns
     for guess in TEXT_COLUMN_GUESSES:
         if all(c in columns for c in guess):
@@ -181,8 +195,8 @@ def _find_text_columns(ds: datasets.Dataset, text_columns, label_column: str, na
     if len(strings) == 1:
         return (strings[0],)
     described = ", ".join(f"{c} ({getattr(f, 'dtype', type(f).__name__)})" for c, f in ds.features.items())
-    raise ValueError(f"Cannot guess the text column(s) of {name!r}; its columns are {described}. "
-                     f"Pass text_columns=('a',) or ('a', 'b') for sentence pairs.")
+    raise CorpusArgumentError("text_columns", f"Cannot guess the text column(s) of {where}; its columns are "
+                              f"{described}. Pass text_columns=('a',) or ('a', 'b') for sentence pairs.")
 
 
 def _drop_unlabelled_test(splits: dict, label_column: str, notes: list[str]) -> tuple[dict, list[str]]:
@@ -199,18 +213,36 @@ def _drop_unlabelled_test(splits: dict, label_column: str, notes: list[str]) -> 
 # ------------------------------------------------------------------------------------------------------- labels
 
 
-def _normalize_labels(splits: dict[str, datasets.Dataset], name: str,
-                      where: dict[str, str]) -> tuple[dict, TaskType, tuple[str, ...]]:
-    """Classification (ClassLabel ids) or regression (float32) labels. Plain labels: the classes are those of the
-    train split, stripped of surrounding whitespace; a dev/test label outside them, or two spellings of one label
-    differing only in case, is an error naming the files."""
+def _normalize_labels(splits: dict[str, datasets.Dataset], name: str, where: dict[str, str],
+                      task_type: TaskType | None = None, label_names: tuple[str, ...] | None = None,
+                      ) -> tuple[dict, TaskType, tuple[str, ...], str]:
+    """Classification (ClassLabel ids) or regression (float32) labels, and a note saying how the task type was
+    decided. Plain labels: the classes are those of the train split, stripped of surrounding whitespace, in
+    ``label_names`` order when given (integer labels then are indices into it), else sorted; a dev/test label outside
+    them, or two spellings of one label differing only in case, is an error naming the files."""
     feature = splits["train"].features["label"]
-    if isinstance(feature, datasets.ClassLabel):
-        names = tuple(feature.names)
-        return {s: _encode_labels(ds, names, f"{s} split of {name!r}") if ds.features["label"] != feature else ds
-                for s, ds in splits.items()}, "classification", names
-    if isinstance(feature, datasets.Value) and feature.dtype.startswith("float"):
-        return {s: ds.cast_column("label", datasets.Value("float32")) for s, ds in splits.items()}, "regression", ()
+    is_class = isinstance(feature, datasets.ClassLabel)
+    dtype = getattr(feature, "dtype", "class label")
+    decimals = not is_class and dtype.startswith("float")
+    if task_type == "regression" or (task_type is None and decimals):
+        if is_class or not dtype.startswith(("float", "int", "uint")):
+            raise CorpusArgumentError("task_type", f"{where['train']}: task_type 'regression' needs numbers as labels, "
+                                      f"but column 'label' holds {dtype} values.")
+        if label_names:
+            raise CorpusArgumentError("label_names", f"label_names {list(label_names)} name classes, but {name!r} is "
+                                      "a regression task (its labels are scores); remove label_names.")
+        how = "given" if task_type else "inferred: the labels are decimal numbers; task_type: classification " \
+                                          "would treat them as classes"
+        return ({s: ds.cast_column("label", datasets.Value("float32")) for s, ds in splits.items()}, "regression",
+                (), f"Task type regression ({how}).")
+    if is_class:  # names kept in their own order (unless label_names reorder them)
+        splits = {s: _as_text_labels(ds) for s, ds in splits.items()}
+    elif decimals:  # classes written as 1.0, 2.0: the same classes as 1, 2
+        splits = {s: ds.map(lambda b: {"label": [None if v is None else f"{v:g}" for v in b["label"]]}, batched=True,
+                            features=datasets.Features({**ds.features, "label": datasets.Value("string")}),
+                            keep_in_memory=True) for s, ds in splits.items()}
+    elif label_names and dtype.startswith(("int", "uint")):  # integer labels with names: label i is label_names[i]
+        splits = {s: _name_integer_labels(ds, label_names, where[s]) for s, ds in splits.items()}
     splits = {s: _strip_labels(ds) for s, ds in splits.items()}
     found = {s: set(ds.unique("label")) - {None} for s, ds in splits.items()}
     _check_label_case(found, where)
@@ -218,6 +250,19 @@ def _normalize_labels(splits: dict[str, datasets.Dataset], name: str,
     if len(names) < 2:
         raise ValueError(f"{where['train']}: every label is {names[0] if names else None!r}. A classifier needs at "
                          "least two classes (and a score to regress on needs numbers with decimals, e.g. 3.0).")
+    if label_names:
+        if len(set(label_names)) != len(label_names):
+            raise CorpusArgumentError("label_names", f"label_names {list(label_names)} repeat a name.")
+        if extra := [n for n in names if n not in label_names]:
+            raise CorpusArgumentError("label_names", f"{where['train']}: label(s) {', '.join(map(repr, extra))} are "
+                                      f"not in label_names {list(label_names)}.")
+        if absent := [n for n in label_names if n not in names]:
+            raise CorpusArgumentError("label_names", f"{where['train']}: label_names {', '.join(map(repr, absent))} "
+                                      f"never occur in the train data, whose labels are {', '.join(map(repr, names))}."
+                                      " A class the model never trained on cannot be predicted.")
+        names = tuple(label_names)
+    elif is_class:
+        names = tuple(feature.names)
     for split, labels in found.items():
         if unseen := sorted({str(v) for v in labels} - set(names)):
             raise ValueError(
@@ -226,7 +271,27 @@ def _normalize_labels(splits: dict[str, datasets.Dataset], name: str,
                 "trained on cannot be predicted: correct the label, add training examples of it, or drop those rows.")
     as_text = {s: ds.cast_column("label", datasets.Value("string")) for s, ds in splits.items()}
     encoded = {s: _encode_labels(ds, names, where[s]) for s, ds in as_text.items()}
-    return encoded, "classification", names
+    kind = "named classes" if is_class else "text" if "string" in dtype else "whole numbers"
+    how = "given" if task_type else f"inferred: the labels are {kind}"
+    return encoded, "classification", names, f"Task type classification ({how}); {len(names)} classes: " \
+                                             f"{', '.join(names)}."
+
+
+def _as_text_labels(ds: datasets.Dataset) -> datasets.Dataset:
+    feature = ds.features["label"]
+    if not isinstance(feature, datasets.ClassLabel):
+        return ds
+    return ds.map(lambda b: {"label": feature.int2str(b["label"])}, batched=True, keep_in_memory=True,
+                  features=datasets.Features({**ds.features, "label": datasets.Value("string")}))
+
+
+def _name_integer_labels(ds: datasets.Dataset, label_names: tuple[str, ...], where: str) -> datasets.Dataset:
+    bad = sorted(v for v in ds.unique("label") if v is not None and not 0 <= v < len(label_names))
+    if bad:
+        raise CorpusArgumentError("label_names", f"{where}: integer labels {bad[:5]} have no name: label_names "
+                                  f"{list(label_names)} name the ids 0 to {len(label_names) - 1}.")
+    return ds.map(lambda b: {"label": [None if v is None else label_names[v] for v in b["label"]]}, batched=True,
+                  keep_in_memory=True, features=datasets.Features({**ds.features, "label": datasets.Value("string")}))
 
 
 def _strip_labels(ds: datasets.Dataset) -> datasets.Dataset:

@@ -20,7 +20,7 @@ DEV_FRACTION = 0.1  # share of train carved off as dev when a dataset has no val
 
 
 def finish(loaded: Loaded, *, train_size: int | None, dev_size: int | None, seed: int,
-           balanced: bool | None) -> Corpus:
+           balanced: bool | None, dev_fraction: float | None = None) -> Corpus:
     """The `Corpus` of ``loaded``: train of at least two classes (classification), dev carved from train if there
     is none, then train and dev subsampled to ``train_size`` / ``dev_size`` (balanced or stratified by class)."""
     classify = loaded.task_type == "classification"
@@ -33,7 +33,7 @@ def finish(loaded: Loaded, *, train_size: int | None, dev_size: int | None, seed
     if "dev" not in splits:
         splits["train"], splits["dev"], note = _carve_dev(splits["train"], dev_size, seed,
                                                           loaded.label_names if classify else (),
-                                                          loaded.where("train"))
+                                                          loaded.where("train"), dev_fraction or DEV_FRACTION)
         notes.append(note)
     for split, size in (("train", train_size), ("dev", dev_size)):
         # Only sentence labels can be stratified by; token-classification sentences are sampled at random.
@@ -46,13 +46,14 @@ def finish(loaded: Loaded, *, train_size: int | None, dev_size: int | None, seed
                   max_length=loaded.max_length)
 
 
-def _carve_dev(train: datasets.Dataset, dev_size: int | None, seed: int, label_names: tuple[str, ...], where: str):
+def _carve_dev(train: datasets.Dataset, dev_size: int | None, seed: int, label_names: tuple[str, ...], where: str,
+               fraction: float):
     """Dev carved from train, stratified by class when ``label_names`` are given (classification).
 
     A class with a single example cannot be stratified (it cannot be in both parts): that is an error naming the
     class, rather than a silent unstratified carve that could leave the class out of train or dev."""
     stratify = bool(label_names)
-    size = max(dev_size or 0, round(DEV_FRACTION * len(train)), 1)
+    size = max(dev_size or 0, round(fraction * len(train)), 1)
     if stratify:
         counts = np.bincount(np.asarray(train["label"]), minlength=len(label_names))
         if single := [name for name, count in zip(label_names, counts) if count == 1]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from layertune.corpora.conll import CONLL_SUFFIXES, is_conll_file
 from layertune.corpora.registry import GLUE_CONFIGS, TASKS, TaskSpec
-from layertune.errors import choices_hint, unknown_choice
+from layertune.errors import CorpusArgumentError, choices_hint, unknown_choice
 
 if TYPE_CHECKING:
     import datasets
@@ -45,11 +45,11 @@ def _task_key(name: str) -> str:
     return str(name).lower().replace("-", "").replace("_", "")
 
 
-def is_registry_name(name: object) -> bool:
-    """True for a registry task, ``glue`` (with a config) or a registry task's hub id."""
+def is_registry_name(name: object, hub: bool = True) -> bool:
+    """True for a registry task, ``glue`` (with a config) or (``hub``) a registry task's hub id."""
     if not isinstance(name, str):
         return False
-    return _task_key(name) in (*TASKS, "glue") or name in {spec.hub_path for spec in TASKS.values()}
+    return _task_key(name) in (*TASKS, "glue") or hub and name in {spec.hub_path for spec in TASKS.values()}
 
 
 def resolve_task(name: str, config: str | None) -> TaskSpec | None:
@@ -132,22 +132,38 @@ def fetch_task(spec: TaskSpec, mirror: Path | None) -> dict[str, datasets.Datase
     return {split: hub[hub_split] for split, hub_split in spec.hub_splits.items()}
 
 
-def fetch_dataset(name: str, config: str | None) -> dict[str, datasets.Dataset]:
-    """Every split of hub dataset ``name`` (``config``), under the hub's split names."""
+def fetch_dataset(name: str, config: str | None, revision: str | None = None) -> dict[str, datasets.Dataset]:
+    """Every split of hub dataset ``name`` (``config``, at ``revision``), under the hub's split names."""
     import datasets
 
     try:
         if config is not None:
-            configs = datasets.get_dataset_config_names(name)
+            configs = datasets.get_dataset_config_names(name, revision=revision)
             if config not in configs:
-                raise unknown_choice(f"{name} config", config, configs)
-        hub = datasets.load_dataset(name, config)
+                raise CorpusArgumentError("config", str(unknown_choice(f"{name} config", config, configs)))
+        hub = datasets.load_dataset(name, config, revision=revision)
     except OSError as err:
         raise DataUnavailableError(
             f"Could not load {name!r} from the Hugging Face hub: {type(err).__name__}: {err}. Offline, download "
             f"it elsewhere and pass the files: load_corpus({name!r}, data_files={{'train': ..., 'dev': ...}})."
         ) from err
     return dict(hub)
+
+
+def chosen_splits(splits: Mapping[str, datasets.Dataset], chosen: Mapping[str, str], what: str) -> tuple[dict,
+                                                                                                      list[str]]:
+    """``{ours: splits[theirs]}`` for ``chosen`` = ``{ours: theirs}`` (ours: train, dev, test)."""
+    for ours, theirs in chosen.items():
+        if ours not in ("train", "dev", "test"):
+            raise CorpusArgumentError("splits", str(unknown_choice("split", ours, ("train", "dev", "test"))))
+        if theirs not in splits:
+            raise CorpusArgumentError("splits", f"{what} has no split {theirs!r} (given for {ours}); its splits are "
+                                      f"{', '.join(splits)}.")
+    if "train" not in chosen:
+        raise CorpusArgumentError("splits", f"splits must name the train split of {what}; its splits are "
+                                  f"{', '.join(splits)}.")
+    unused = [f"Split {name!r} of {what} is not used." for name in splits if name not in chosen.values()]
+    return {ours: splits[theirs] for ours, theirs in chosen.items()}, unused
 
 
 def canonical_splits(splits: Mapping[str, datasets.Dataset], what: str) -> tuple[dict, list[str]]:

@@ -181,7 +181,7 @@ def setup_text(results: StudyResults) -> str:
     training = spec.training
     return (
         "## Setup\n\n"
-        f"- Data: {sizes}.\n"
+        f"- Data: {sizes}.\n" + "".join(dataset_lines(results)) +
         f"- Encoders: {encoders}; pooling {spec.encoder.pooling}; a {spec.head.head} head.\n"
         f"- Training: {training.epochs} epoch(s), batch {training.batch_size}, learning rate "
         f"{training.learning_rate:g} (head {training.head_learning_rate or training.learning_rate:g})"
@@ -199,6 +199,22 @@ def setup_text(results: StudyResults) -> str:
         + (" Dev also picks the best epoch, so scores are slightly optimistic." if training.eval_strategy == "epoch"
            else " Dev is scored once, after the last epoch.") + "\n"
     )
+
+
+def dataset_lines(results: StudyResults) -> list[str]:
+    """For each task that is not a built-in one: where its data came from (a hub dataset with its commit), and
+    what loading it found or decided (task type inferred or given, classes, metric, a carved dev split)."""
+    lines = []
+    for task, dataset in results.plan.spec.tasks.items():
+        if dataset.task is not None:
+            continue
+        corpus = results.corpora[task]()
+        where = f"Hugging Face dataset {dataset.hub}" + (f" ({dataset.config})" if dataset.config else "") + \
+            f" at commit {dataset.revision}" if dataset.hub else f"local files {dataset.path}"
+        found = [note for note in corpus.notes if not note.startswith("Loaded from")]
+        metric = f"Scored by {corpus.main_metric}" + ("" if dataset.metric else " (the task type's default)") + "."
+        lines.append(f"- `{task}`: {where}. " + " ".join([*found, metric]) + "\n")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------- figures

@@ -1,0 +1,124 @@
+"""A model's layer count and longest input come from its own config: a local folder, a packaged model, the model
+mirror, or the hub's config.json alone (never weights); a model found nowhere is one message saying what was tried
+and how to fix it. The pipeline resolves models through params.yaml's download.model_mirror unless
+$LAYERTUNE_MODEL_MIRROR is set."""
+
+import json
+import re
+import shutil
+
+import pytest
+from click import ClickException
+
+from layertune.model_paths import (
+    MODEL_MIRROR_ENV,
+    ModelConfigError,
+    model_config,
+    model_fingerprint,
+    model_layers,
+    model_max_length,
+)
+from layertune.testing import make_tiny_model
+from tests.projects import make_project, run, study
+
+
+def write_config(folder, **config):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_hub_model_is_read_from_its_config_json_alone(fake_hub, monkeypatch):
+    monkeypatch.delenv(MODEL_MIRROR_ENV, raising=False)
+    assert model_layers("bert-base-cased") == 12
+    assert model_max_length("bert-base-cased") == 512
+    assert model_layers("google/electra-base-discriminator") == 12
+    assert model_max_length("roberta-base") == 514  # its positions: the hub has no tokenizer_config.json for it
+    assert {file for _, file, _ in fake_hub.asked} == {"config.json", "tokenizer_config.json"}  # never weights
+    assert [asked for asked in fake_hub.asked if asked[0] == "bert-base-cased"] == [
+        ("bert-base-cased", "config.json", None), ("bert-base-cased", "tokenizer_config.json", None)]  # once
+
+
+def test_a_hub_model_is_read_at_its_revision_with_its_tokenizer_limit(fake_hub, tmp_path, monkeypatch):
+    monkeypatch.delenv(MODEL_MIRROR_ENV, raising=False)
+    fake_hub.root = tmp_path
+    folder = write_config(tmp_path / "someone" / "encoder", model_type="bert", num_hidden_layers=7,
+                          max_position_embeddings=1024)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
+    assert model_layers("someone/encoder", revision="abc123") == 7
+    assert model_max_length("someone/encoder", revision="abc123") == 256  # the tokenizer's limit is the smaller
+    assert fake_hub.asked == [("someone/encoder", "config.json", "abc123"),
+                              ("someone/encoder", "tokenizer_config.json", "abc123")]
+
+
+def test_a_model_found_nowhere_names_where_what_was_tried_and_the_fix(fake_hub, tmp_path, monkeypatch):
+    mirror = tmp_path / "models"
+    write_config(mirror / "paraphrase-MiniLM-L3-v2", num_hidden_layers=3)
+    monkeypatch.setenv(MODEL_MIRROR_ENV, str(mirror))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelConfigError) as raised:
+        model_layers("sentence-transformers/paraphrase-MiniLM-L3", where="studies.s.encoders.para")
+    message = str(raised.value)
+    assert message.startswith("studies.s.encoders.para: unknown model 'sentence-transformers/paraphrase-MiniLM-L3': "
+                              "found nowhere. Tried: a local folder")
+    assert "sentence-transformers/all-MiniLM-L6-v2" in message  # the packaged models
+    assert (f"the model mirror ${MODEL_MIRROR_ENV}='{mirror}' has no sentence-transformers/paraphrase-MiniLM-L3/"
+            "config.json or paraphrase-MiniLM-L3/config.json") in message
+    assert "the Hugging Face hub (HF_HUB_OFFLINE is set and the Hugging Face cache does not hold it" in message
+    assert re.search(r"Did you mean [^?]*'paraphrase-MiniLM-L3-v2'\?", message)  # what the mirror holds
+    assert "download.model_mirror in params.yaml, or $LAYERTUNE_MODEL_MIRROR" in message
+    assert "local model folder" in message
+
+
+def test_a_mirrored_model_is_read_from_the_mirror_not_the_hub(fake_hub, tmp_path, monkeypatch):
+    make_tiny_model(tmp_path / "mirror" / "tiny-encoder", "distilbert")
+    monkeypatch.setenv(MODEL_MIRROR_ENV, str(tmp_path / "mirror"))
+    assert model_layers("someone/tiny-encoder") == 4  # by its hub id's last part; DistilBERT counts n_layers
+    assert model_config("tiny-encoder")["model_type"] == "distilbert"
+    assert model_max_length("tiny-encoder", revision="ignored-here") == 128
+    assert fake_hub.asked == []
+
+
+def test_a_folder_without_config_json_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelConfigError, match=r"^model: model folder '.*empty' has no config\.json"):
+        model_layers(str(tmp_path / "empty"))
+
+
+# ----------------------------------------------------------------------------- the pipeline: download.model_mirror
+
+
+def mirror_project(folder, model_mirror):
+    """A project whose study names its model by a bare name, found only in a model mirror."""
+    return make_project(folder, {"download": {"mirror": "mirror", "model_mirror": model_mirror},
+                                 "studies": {"s": study("layers", ["sst2"], {"tiny": "tiny-a"}, [1], [1])}})
+
+
+def planned_fingerprint(project):
+    return json.loads((project / "data/00_plan/s/tokenize.json").read_text())["fingerprints"]
+
+
+def test_the_plan_resolves_models_through_download_model_mirror(tmp_path, monkeypatch, fake_hub):
+    monkeypatch.delenv(MODEL_MIRROR_ENV, raising=False)
+    project = mirror_project(tmp_path / "project", "models")  # relative to the project folder
+    run(project, "plan")
+    assert planned_fingerprint(project) == [model_fingerprint(str(project / "models" / "tiny-a"))]
+    assert fake_hub.asked == []
+
+
+def test_the_environment_variable_wins_over_download_model_mirror(tmp_path, monkeypatch, fake_hub):
+    project = mirror_project(tmp_path / "project", "models")
+    other = make_tiny_model(tmp_path / "elsewhere" / "tiny-a", "bert", seed=5)  # same name, other weights
+    monkeypatch.setenv(MODEL_MIRROR_ENV, str(other.parent))
+    run(project, "plan")
+    assert planned_fingerprint(project) == [model_fingerprint(str(other))]
+    assert planned_fingerprint(project) != [model_fingerprint(str(project / "models" / "tiny-a"))]
+
+
+def test_a_model_mirror_that_is_not_a_folder_is_one_message(tmp_path, monkeypatch):
+    monkeypatch.delenv(MODEL_MIRROR_ENV, raising=False)
+    project = mirror_project(tmp_path / "project", "../no-such-models")
+    shutil.rmtree(project / "models")
+    with pytest.raises(ClickException, match=r"^download\.model_mirror: '\.\./no-such-models' is not a folder "):
+        run(project, "plan")
+    assert not (project / "data" / "00_plan").exists()
