@@ -21,29 +21,38 @@ import yaml
 
 BEGIN = "  # >>> train stages: written by `python -m pipelines.dvc_stages` from params.yaml's studies; do not edit"
 END = "  # <<< end of the train stages"
+# {axis}: the grid's third axis, `tunable_layers` or (a study of tuning methods) `methods` (`StudySpec.grid_axis`).
 BLOCK = """\
   train-{study}:
     matrix:
       task: ${{studies.{study}.tasks}}
       encoder: ${{studies.{study}.encoders}}
-      tunable_layers: ${{studies.{study}.tunable_layers}}
+      {item}: ${{studies.{study}.{axis}}}
       seed: ${{studies.{study}.seeds}}
     cmd: ${{run}} train --params study={study},cell=${{key}}
     deps:
       - data/00_plan/{study}/cells/${{key}}.json
       - data/00_plan/code/train.json
       - data/02_prepared/{study}/${{item.task}}
-      - data/03_features/{study}/${{item.task}}-${{item.encoder}}-${{item.tunable_layers}}.json
+      - data/03_features/{study}/${{item.task}}-${{item.encoder}}-${{item.{item}}}.json
     outs:
       - data/04_models/{study}/${{key}}
 """
 
 
-def train_blocks(studies: list[str]) -> str:
-    return "\n".join(BLOCK.format(study=study) for study in studies)
+def train_blocks(studies: dict[str, str]) -> str:
+    """One block per study, ``studies``: {name: its grid axis}."""
+    return "\n".join(BLOCK.format(study=study, axis=axis, item={"methods": "method"}.get(axis, axis))
+                      for study, axis in studies.items())
 
 
-def written(dvc_yaml: str, studies: list[str]) -> str:
+def grid_axes(params: dict) -> dict[str, str]:
+    """Each study's grid axis as params.yaml writes it: ``methods`` where a study has them, else tunable_layers."""
+    return {name: "methods" if isinstance(study, dict) and study.get("methods") is not None else "tunable_layers"
+            for name, study in (params.get("studies") or {}).items()}
+
+
+def written(dvc_yaml: str, studies: dict[str, str]) -> str:
     """``dvc_yaml`` with the text between the markers replaced by one train block per study."""
     try:
         start, end = dvc_yaml.index(BEGIN + "\n") + len(BEGIN) + 1, dvc_yaml.index(END)
@@ -58,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check that dvc.yaml is up to date")
     parser.add_argument("--project", type=Path, default=Path("."), help="the project folder (default: here)")
     args = parser.parse_args(argv)
-    studies = list((yaml.safe_load((args.project / "params.yaml").read_text()) or {}).get("studies") or {})
+    studies = grid_axes(yaml.safe_load((args.project / "params.yaml").read_text()) or {})
     path = args.project / "dvc.yaml"
     current = path.read_text()
     wanted = written(current, studies)

@@ -58,10 +58,10 @@ class StudyParams(Spec):
                     where = f"studies.{study_name}.encoders.{member}"
                     revision = (single if "revision" in single.model_fields_set else study.encoder).revision
                     limit = model_layers(single.model, where=where, revision=revision)
-                    for position, k in enumerate(study.tunable_layers):
+                    for key, k in _layer_keys(study):
                         if k != "all" and k > limit:
                             raise ParamsError(
-                                f"studies.{study_name}.tunable_layers[{position}]: {k} is out of range: encoder "
+                                f"studies.{study_name}.{key}: {k} is out of range: encoder "
                                 f"{member!r} ({single.model}) has {limit} layers, so tunable layers go from 0 to "
                                 f"{limit} (or 'all').")
                     longest = model_max_length(single.model, where=where, revision=revision)
@@ -71,6 +71,13 @@ class StudyParams(Spec):
                             f"encoder {member!r} ({single.model}) takes: at most {longest} tokens (its config's "
                             "max_position_embeddings and its tokenizer's model_max_length).")
         return self
+
+
+def _layer_keys(study: StudySpec) -> list[tuple[str, int | str]]:
+    """Each number of tunable layers of the study with its key: tunable_layers[i], or methods.<name>.tunable_layers."""
+    if study.methods is None:
+        return [(f"tunable_layers[{i}]", k) for i, k in enumerate(study.tunable_layers)]
+    return [(f"methods.{name}.tunable_layers", setting.tunable_layers) for name, setting in study.methods.items()]
 
 
 # --------------------------------------------------------------------------------------------------- validation

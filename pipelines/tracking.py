@@ -571,9 +571,15 @@ def cell_params(cell) -> dict[str, Any]:
     encoders = [encoder.model_dump() for encoder in spec.encoders]
     per_encoder = {key: [e[key] for e in encoders] if len(encoders) > 1 else encoders[0][key] for key in encoders[0]}
     corpus = spec.corpus.model_dump()
+    # The tuning method as its name and one param per setting (method_r, method_alpha, ...): comparable in the UI.
+    methods = [encoder.method for encoder in spec.encoders]
+    method = {"method": methods[0].name} | {f"method_{k}": v for k, v in methods[0].model_dump(exclude={"name"}).items()}
+    per_encoder.pop("method")
     return {
         "study": cell.study, "task": cell.task, "encoder": cell.encoder, "tunable_layers": cell.tunable_layers,
         "seed": cell.seed, "models": per_encoder.pop("model"), "combine": spec.combine and spec.combine.method,
+        **({"method_setting": cell.method} if cell.method is not None else {}), **method,
+        **({"dataset": spec.corpus.source} if spec.corpus.task is None else {}),
         **{k: v for k, v in per_encoder.items() if k != "tunable_layers"},
         "train_size": corpus["train_size"], "dev_size": corpus["dev_size"], "data_seed": corpus["seed"],
         "balanced": corpus["balanced"], **spec.head.model_dump(),

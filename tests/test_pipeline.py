@@ -21,6 +21,11 @@ PARAMS = {
                       per_tunable_layers={0: {"head_learning_rate": 3.0e-3}}),
         "combo": study("encoders", ["sst2"], {"a": "models/tiny-a", "b": "models/tiny-b",
                                               "dme": {"combine": "dme", "members": ["a", "b"]}}, [1], [1]),
+        "tuning": {**study("methods", ["sst2"], {"tiny": "models/tiny-a"}, None, [1, 2]), "tunable_layers": None,
+                   "methods": {"top_k-0": {"tunable_layers": 0}, "top_k-all": {"tunable_layers": "all"},
+                               "lora-top1": {"method": {"name": "lora", "r": 2}, "tunable_layers": 1,
+                                             "learning_rate": 3.0e-3},
+                               "bitfit": {"method": "bitfit", "tunable_layers": "all", "learning_rate": 3.0e-3}}},
     },
 }
 
@@ -79,6 +84,10 @@ def test_one_finished_mlflow_run_per_cell_with_params_history_and_model(built):
             run = runs[cell.key]
             assert run.info.status == "FINISHED"
             assert run.data.params["tunable_layers"] == str(cell.tunable_layers)
+            assert run.data.params["method"] == cell.spec.encoders[0].method.name
+            if cell.method is not None:  # a methods study: the setting's name and the method's own settings
+                assert run.data.params["method_setting"] == cell.method
+                assert run.data.params.get("method_r") == ("2" if cell.method == "lora-top1" else None)
             assert run.data.params["seed"] == str(cell.seed) and run.data.params["study"] == name
             history = client.get_metric_history(run.info.run_id, "eval_loss")
             assert [m.step for m in history] == [1, 2]
@@ -86,7 +95,7 @@ def test_one_finished_mlflow_run_per_cell_with_params_history_and_model(built):
             assert run.data.tags["dvc_stage"] == dvc_stage(cell)
 
 
-def test_reports_of_all_three_kinds(built):
+def test_reports_of_all_four_kinds(built):
     project, _ = built
     layers = json.loads((project / "reports/layers.json").read_text())
     assert set(layers["sst2"]["tiny"]) == {"recommended_layers", "best_layers", "best_score", "mean"}
@@ -108,6 +117,22 @@ def test_reports_of_all_three_kinds(built):
     assert set(headline["verdict"]) == {"dme", *({"a", "b"} - {headline["reference"]})}
     details = json.loads((project / "reports/combo/details.json").read_text())["sst2"]["1"]
     assert {name: c["verdict"] for name, c in details["versus_reference"].items()} == headline["verdict"]
+    tuning = json.loads((project / "reports/tuning/details.json").read_text())["sst2"]["tiny"]
+    methods = {"top_k-0", "top_k-all", "lora-top1", "bitfit"}
+    assert set(tuning["mean"]) == set(tuning["trainable_parameters"]) == set(tuning["within_tolerance"]) == methods
+    parameters = tuning["trainable_parameters"]
+    assert parameters["top_k-0"] < parameters["lora-top1"] < parameters["top_k-all"]
+    assert parameters["top_k-0"] < parameters["bitfit"] < parameters["top_k-all"]
+    assert tuning["best_method"] in methods and tuning["within_tolerance"][tuning["best_method"]] == "yes"
+    cheapest = tuning["cheapest_by_trainable_parameters"]
+    assert cheapest in methods or tuning["undecided_by_trainable_parameters"]
+    markdown = (project / "reports/tuning.md").read_text()
+    assert "| method | what trains | trainable parameters |" in markdown and "lora (r 2, alpha 16.0" in markdown
+    assert "Cheapest method within tolerance, by trainable parameters:" in markdown
+    for figure in ("score_vs_trainable_parameters", "score_vs_train_time_s"):
+        assert (project / f"reports/tuning/figures/{figure}.png").stat().st_size > 1000
+    assert set(json.loads((project / "reports/tuning.json").read_text())["sst2"]["tiny"]) == {
+        "cheapest_by_trainable_parameters", "best_method", "best_score", "mean"}
 
 
 def test_a_saved_multi_encoder_predicts_with_attention(built, monkeypatch):
@@ -142,7 +167,7 @@ def test_an_unknown_study_or_cell_is_one_message_naming_the_planned_ones(built):
 
     project, _ = built
     with pytest.raises(ClickException, match=r"^unknown study 'nope' \(--params study=<name>\); studies: combo, "
-                                             r"layers, tags \(those of the last plan"):
+                                             r"layers, tags, tuning \(those of the last plan"):
         run(project, "prepare", study="nope")
     with pytest.raises(ClickException, match=r"^study 'layers' has no cell 'sst2-tiny-9-1' .* Valid choices: "
                                              r"sst2-tiny-0-1, sst2-tiny-0-2, sst2-tiny-2-1, sst2-tiny-2-2\.$"):

@@ -43,7 +43,7 @@ def edited(params: dict, path: str, value) -> dict:
 
 def test_params_yaml_is_valid(params):
     checked = validate_params(params)
-    assert set(checked.studies) == {"ablation", "ner", "multi_encoder"}
+    assert set(checked.studies) == {"ablation", "ner", "multi_encoder", "methods"}
     assert all(len(study.seeds) >= 2 for study in checked.studies.values())  # every default study has seeds
 
 
@@ -54,7 +54,7 @@ def test_every_profile_validates(params, profile, fake_hub):  # GPU profiles nam
 
 def test_ci_profile_is_small(params):
     plan = plan_studies(apply_overrides(params, load_profile("ci", ROOT)))
-    assert len(plan.cells()) <= 8
+    assert len(plan.cells()) <= 11
 
 
 @pytest.mark.parametrize(
@@ -94,6 +94,20 @@ def test_ci_profile_is_small(params):
          r"per_tunable_layers.0.learning_rate: Value error, learning rates must be positive|learning rates must be"),
         ("studies.ablation.training.seed", 3, "studies.ablation.training.seed: each cell's seed comes from"),
         ("studies.ablation.data.train_size", 0, r"studies.ablation.data.train_size: Input should be greater than 0"),
+        # a study of tuning methods: each setting names its method and layers
+        ("studies.methods.methods.lora-top2.tunable_layers", 9,
+         r"studies.methods.methods.lora-top2.tunable_layers: 9 is out of range: encoder 'all-MiniLM-L6-v2'"),
+        ("studies.methods.methods.lora-top2.tunable_layers", 0,
+         r"studies.methods.methods.lora-top2: .*tunable_layers=0 with method 'lora'.*method 'top_k' with "
+         r"tunable_layers=0 to train the head alone"),
+        ("studies.methods.methods.lora-all.method", {"name": "lora", "r": 0},
+         r"studies.methods.methods.lora-all.method.r: Input should be greater than 0"),
+        ("studies.methods.methods.lora-all.method", {"name": "lorra"}, r"lorra.*Did you mean 'lora'"),
+        ("studies.methods.tunable_layers", [0, 2], r"studies.methods: .*give tunable_layers .* or methods .*not both"),
+        ("studies.methods.encoders.all-MiniLM-L6-v2", {"model": "sentence-transformers/all-MiniLM-L6-v2",
+                                                       "method": "lora"},
+         r"encoders.all-MiniLM-L6-v2.method: the study's methods axis sets each cell's method"),
+        ("studies.methods.methods.Lora", {"tunable_layers": 2}, r"methods: 'Lora': 'Lora' is not a valid name"),
     ],
 )
 def test_bad_values_are_named_by_their_key(params, path, value, message):
@@ -193,7 +207,7 @@ def test_cells_are_the_grid_named_like_dvc(params):
     plan = plan_studies(params)
     for name, study in plan.studies.items():
         spec = study.spec
-        assert len(study.cells) == len(spec.tasks) * len(spec.encoders) * len(spec.tunable_layers) * len(spec.seeds)
+        assert len(study.cells) == len(spec.tasks) * len(spec.encoders) * len(spec.grid_settings) * len(spec.seeds)
     cell = plan.studies["multi_encoder"].cells[-1]
     assert cell.key == "sst2-dme-2-1" and dvc_stage(cell) == "train-multi_encoder@sst2-dme-2-1"
     assert [e.model for e in cell.spec.encoders] == ["sentence-transformers/all-MiniLM-L6-v2",
@@ -358,3 +372,36 @@ def test_an_encoder_entry_takes_its_tunable_layers_from_the_grid_and_reads_back_
     study["encoders"]["mean"]["tunable_layers"] = 2
     with pytest.raises(ValueError, match="encoders.mean.tunable_layers: an encoder's tunable layers come from"):
         StudySpec.model_validate(study)
+
+
+def test_a_methods_study_keys_its_cells_by_method_and_shares_top_k_states(params):
+    from pipelines.dvc_stages import grid_axes, train_blocks
+
+    plan = plan_studies(params)
+    cells = {cell.key: cell for cell in plan.studies["methods"].cells}
+    lora = cells["sst2-all-MiniLM-L6-v2-lora-top2-1"]
+    assert (lora.method, lora.tunable_layers, lora.spec.encoders[0].method.name) == ("lora-top2", 2, "lora")
+    assert lora.spec.training_config().learning_rate == 3.0e-3  # the setting's own rate for the encoder
+    assert cells["sst2-all-MiniLM-L6-v2-top_k-2-1"].spec.training_config().learning_rate == 1.0e-4
+    assert len(cells) == len(params["studies"]["methods"]["methods"]) * 2
+    features = plan.features["methods"]
+    assert len(features.models) == 1 and features.boundaries == [[4, 6]]  # LoRA on the top 2 reads top-2's states
+    assert features.settings["sst2-all-MiniLM-L6-v2-lora-top2"].boundaries == [4]
+    assert features.settings["sst2-all-MiniLM-L6-v2-lora-all"].boundaries == [None]  # every layer adapted
+    assert grid_axes(params)["methods"] == "methods" and grid_axes(params)["ablation"] == "tunable_layers"
+    block = train_blocks({"methods": "methods"})
+    assert "method: ${studies.methods.methods}" in block and "${item.task}-${item.encoder}-${item.method}.json" in block
+
+
+def test_the_cheapest_method_within_tolerance_or_cannot_decide():
+    from layertune.reports.methods import MethodRow, cheapest
+    from layertune.statistics import Comparison
+
+    def row(name, parameters, verdict):
+        setting = type("S", (), {"tunable_layers": name})()
+        return MethodRow(setting, parameters, 1.0, 1.0, Comparison(0.0, 0.0, 0.0, verdict))
+
+    rows = [row("full", 100, "yes"), row("lora", 10, "yes"), row("head", 1, "no")]
+    assert cheapest(rows, "trainable_parameters") == ("lora", [])
+    rows = [row("full", 100, "yes"), row("lora", 10, "yes"), row("bitfit", 5, "undecided"), row("head", 1, "no")]
+    assert cheapest(rows, "trainable_parameters") == (None, ["bitfit", "lora"])

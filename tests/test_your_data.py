@@ -240,7 +240,6 @@ def test_a_study_of_your_own_data_through_dvc_repro(tmp_path):
     shutil.copytree(resolve_model_path("paraphrase-MiniLM-L3-v2"), project / "models" / "my-encoder")
     write_examples(project / "data" / "user", rows=300)
     env = {**os.environ, **project_env(project), "LAYERTUNE_WARM": "0"}
-    subprocess.run([sys.executable, "-m", "pipelines.dvc_stages"], cwd=project, env=env, check=True)
 
     def repro() -> list[str]:
         done = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True)

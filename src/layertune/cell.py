@@ -141,13 +141,17 @@ class DatasetSpec(Spec):
             arguments = {"name": self.hub, "config": self.config, "revision": self.revision, "splits": self.splits,
                          **reading}
         try:
-            return load_corpus(**arguments, **sample)
+            corpus = load_corpus(**arguments, **sample)
         except CorpusArgumentError as error:
             field = {"text_columns": "text", "label_column": "label", "data_files": "path"}.get(error.argument,
                                                                                                 error.argument)
             raise CorpusArgumentError(field, str(error)) from None
         except FileNotFoundError as error:
             raise CorpusArgumentError("splits" if self.splits else "path", str(error)) from None
+        if files is not None:  # where the copies lie differs between machines; what they are copies of does not
+            corpus.notes = [f"Read from a download of {self.source}.",
+                            *(note for note in corpus.notes if not note.startswith("Loaded from"))]
+        return corpus
 
     def fetch(self) -> dict[str, datasets.Dataset]:
         """A hub dataset's splits as the hub has them (columns unchanged), under our split names (train, dev,

@@ -14,6 +14,18 @@ Every study has the same shape::
       training: {learning_rate: 2.0e-4, ...}       # TrainingConfig (the seed comes from seeds)
       per_tunable_layers: {0: {head_learning_rate: 3.0e-3}}   # training overrides for one K
 
+A study of *what* to tune has ``methods`` in place of ``tunable_layers``: named settings, each a tuning method
+(`layertune.tuning_methods`) and the layers it applies to, since not every method fits every K (LoRA on no layer is
+nothing) and DVC's matrix is a full product::
+
+      methods:
+        top_k-0: {tunable_layers: 0}                       # the head alone
+        top_k-all: {tunable_layers: all}                   # full fine-tuning
+        lora-top2: {method: {name: lora, r: 8}, tunable_layers: 2, learning_rate: 3.0e-3}
+        bitfit: {method: bitfit, tunable_layers: all}
+
+Its cells are task × encoder × method × seed, keyed ``<task>-<encoder>-<method>-<seed>``.
+
 A task is a built-in task (``tasks: [sst2, stsb]``), or any dataset described in place, in a mapping from the name
 its cells, stages and report sections get to a `DatasetSpec` (``null``: the built-in task of that name)::
 
@@ -45,6 +57,7 @@ from pydantic import (
     Discriminator,
     Field,
     NonNegativeFloat,
+    PositiveFloat,
     PositiveInt,
     Tag,
     ValidationError,
@@ -69,6 +82,7 @@ from layertune.cell import (
 from layertune.errors import choices_hint, describe_validation_error
 from layertune.model_paths import model_fingerprint
 from layertune.training_config import TrainingConfig
+from layertune.tuning_methods import TopK, TuningMethod
 
 # Names of studies, encoders and tasks name folders and DVC stages, and reach Kedro as `--params study=<name>`,
 # which reads each value as YAML: so a letter first (never a number: `01` would arrive as 1), no dots (DVC reads
@@ -116,7 +130,7 @@ def layers_order(values: Iterable[TunableLayers]) -> list[TunableLayers]:
 
 
 # The report functions of `layertune.reports.REPORTS` (named here too: checking params.yaml imports no reports).
-ReportKind = Literal["layers", "ner", "encoders"]
+ReportKind = Literal["layers", "ner", "encoders", "methods"]
 
 
 class ReportSpec(Spec):
@@ -128,6 +142,23 @@ class ReportSpec(Spec):
     confidence: float = Field(0.95, gt=0.5, lt=1, description="of the intervals and tests")
     resamples: PositiveInt = Field(1000, description="bootstrap resamples of dev examples and seeds")
     examples: int = Field(5, ge=0, description="dev examples shown one by one (dme attention, tagged sentences)")
+
+
+class MethodSetting(Spec):
+    """One setting of a study's ``methods`` axis: a tuning method and the layers it applies to."""
+
+    method: TuningMethod = TopK()
+    tunable_layers: TunableLayers
+    learning_rate: PositiveFloat | None = Field(None, description="the encoder's rate with this method (adapters "
+                                                                  "and biases learn at larger rates than whole "
+                                                                  "layers); null: training.learning_rate")
+
+    @model_validator(mode="after")
+    def _fits(self) -> MethodSetting:
+        if self.tunable_layers != "all" and self.tunable_layers < 0:
+            raise ValueError(f"tunable_layers must be 'all' or an int >= 0; got {self.tunable_layers}")
+        self.method.check_tunable_layers(self.tunable_layers)
+        return self
 
 
 class CombinedEncoder(Spec):
@@ -165,7 +196,9 @@ class StudySpec(Spec):
     tasks: dict[str, DatasetSpec] = Field(min_length=1, description="name → DatasetSpec; a list names built-in "
                                                                     "tasks")
     encoders: dict[str, EncoderEntry] = Field(min_length=1)
-    tunable_layers: list[TunableLayers] = Field(min_length=1)
+    tunable_layers: list[TunableLayers] | None = Field(None, min_length=1)
+    methods: dict[str, MethodSetting] | None = Field(None, min_length=1, description="in place of tunable_layers: "
+                                                     "named (method, tunable layers) settings")
     seeds: list[Seed] = Field(min_length=1)
     data: SampleSpec = SampleSpec()
     encoder: EncoderSettings = EncoderSettings()
@@ -204,16 +237,18 @@ class StudySpec(Spec):
     @field_serializer("encoders")
     def _entries_without_tunable_layers(self, encoders: dict) -> dict:
         # An entry's tunable layers come from the grid: written back without them, so the entry reads back as given.
-        return {name: entry.model_dump(exclude={"tunable_layers"}) if isinstance(entry, EncoderSpec)
+        # Only the keys given: a default written back would read as set (a methods study refuses an entry's method).
+        return {name: entry.model_dump(include=entry.model_fields_set - {"tunable_layers"})
+                if isinstance(entry, EncoderSpec)
                 else entry if isinstance(entry, str) else entry.model_dump() for name, entry in encoders.items()}
 
     @field_validator("tunable_layers")
     @classmethod
-    def _layers(cls, values: list) -> list:
-        for value in values:
+    def _layers(cls, values: list | None) -> list | None:
+        for value in values or ():
             if value != "all" and value < 0:
                 raise ValueError(f"tunable layers must be 'all' or an int >= 0; got {value}")
-        return _unique(values, "tunable_layers")
+        return values if values is None else _unique(values, "tunable_layers")
 
     @field_validator("seeds")
     @classmethod
@@ -228,8 +263,36 @@ class StudySpec(Spec):
             return {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in overrides.items()}
         return overrides
 
+    @property
+    def grid_axis(self) -> Literal["tunable_layers", "methods"]:
+        """The grid's third axis: numbers of tunable layers, or named methods."""
+        return "tunable_layers" if self.methods is None else "methods"
+
+    @property
+    def grid_settings(self) -> list[tuple[str | None, TunableLayers]]:
+        """The third axis as (method setting name or None, tunable layers), in order."""
+        if self.methods is None:
+            return [(None, k) for k in self.tunable_layers]
+        return [(name, setting.tunable_layers) for name, setting in self.methods.items()]
+
+    @property
+    def layer_values(self) -> list[TunableLayers]:
+        """Every number of tunable layers a cell of the study trains."""
+        return list(dict.fromkeys(k for _, k in self.grid_settings))
+
     @model_validator(mode="after")
     def _consistent(self) -> StudySpec:
+        if (self.tunable_layers is None) == (self.methods is None):
+            raise ValueError("give tunable_layers (how many top layers to tune) or methods (named tuning methods, "
+                             "each with its tunable layers), not both" + (" and not neither" if self.methods is None
+                                                                          else ""))
+        if self.methods is not None:
+            if problems := [f"{name!r}: {problem}" for name in self.methods if (problem := name_problem(name))]:
+                raise ValueError(f"methods: {'; '.join(problems)}")
+            if own := [name for name, entry in self.encoders.items()
+                       if isinstance(entry, EncoderSpec) and "method" in entry.model_fields_set]:
+                raise ValueError(f"encoders.{own[0]}.method: the study's methods axis sets each cell's method; "
+                                 "remove this key")
         for name, entry in self.encoders.items():
             if isinstance(entry, CombinedEncoder):
                 for member in entry.members:
@@ -238,12 +301,13 @@ class StudySpec(Spec):
                         raise ValueError(f"encoders.{name}.members: {member!r} is not a single encoder of this "
                                          f"study.{choices_hint(member, single)}")
         for k, overrides in self.per_tunable_layers.items():
-            if k not in self.tunable_layers:
-                raise ValueError(f"per_tunable_layers has {k!r}, which is not in tunable_layers {self.tunable_layers}")
+            if k not in self.layer_values:
+                raise ValueError(f"per_tunable_layers has {k!r}, which is not in the study's tunable layers "
+                                 f"{self.layer_values}")
             if shared := sorted(set(overrides) & STUDY_WIDE_TRAINING):
                 raise ValueError(f"per_tunable_layers.{k}: {', '.join(shared)} can only be set for the whole study "
                                  "(in training): the tokenized features and cached states are shared by its cells")
-        for k in self.tunable_layers:
+        for k in self.layer_values:
             self.training_for(k, seed=0)  # a bad override fails here, naming its key
         return self
 
@@ -259,11 +323,15 @@ class StudySpec(Spec):
     def _single(entry: str | EncoderSpec) -> EncoderSpec:
         return EncoderSpec(model=entry) if isinstance(entry, str) else entry
 
-    def encoder_specs(self, encoder: str, tunable_layers: TunableLayers) -> list[EncoderSpec]:
+    def encoder_specs(self, encoder: str, tunable_layers: TunableLayers, method: str | None = None
+                      ) -> list[EncoderSpec]:
         """Each language model of ``encoder`` as the cell builds it: the study's ``encoder`` settings, the entry's
-        own, and the grid's tunable layers."""
+        own, the grid's tunable layers and (a methods study) the tuning method of setting ``method``."""
+        setting = None if method is None else self.methods[method]
+        chosen = {} if setting is None else {"method": setting.method} | (
+            {"learning_rate": setting.learning_rate} if setting.learning_rate is not None else {})
         return [EncoderSpec(**{**self.encoder.model_dump(), **single.model_dump(include=single.model_fields_set),
-                               "tunable_layers": tunable_layers})
+                               "tunable_layers": tunable_layers, **chosen})
                 for _, single in self.members(encoder)]
 
     def training_for(self, tunable_layers: TunableLayers, seed: int) -> TrainingConfig:
@@ -279,10 +347,11 @@ class StudySpec(Spec):
         """Task ``task``'s dataset and the study's subsample of it: what each of its cells trains on."""
         return CorpusSpec(**self.tasks[task].model_dump(), **self.data.model_dump())
 
-    def cell_spec(self, task: str, encoder: str, tunable_layers: TunableLayers, seed: int) -> CellSpec:
+    def cell_spec(self, task: str, encoder: str, tunable_layers: TunableLayers, seed: int,
+                  method: str | None = None) -> CellSpec:
         entry = self.encoders[encoder]
         return CellSpec(corpus=self.corpus_spec(task),
-                        encoders=self.encoder_specs(encoder, tunable_layers),
+                        encoders=self.encoder_specs(encoder, tunable_layers, method),
                         combine=entry.combine if isinstance(entry, CombinedEncoder) else None, head=self.head,
                         training=self.training_for(tunable_layers, seed))
 
@@ -303,13 +372,14 @@ class StudyCell(Spec):
     tunable_layers: TunableLayers
     seed: int
     spec: CellSpec
+    method: str | None = Field(None, description="the setting of the study's methods axis (None: a layers grid)")
     model_fingerprints: list[str | None] = Field(
         [], description="per language model of spec.encoders, `model_fingerprint` of the files it starts from")
 
     @property
     def key(self) -> str:
         """The name DVC's matrix gives this cell (its values joined by '-', in the matrix's order)."""
-        return "-".join(str(v) for v in (self.task, self.encoder, self.tunable_layers, self.seed))
+        return "-".join(str(v) for v in (*self.setting, self.seed))
 
     @property
     def path(self) -> str:
@@ -319,12 +389,13 @@ class StudyCell(Spec):
     @property
     def setting_key(self) -> str:
         """``<task>-<encoder>-<tunable_layers>``: the key less the seed, shared by the cells of one setting."""
-        return "-".join(str(v) for v in (self.task, self.encoder, self.tunable_layers))
+        return "-".join(str(v) for v in self.setting)
 
     @property
-    def setting(self) -> tuple[str, str, TunableLayers]:
-        """What the cell measures, seeds aside."""
-        return self.task, self.encoder, self.tunable_layers
+    def setting(self) -> tuple[str, str, TunableLayers | str]:
+        """What the cell measures, seeds aside: task, encoder, and its tunable layers or (a methods study) its
+        method setting's name."""
+        return self.task, self.encoder, self.tunable_layers if self.method is None else self.method
 
 
 class StudyPlan(Spec):
@@ -342,12 +413,12 @@ class StudyPlan(Spec):
 
 
 def study_cells(name: str, study: StudySpec) -> list[StudyCell]:
-    """Every task × encoder × tunable layers × seed, in the order of DVC's matrix."""
+    """Every task × encoder × tunable layers (or method) × seed, in the order of DVC's matrix."""
     fingerprints = {encoder: [model_fingerprint(single.model) for _, single in study.members(encoder)]
                     for encoder in study.encoders}
-    return [StudyCell(study=name, task=task, encoder=encoder, tunable_layers=k, seed=seed,
-                      spec=study.cell_spec(task, encoder, k, seed), model_fingerprints=fingerprints[encoder])
-            for task, encoder, k, seed in itertools.product(study.tasks, study.encoders, study.tunable_layers,
-                                                             study.seeds)]
+    return [StudyCell(study=name, task=task, encoder=encoder, tunable_layers=k, seed=seed, method=method,
+                      spec=study.cell_spec(task, encoder, k, seed, method), model_fingerprints=fingerprints[encoder])
+            for task, encoder, (method, k), seed in itertools.product(study.tasks, study.encoders,
+                                                                       study.grid_settings, study.seeds)]
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from layertune.reports.common import Report, StudyResults
 from layertune.reports.encoders import encoders_report
 from layertune.reports.layers import layers_report
+from layertune.reports.methods import methods_report
 from layertune.reports.ner import ner_report
 
-REPORTS = {"layers": layers_report, "ner": ner_report, "encoders": encoders_report}
+REPORTS = {"layers": layers_report, "ner": ner_report, "encoders": encoders_report, "methods": methods_report}
 
 
 def build_report(results: StudyResults) -> Report:

@@ -211,7 +211,7 @@ def dataset_lines(results: StudyResults) -> list[str]:
         corpus = results.corpora[task]()
         where = f"Hugging Face dataset {dataset.hub}" + (f" ({dataset.config})" if dataset.config else "") + \
             f" at commit {dataset.revision}" if dataset.hub else f"local files {dataset.path}"
-        found = [note for note in corpus.notes if not note.startswith("Loaded from")]
+        found = [note for note in corpus.notes if not note.startswith(("Loaded from", "Read from"))]
         metric = f"Scored by {corpus.main_metric}" + ("" if dataset.metric else " (the task type's default)") + "."
         lines.append(f"- `{task}`: {where}. " + " ".join([*found, metric]) + "\n")
     return lines

@@ -37,6 +37,8 @@ def score_cells(plan: StudyPlan, cells: Mapping[str, CellFolder], corpora: Mappi
         corpus, folder = corpora[cell.task], cells[cell.key]
         row = {"key": cell.key, "task": cell.task, "encoder": cell.encoder,
                "tunable_layers": str(cell.tunable_layers), "seed": cell.seed, "metric": corpus.main_metric}
+        if cell.method is not None:  # a methods study: the method setting beside its layers
+            row = {**row, "method": cell.method}
         for split, predicted in folder.predictions().items():
             scores = compute_metrics(corpus.metrics, predicted["predictions"], predicted["references"])
             row.update({f"{split}_{name}": value for name, value in scores.items()})

@@ -1,0 +1,229 @@
+"""The tuning-methods report: per task and encoder, each method's dev score with its interval, what it costs
+(trainable parameters, training time, peak memory), and the cheapest method not worse than the best by more than the
+tolerance, decided by a paired test — by trainable parameters, and by training time.
+
+The rule is the layer report's with cost in place of layer count: the *best* method has the highest mean score; a
+method is good enough when a one-sided paired test (same dev examples and seeds) shows its shortfall from the best is
+below the tolerance; the answer is the cheapest good-enough method. Where a cheaper method is neither shown good
+enough nor shown worse, the data cannot decide, and the report names the candidates instead of a winner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from layertune.reports.common import (
+    PAIRED_TEST,
+    Report,
+    Setting,
+    StudyResults,
+    display,
+    markdown_table,
+    points,
+    round_metric,
+    score_text,
+    settings,
+    setup_text,
+    signed_points,
+    theme,
+)
+from layertune.statistics import Comparison, differences_spread, within_tolerance
+
+VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
+COSTS = {"trainable_parameters": "trainable parameters", "train_time_s": "training time"}
+
+
+@dataclass
+class MethodRow:
+    """One method of one task and encoder: its setting, what it costs (means over seeds) and the test against the
+    best."""
+
+    setting: Setting
+    trainable_parameters: int
+    train_time_s: float
+    peak_memory_mb: float
+    comparison: Comparison
+
+    @property
+    def name(self) -> str:
+        return str(self.setting.tunable_layers)  # a methods study's settings are named by their method setting
+
+
+@dataclass
+class MethodAnswer:
+    """Per cost: the cheapest good-enough method, or None with the candidates the data cannot separate."""
+
+    task: str
+    encoder: str
+    best: MethodRow
+    rows: list[MethodRow]
+    cheapest: dict[str, str | None]
+    candidates: dict[str, list[str]]
+
+
+def cheapest(rows: list[MethodRow], cost: str) -> tuple[str | None, list[str]]:
+    """The cheapest row by ``cost`` whose verdict is yes (the best at the latest), unless a cheaper one is undecided:
+    then None and the undecided ones with it. Equal costs keep the table's order."""
+    ordered = sorted(rows, key=lambda row: getattr(row, cost))
+    position = next(i for i, row in enumerate(ordered) if row.comparison.verdict == "yes")
+    undecided = [row.name for row in ordered[:position] if row.comparison.verdict == "undecided"]
+    return (None, [*undecided, ordered[position].name]) if undecided else (ordered[position].name, [])
+
+
+def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
+    options, scores = results.options, results.scores.set_index("key")
+    groups: dict[tuple[str, str], list[Setting]] = {}
+    for setting in found:
+        groups.setdefault((setting.task, setting.encoder), []).append(setting)
+    out = []
+    for (task, encoder), group in groups.items():
+        best = max(group, key=lambda s: s.mean)
+        spread = differences_spread([s.estimate for s in group if s is not best], best.estimate)
+        rows = []
+        for setting in group:
+            keys = [c.key for c in results.plan.cells if c.setting == (task, encoder, setting.tunable_layers)]
+            comparison = Comparison(0.0, 0.0, 0.0, "yes") if setting is best else within_tolerance(
+                setting.estimate, best.estimate, options.tolerance, options.confidence, spread)
+            rows.append(MethodRow(setting, int(scores.loc[keys[0], "trainable_parameters"]),
+                                  float(scores.loc[keys, "train_time_s"].mean()),
+                                  float(scores.loc[keys, "peak_memory_mb"].mean()), comparison))
+        chosen = {cost: cheapest(rows, cost) for cost in COSTS}
+        out.append(MethodAnswer(task, encoder, next(r for r in rows if r.setting is best), rows,
+                                {cost: found[0] for cost, found in chosen.items()},
+                                {cost: found[1] for cost, found in chosen.items()}))
+    return out
+
+
+def method_text(results: StudyResults, name: str) -> str:
+    """``lora (r 8, alpha 16, dropout 0.1) on the top 2 layers``."""
+    setting = results.plan.spec.methods[name]
+    method = setting.method
+    options = ", ".join(f"{k} {v}" for k, v in method.model_dump(exclude={"name"}).items() if v is not None)
+    layers = "all layers" if setting.tunable_layers == "all" else (
+        "no layer (the head alone)" if setting.tunable_layers == 0 else "the top layer" if setting.tunable_layers == 1
+        else f"the top {setting.tunable_layers} layers")
+    return f"{method.name}" + (f" ({options})" if options else "") + f" on {layers}"
+
+
+def answer_text(answer: MethodAnswer, cost: str) -> str:
+    if answer.cheapest[cost] is not None:
+        return f"**{answer.cheapest[cost]}**"
+    *cheaper, last = answer.candidates[cost]
+    return f"cannot decide: {', '.join(cheaper)} or {last}"
+
+
+def rule_text(tolerance: float, confidence: float) -> str:
+    return (f"The answer: the cheapest method (by trainable parameters, and by training time) whose score is not "
+            f"worse than the best method's (highest mean) by more than {100 * tolerance:g} point(s), shown by a "
+            f"one-sided paired test at {confidence:.0%} ({PAIRED_TEST}). Where a cheaper method is undecided, the "
+            "data cannot decide whether it would do, and no single method is named.\n")
+
+
+def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
+    lines = []
+    for answer in chosen:
+        metric = answer.best.setting.metric
+        rows = [[f"`{row.name}`", method_text(results, row.name), f"{row.trainable_parameters:,}",
+                 score_text(row.setting), "best" if row is answer.best else
+                 f"{signed_points(row.comparison.difference)} [{signed_points(row.comparison.low)}, "
+                 f"{signed_points(row.comparison.high)}]", VERDICTS[row.comparison.verdict],
+                 f"{row.train_time_s:.1f}", f"{row.peak_memory_mb:,.0f}"] for row in answer.rows]
+        lines += [f"## {display(answer.task)} ({metric}), {answer.encoder}\n",
+                  markdown_table(["method", "what trains", "trainable parameters", f"{metric} (points)",
+                                  "vs best (points)", "within tolerance?", "training time (s)", "peak memory (MB)"],
+                                 rows, "llrrrlrr"),
+                  f"Cheapest method within tolerance, by trainable parameters: {answer_text(answer, 'trainable_parameters')}"
+                  f"; by training time: {answer_text(answer, 'train_time_s')} (best: {answer.best.name}, "
+                  f"{points(answer.best.setting.mean)}).\n"]
+    return "\n".join(lines)
+
+
+def report_details(chosen: list[MethodAnswer], tolerance: float) -> dict:
+    details: dict = {}
+    for answer in chosen:
+        entry = details.setdefault(answer.task, {})[answer.encoder] = {
+            "metric": answer.best.setting.metric, "seeds": len(answer.best.setting.scores), "tolerance": tolerance,
+            "best_method": answer.best.name, "best_score": round_metric(answer.best.setting.mean),
+            **{f"cheapest_by_{cost}": answer.cheapest[cost] for cost in COSTS},
+            **{f"undecided_by_{cost}": answer.candidates[cost] for cost in COSTS}}
+        for key in ("mean", "std", "ci_low", "ci_high", "trainable_parameters", "train_time_s", "peak_memory_mb",
+                    "within_tolerance"):
+            entry[key] = {}
+        for row in answer.rows:
+            low, high = row.setting.interval
+            values = {"mean": round_metric(row.setting.mean), "std": round_metric(row.setting.std),
+                      "ci_low": round_metric(low), "ci_high": round_metric(high),
+                      "trainable_parameters": row.trainable_parameters,
+                      "train_time_s": round(row.train_time_s, 1), "peak_memory_mb": round(row.peak_memory_mb),
+                      "within_tolerance": row.comparison.verdict}
+            for key, value in values.items():
+                entry[key][row.name] = value
+    return details
+
+
+# Per task and encoder, what `dvc exp show` compares (times and memory vary between machines: details only).
+HEADLINE = ("cheapest_by_trainable_parameters", "best_method", "best_score", "mean")
+
+
+def headline(details: dict) -> dict:
+    return {task: {encoder: {key: entry[key] for key in HEADLINE} for encoder, entry in encoders.items()}
+            for task, encoders in details.items()}
+
+
+def pareto_figure(chosen: list[MethodAnswer], cost: str):
+    """Dev score against ``cost``, one panel per task and encoder, intervals as bars, the Pareto front (no other
+    method both cheaper and better on average) drawn as a step line."""
+    import matplotlib.pyplot as plt
+
+    theme()
+    figure, axes = plt.subplots(1, len(chosen), figsize=(5.6 * len(chosen), 4.2), squeeze=False)
+    for axis, answer in zip(axes[0], chosen):
+        rows = sorted(answer.rows, key=lambda row: (getattr(row, cost), -row.setting.mean))
+        x = np.array([max(getattr(row, cost), 1e-3) for row in rows])
+        y = np.array([100 * row.setting.mean for row in rows])
+        low = y - np.array([100 * row.setting.interval[0] for row in rows])
+        high = np.array([100 * row.setting.interval[1] for row in rows]) - y
+        axis.errorbar(x, y, yerr=[low, high], fmt="o", capsize=3, color="tab:blue")
+        front, top = [], -np.inf
+        for xi, yi in zip(x, y):
+            if yi > top:
+                front.append((xi, yi))
+                top = yi
+        axis.step(*zip(*front), where="post", color="tab:orange", label="Pareto front")
+        for xi, yi, row in zip(x, y, rows):
+            axis.annotate(row.name, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        axis.set(xscale="log" if cost == "trainable_parameters" else "linear",
+                 xlabel=COSTS[cost] + (" (s)" if cost == "train_time_s" else ""),
+                 ylabel=f"dev {answer.best.setting.metric} (points)", title=f"{display(answer.task)}, {answer.encoder}")
+        axis.legend(fontsize=8)
+    figure.suptitle(f"Dev score vs {COSTS[cost]} (bars: 95% interval over dev examples and seeds)")
+    figure.tight_layout()
+    return figure
+
+
+def methods_report(results: StudyResults) -> Report:
+    """``reports/<study>.md``: setup, the rule, per task and encoder a table of methods and the answer, figures."""
+    if results.plan.spec.methods is None:
+        raise ValueError(f"report kind 'methods' needs a study with methods (named tuning methods); "
+                         f"{results.plan.name} has tunable_layers: use report kind 'layers'")
+    options = results.options
+    chosen = answers(results, settings(results))
+    figures = {f"score_vs_{cost}": pareto_figure(chosen, cost) for cost in COSTS}
+    markdown = "\n".join([
+        f"# Tuning methods: {results.plan.name}\n",
+        setup_text(results),
+        rule_text(options.tolerance, options.confidence),
+        task_sections(results, chosen),
+        "## Figures\n",
+        *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures],
+    ])
+    details = report_details(chosen, options.tolerance)
+    table = pd.DataFrame([{"task": a.task, "encoder": a.encoder, "method": r.name,
+                           "trainable_parameters": r.trainable_parameters, "mean": r.setting.mean,
+                           "ci_low": r.setting.interval[0], "ci_high": r.setting.interval[1],
+                           "train_time_s": r.train_time_s, "peak_memory_mb": r.peak_memory_mb,
+                           "within_tolerance": r.comparison.verdict} for a in chosen for r in a.rows])
+    return Report(markdown, headline(details), details, {"methods": table, "cells": results.scores}, figures)
