@@ -50,3 +50,4 @@ repro-check: setup
 benchmark: setup
 	python benchmarks/frozen_prefix_speed.py --json reports/benchmarks/frozen_prefix.json
 	python benchmarks/pipeline_speed.py --json reports/benchmarks/pipeline.json
+	python benchmarks/tuning_methods_speed.py --json reports/benchmarks/tuning_methods.json

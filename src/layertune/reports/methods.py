@@ -142,29 +142,28 @@ def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
 
 
 def report_details(chosen: list[MethodAnswer], tolerance: float) -> dict:
+    """Every number of the report that the same params, data and seeds reproduce byte for byte: times and memory
+    (and the answer by training time) vary from run to run, so they are in the Markdown and methods.csv only."""
     details: dict = {}
     for answer in chosen:
         entry = details.setdefault(answer.task, {})[answer.encoder] = {
             "metric": answer.best.setting.metric, "seeds": len(answer.best.setting.scores), "tolerance": tolerance,
             "best_method": answer.best.name, "best_score": round_metric(answer.best.setting.mean),
-            **{f"cheapest_by_{cost}": answer.cheapest[cost] for cost in COSTS},
-            **{f"undecided_by_{cost}": answer.candidates[cost] for cost in COSTS}}
-        for key in ("mean", "std", "ci_low", "ci_high", "trainable_parameters", "train_time_s", "peak_memory_mb",
-                    "within_tolerance"):
+            "cheapest_by_trainable_parameters": answer.cheapest["trainable_parameters"],
+            "undecided_by_trainable_parameters": answer.candidates["trainable_parameters"]}
+        for key in ("mean", "std", "ci_low", "ci_high", "trainable_parameters", "within_tolerance"):
             entry[key] = {}
         for row in answer.rows:
             low, high = row.setting.interval
             values = {"mean": round_metric(row.setting.mean), "std": round_metric(row.setting.std),
                       "ci_low": round_metric(low), "ci_high": round_metric(high),
-                      "trainable_parameters": row.trainable_parameters,
-                      "train_time_s": round(row.train_time_s, 1), "peak_memory_mb": round(row.peak_memory_mb),
-                      "within_tolerance": row.comparison.verdict}
+                      "trainable_parameters": row.trainable_parameters, "within_tolerance": row.comparison.verdict}
             for key, value in values.items():
                 entry[key][row.name] = value
     return details
 
 
-# Per task and encoder, what `dvc exp show` compares (times and memory vary between machines: details only).
+# Per task and encoder, what `dvc exp show` compares.
 HEADLINE = ("cheapest_by_trainable_parameters", "best_method", "best_score", "mean")
 
 
