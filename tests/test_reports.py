@@ -212,5 +212,6 @@ def test_the_expected_ci_reports_are_those_of_the_ci_profile():
                        for entry in metrics[task].values())
         else:
             assert all(sorted(metrics[task]) == sorted(spec.encoders) for task in metrics)
-            assert all(sorted(entry["mean"]) == sorted(map(str, spec.tunable_layers)) for task in metrics
+            settings = spec.methods if spec.methods is not None else map(str, spec.tunable_layers)
+            assert all(sorted(entry["mean"]) == sorted(settings) for task in metrics
                        for entry in metrics[task].values())
