@@ -21,6 +21,7 @@ See benchmarks/README.md for what each figure means and the figures measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -260,17 +261,27 @@ def check_targets(rows: list[dict], study: dict, runs: dict) -> list[tuple[str, 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    with benchmark_setup(args, "frozen-prefix-bench-"):
+        return benchmark(args)
+
+
+@contextlib.contextmanager
+def benchmark_setup(args: argparse.Namespace, prefix: str):
+    """What every benchmark here runs under: ``--threads`` torch threads, the GPU when there is one, quiet
+    libraries, and ``--cache-dir`` or a temporary cache folder removed afterwards."""
+    import datasets
+
     torch.set_num_threads(args.threads)
     args.use_cpu = not torch.cuda.is_available()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
     temporary = None
     if args.cache_dir is None:
-        temporary = tempfile.mkdtemp(prefix="frozen-prefix-bench-")
-        args.cache_dir = temporary
+        temporary = args.cache_dir = tempfile.mkdtemp(prefix=prefix)
     args.cache_dir = Path(args.cache_dir)
     try:
-        return benchmark(args)
+        yield
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)

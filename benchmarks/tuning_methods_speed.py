@@ -16,7 +16,7 @@ number of steps and torch threads on every side (CPU, float32; evaluation and se
     each against LoRA on every layer; the issue's goal: cached time about K/L of LoRA-all, as for top-K tuning.
 
     python benchmarks/tuning_methods_speed.py --json reports/benchmarks/tuning_methods.json
-    python benchmarks/tuning_methods_speed.py --quick              # smoke run: 64 sentences, K = 1, under a minute
+    python benchmarks/tuning_methods_speed.py --quick              # smoke run: 128 sentences, K = 1, about a minute
 
 See benchmarks/README.md for what each figure means and the figures measured.
 """
@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -40,11 +38,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark's helpers
 
-import datasets
 import numpy as np
 import torch
 import transformers
-from frozen_prefix_speed import EpochTimer, _steal_note, cpu_times, steal_fraction
+from frozen_prefix_speed import EpochTimer, _steal_note, benchmark_setup, cpu_times, median, steal_fraction
 from peft import LoraConfig, TaskType, get_peft_model
 
 from layertune import LanguageModel, Lora, ModelTrainer, TextClassifier, load_corpus
@@ -55,7 +52,7 @@ from layertune.tokenization import tokenize_corpus
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULTS = {"train_size": 400, "dev_size": 64, "repeats": 4, "top_k_repeats": 2, "layers": "1,2,3"}
-QUICK = {"train_size": 64, "dev_size": 32, "repeats": 2, "top_k_repeats": 1, "layers": "1"}
+QUICK = {"train_size": 128, "dev_size": 32, "repeats": 2, "top_k_repeats": 1, "layers": "1"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -182,10 +179,6 @@ def cache_build(tokenized: dict, k: int, args: argparse.Namespace) -> tuple[floa
 # ---------------------------------------------------------------------------------------------------- reporting
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def epoch_s(runs: list[dict]) -> float:
     """Median epoch time over runs × epochs."""
     return median([t for run in runs for t in run["epoch_s"]])
@@ -212,21 +205,8 @@ def ideal_ratios(k: int, layers: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    args.use_cpu = not torch.cuda.is_available()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    temporary = None
-    if args.cache_dir is None:
-        temporary = tempfile.mkdtemp(prefix="tuning-methods-bench-")
-        args.cache_dir = temporary
-    args.cache_dir = Path(args.cache_dir)
-    try:
+    with benchmark_setup(args, "tuning-methods-bench-"):
         return benchmark(args)
-    finally:
-        if temporary:
-            shutil.rmtree(temporary, ignore_errors=True)
 
 
 def benchmark(args: argparse.Namespace) -> dict:

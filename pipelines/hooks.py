@@ -45,7 +45,10 @@ class ModelMirrorHook:
     @hook_impl
     def after_context_created(self, context) -> None:
         download = context.config_loader["parameters"].get("download")
-        configured = download.get("model_mirror") if isinstance(download, dict) else None
+        self.apply(download.get("model_mirror") if isinstance(download, dict) else None, context.project_path)
+
+    def apply(self, configured: object, project: str | os.PathLike) -> None:
+        """Set the variable to ``configured`` (relative to ``project``) unless the environment set it itself."""
         current = os.environ.get(MODEL_MIRROR_ENV)
         if current and current != self.mirror:  # the environment's own: it wins
             return
@@ -54,7 +57,7 @@ class ModelMirrorHook:
                 del os.environ[MODEL_MIRROR_ENV]
             self.mirror = None
             return
-        self.mirror = os.environ[MODEL_MIRROR_ENV] = model_mirror_path(configured, context.project_path)
+        self.mirror = os.environ[MODEL_MIRROR_ENV] = model_mirror_path(configured, project)
 
 
 def model_mirror_path(configured: str, project: str | os.PathLike) -> str:

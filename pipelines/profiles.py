@@ -4,14 +4,12 @@ DVC experiments: ``dvc exp run $(python -m pipelines.profiles ci)``."""
 from __future__ import annotations
 
 import copy
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from layertune.errors import choices_hint
-from layertune.model_paths import MODEL_MIRROR_ENV
 from layertune.study import ParamsError
 from pipelines.params import validate_params
 
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import yaml
 
-    from pipelines.hooks import model_mirror_path
+    from pipelines.hooks import ModelMirrorHook
     from pipelines.param_checks import InvalidParams
 
     parser = argparse.ArgumentParser(prog="python -m pipelines.profiles", description=main.__doc__)
@@ -112,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides, params = load_profile(args.profile), yaml.safe_load(Path(args.params).read_text())
         if args.check:
             checked = apply_overrides(params, overrides)
-            configured = (checked.get("download") or {}).get("model_mirror")
-            if configured and not os.environ.get(MODEL_MIRROR_ENV):  # resolve models as the stages will
-                os.environ[MODEL_MIRROR_ENV] = model_mirror_path(configured, Path(args.params).resolve().parent)
+            # Models resolved as the stages resolve them (their hook's rule).
+            ModelMirrorHook().apply((checked.get("download") or {}).get("model_mirror"),
+                                    Path(args.params).resolve().parent)
             validate_params(checked)
             print(f"{args.profile}: valid")
         else:

@@ -131,6 +131,16 @@ def differences_spread(candidates: Sequence[Estimate], reference: Estimate) -> S
     return SeedSpread.pooled([candidate.minus(reference) for candidate in candidates])
 
 
+def first_good_enough(verdicts: Sequence[tuple[Any, Verdict]]) -> tuple[Any | None, list]:
+    """The first of ``verdicts`` (ordered cheapest first: fewest layers, fewest parameters, ...) whose verdict is
+    yes, unless one before it is undecided: then None and the undecided ones with it, the candidates the data cannot
+    separate. The best setting's verdict is yes, so there always is one."""
+    position = next(i for i, (_, verdict) in enumerate(verdicts) if verdict == "yes")
+    chosen = verdicts[position][0]
+    undecided = [key for key, verdict in verdicts[:position] if verdict == "undecided"]
+    return (None, [*undecided, chosen]) if undecided else (chosen, [])
+
+
 def within_tolerance(candidate: Estimate, reference: Estimate, tolerance: float, confidence: float = 0.95,
                      spread: SeedSpread | None = None) -> Comparison:
     """Is ``candidate`` not worse than ``reference`` by more than ``tolerance``? (one-sided, paired; the seed spread

@@ -35,7 +35,7 @@ from layertune.reports.common import (
     signed_points,
     time_figure,
 )
-from layertune.statistics import Comparison, SeedSpread, differences_spread, within_tolerance
+from layertune.statistics import Comparison, SeedSpread, differences_spread, first_good_enough, within_tolerance
 from layertune.study import layers_order
 
 VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
@@ -61,12 +61,9 @@ def recommend(group: list[Setting], tolerance: float, confidence: float) -> Reco
     ordered = sorted(group, key=lambda s: order.index(s.tunable_layers))
     spread = differences_spread([s.estimate for s in ordered if s is not best], best.estimate)
     comparisons = {str(s.tunable_layers): _against(s, best, tolerance, confidence, spread) for s in ordered}
-    verdicts = [(s.tunable_layers, comparisons[str(s.tunable_layers)].verdict) for s in ordered]
-    position = next(i for i, (_, verdict) in enumerate(verdicts) if verdict == "yes")  # the best at the latest
-    first = verdicts[position][0]
-    undecided = [k for k, verdict in verdicts[:position] if verdict == "undecided"]
-    return Recommendation(best.task, best.encoder, best, comparisons, None if undecided else first,
-                          [*undecided, first] if undecided else [])
+    recommended, candidates = first_good_enough([(s.tunable_layers, comparisons[str(s.tunable_layers)].verdict)
+                                                 for s in ordered])
+    return Recommendation(best.task, best.encoder, best, comparisons, recommended, candidates)
 
 
 def _against(setting: Setting, best: Setting, tolerance: float, confidence: float,

@@ -30,7 +30,7 @@ from layertune.reports.common import (
     signed_points,
     theme,
 )
-from layertune.statistics import Comparison, differences_spread, within_tolerance
+from layertune.statistics import Comparison, differences_spread, first_good_enough, within_tolerance
 
 VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
 COSTS = {"trainable_parameters": "trainable parameters", "train_time_s": "training time"}
@@ -65,12 +65,10 @@ class MethodAnswer:
 
 
 def cheapest(rows: list[MethodRow], cost: str) -> tuple[str | None, list[str]]:
-    """The cheapest row by ``cost`` whose verdict is yes (the best at the latest), unless a cheaper one is undecided:
-    then None and the undecided ones with it. Equal costs keep the table's order."""
+    """The cheapest row by ``cost`` shown good enough, or None and the candidates (`first_good_enough`). Equal costs
+    keep the table's order."""
     ordered = sorted(rows, key=lambda row: getattr(row, cost))
-    position = next(i for i, row in enumerate(ordered) if row.comparison.verdict == "yes")
-    undecided = [row.name for row in ordered[:position] if row.comparison.verdict == "undecided"]
-    return (None, [*undecided, ordered[position].name]) if undecided else (ordered[position].name, [])
+    return first_good_enough([(row.name, row.comparison.verdict) for row in ordered])
 
 
 def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
