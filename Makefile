@@ -41,7 +41,7 @@ study: setup
 	$(if $(filter 1,$(JOBS)),dvc repro,python -m pipelines.parallel --jobs $(JOBS))
 
 test: setup
-	OMP_WAIT_POLICY=PASSIVE python -m pytest -n 2  # idle OpenMP threads sleep: two workers share two cores
+	OMP_WAIT_POLICY=PASSIVE python -m pytest -n 2 --dist loadgroup  # idle OpenMP threads sleep: two workers share two cores
 
 # Two builds of the `ci` profile from scratch must give byte-identical reports (.ci/run runs this after the tests).
 repro-check: setup

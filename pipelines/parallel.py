@@ -1,23 +1,20 @@
-"""Build the studies with several cells at a time on one machine, on DVC's own mechanisms.
+"""Several cells at a time on this machine (`layertune repro --jobs N`), on DVC's own mechanisms.
 
 `dvc repro` runs one stage at a time. DVC does allow several `dvc repro` processes on disjoint stages of one
 workspace: each holds the repository lock only while it reads and records state (not while its command runs), and
-locks the paths it reads and writes. So `repro` builds the stages every cell of a study reads once (plan … tokenize),
-then runs each cell that changed as its own ``dvc --wait-for-lock repro --single-item <cell>``, ``jobs`` at a time
-(each waits for the repository lock instead of failing on it), and finishes with a plain `dvc repro` of the
-studies (evaluate, aggregate; every cell is up to date by then). On a machine with GPUs each worker sees one GPU
-(``CUDA_VISIBLE_DEVICES``), in turn. Each cell trains exactly as in a serial build, so the results are the same,
-byte for byte.
+locks the paths it reads and writes. So each cell that changed runs as its own
+``dvc --wait-for-lock repro --single-item <cell>``, ``jobs`` at a time (each waits for the repository lock instead of
+failing on it). On a machine with GPUs each worker sees one GPU (``CUDA_VISIBLE_DEVICES``), in turn. Each cell trains
+exactly as in a serial build, so the results are the same, byte for byte.
 
-Each `dvc` runs in a process group of its own, with the stage command it starts; SIGTERM, SIGINT or SIGHUP to
-`python -m pipelines.parallel` is passed on to every group, which it waits for (then SIGKILL after a grace period) before it
-exits with 128 + the signal's number. No cell goes on training, orphaned, after the build was stopped.
+Each `dvc` runs in a process group of its own, with the stage command it starts (`Children`); SIGTERM, SIGINT or
+SIGHUP to the build is passed on to every group, which it waits for (then SIGKILL after a grace period). No cell goes
+on training, orphaned, after the build was stopped. (The Ray cluster's tasks stop their cells the same way.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import shutil
@@ -26,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -40,7 +37,7 @@ class StageFailed(RuntimeError):
 
 
 class Interrupted(Exception):
-    """A signal stopped `python -m pipelines.parallel`; every `dvc` it had started has ended."""
+    """A signal stopped the build; every `dvc` it had started has ended."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
@@ -57,13 +54,17 @@ class Children:
         self._running: set[subprocess.Popen] = set()
         self._signum: int | None = None  # set once stopping: no new child starts
 
-    def run(self, command: Sequence[str], **popen) -> subprocess.CompletedProcess | None:
-        """``subprocess.run(command)`` in a process group of its own; None, without starting it, once stopping."""
+    def run(self, command: Sequence[str], started: Callable[[int], None] | None = None,
+            **popen) -> subprocess.CompletedProcess | None:
+        """``subprocess.run(command)`` in a process group of its own (``started`` is called with its id); None,
+        without starting it, once stopping."""
         with self._lock:  # a child starts before `stop` lists the running ones, or not at all
             if self._signum is not None:
                 return None
             process = subprocess.Popen(command, **popen, **_OWN_GROUP)
             self._running.add(process)
+            if started is not None:
+                started(process.pid)
         # Left listed if waiting is interrupted (a signal, in the main thread): `stop` must still reach it.
         stdout, _ = process.communicate()
         with self._lock:
@@ -153,12 +154,6 @@ def devices() -> list[str | None]:
     return [None]
 
 
-def changed_cells(targets: Sequence[str]) -> list[str]:
-    """The train stages `dvc status` reports changed upstream of ``targets``."""
-    status = subprocess.run(["dvc", "status", "--json", "--with-deps", *targets], capture_output=True, text=True, check=True)
-    return sorted(name for name in json.loads(status.stdout or "{}") if name.split("@")[0].startswith("train-"))
-
-
 def run_cells(cells: Sequence[str], jobs: int, gpus: Sequence[str | None], children: Children | None = None) -> None:
     """``dvc --wait-for-lock repro --single-item <cell>`` for each cell, ``jobs`` at a time; the first failure
     stops new cells from starting and is raised once the running ones end. A signal stops the running ones
@@ -197,68 +192,5 @@ def run_cells(cells: Sequence[str], jobs: int, gpus: Sequence[str | None], child
                 raise future.exception()  # once the running cells end (leaving the pool waits for them)
             if future.result() is not None:  # None: not started, after a failure
                 finished += 1
-                print(f"pipelines.parallel: [{finished}/{len(cells)}] {futures[future]} done in {future.result():.1f} s",
+                print(f"layertune repro: [{finished}/{len(cells)}] {futures[future]} done in {future.result():.1f} s",
                       flush=True)
-
-
-def repro(jobs: int, studies: Sequence[str]) -> int:
-    """The studies' shared stages, then their changed cells ``jobs`` at a time, then evaluate and aggregate; 0 when
-    all succeeded."""
-    if jobs < 1:
-        raise ValueError(f"--jobs must be at least 1; got {jobs}")
-    children = Children()
-    with children.stopped_on_signal():
-        return _build(studies, jobs, children)
-
-
-def _build(studies: Sequence[str], jobs: int, children: Children) -> int:
-    tokenize = children.run(["dvc", "repro", *(f"tokenize@{study}" for study in studies)])
-    if tokenize.returncode:
-        raise subprocess.CalledProcessError(tokenize.returncode, tokenize.args)
-    reports = [f"aggregate@{study}" for study in studies]
-    cells = changed_cells(reports)
-    gpus = devices()
-    print(f"pipelines.parallel: {len(cells)} cell(s) to train, {jobs} at a time"
-          + (f" on GPUs {', '.join(g for g in gpus if g is not None)}" if gpus != [None] else ""), flush=True)
-    try:
-        run_cells(cells, jobs, gpus, children)
-    except StageFailed as error:
-        print(f"pipelines.parallel: {error}", file=sys.stderr)
-        return 1
-    return children.run(["dvc", "repro", *reports]).returncode
-
-
-def study_names(chosen: Sequence[str]) -> list[str]:
-    """``chosen``, or every study of params.yaml; an unknown name is an error naming the studies there are."""
-    import yaml
-
-    studies = list((yaml.safe_load(Path("params.yaml").read_text()) or {}).get("studies") or {})
-    unknown = [name for name in chosen if name not in studies]
-    if unknown:
-        raise ValueError(f"no study {', '.join(map(repr, unknown))} in params.yaml; its studies: {', '.join(studies)}")
-    return list(chosen) or studies
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m pipelines.parallel", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("studies", nargs="*", help="studies to build (default: every study of params.yaml)")
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="cells trained at a time")
-    args = parser.parse_args(argv)
-    if not Path("dvc.yaml").is_file():
-        print("pipelines.parallel: run it in the project folder (where dvc.yaml is)", file=sys.stderr)
-        return 2
-    try:
-        return repro(args.jobs, study_names(args.studies))
-    except (ValueError, subprocess.CalledProcessError) as error:
-        print(f"pipelines.parallel: {error}", file=sys.stderr)
-        return 2
-    except Interrupted as error:
-        print(f"pipelines.parallel: {error}; the cells it was training were stopped", file=sys.stderr)
-        return 128 + error.signum
-
-
-if __name__ == "__main__":
-    sys.exit(main())

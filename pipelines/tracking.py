@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST_TAG, PID_TAG = "layertune.host", "layertune.pid"  # which process owns a run: a dead owner's run is abandoned
+PARENT_RUN_ENV, PARENT_TAG = "LAYERTUNE_PARENT_RUN_ID", "mlflow.parentRunId"  # a cell's run as a build's child
 SPEC_TAG = "layertune.spec"  # digest of the cell's spec: which outputs are this run's (`settle`)
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 # The kind of experiment the MLflow UI (3.x) shows: a model-training experiment opens on its runs table. Without it
@@ -341,6 +342,23 @@ def end_abandoned_runs(client, experiment_id: str, run_name: str) -> list[str]:
     return ended
 
 
+def end_children(uri: str, parent_run_id: str) -> list[str]:
+    """Children of ``parent_run_id`` still RUNNING end KILLED: once a build is over, such a run is an attempt whose
+    process died on a node that is gone (its retry ran elsewhere). Returns the ids it ended."""
+    ended = []
+    try:
+        client = connect(uri)
+        with _quiet_retries():
+            parent = client.get_run(parent_run_id)
+            for run in client.search_runs([parent.info.experiment_id], filter_string=(
+                    f"tags.`{PARENT_TAG}` = '{parent_run_id}' and attributes.status = 'RUNNING'")):
+                client.set_terminated(run.info.run_id, status=KILLED)
+                ended.append(run.info.run_id)
+    except Exception as error:  # a store that does not answer: the runs stay as they are
+        _warn_unreachable(uri, error)
+    return ended
+
+
 def _abandoned_runs(client, experiment_id: str, condition: str | None = None) -> list:
     from layertune.io import process_alive
 
@@ -627,7 +645,11 @@ def log_result(run: CellRun, result, model_path: str | None = None) -> None:
 
 
 def cell_tags(stage: str | None = None, study: str | None = None, spec=None) -> dict[str, str]:
+    """The tags of a cell's run; a child of the run ``$LAYERTUNE_PARENT_RUN_ID`` names (a build on a Ray cluster
+    opens one per study: `pipelines.ray_cluster`), as MLflow's nested runs are."""
     tags = {"mlflow.source.type": "JOB"}
+    if parent := os.environ.get(PARENT_RUN_ENV):
+        tags[PARENT_TAG] = parent
     if commit := git_commit():
         tags["mlflow.source.git.commit"] = commit
     if stage:

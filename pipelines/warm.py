@@ -112,19 +112,19 @@ def socket_path() -> Path:
     name = f"layertune-warm-{digest}.sock"
     path = private_folder() / name
     if len(str(path)) > MAX_SOCKET_PATH:  # the limit of a Unix socket's address
-        path = _private(_temp_folder()) / name
+        path = private_folder_at(_temp_folder()) / name
     return path
 
 
 def private_folder() -> Path:
     """``LAYERTUNE_WARM_DIR`` if set, else ``layertune-warm`` in $XDG_RUNTIME_DIR when that is this user's and
-    private, else ``layertune-warm-<uid>`` in the temp folder; created with mode 0700 and checked (`_private`)."""
+    private, else ``layertune-warm-<uid>`` in the temp folder; created with mode 0700 and checked (`private_folder_at`)."""
     if override := os.environ.get("LAYERTUNE_WARM_DIR"):
-        return _private(Path(override))
+        return private_folder_at(Path(override))
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and _is_private(runtime):
-        return _private(Path(runtime) / "layertune-warm")
-    return _private(_temp_folder())
+        return private_folder_at(Path(runtime) / "layertune-warm")
+    return private_folder_at(_temp_folder())
 
 
 def _temp_folder() -> Path:
@@ -138,7 +138,7 @@ def _is_private(folder: str) -> bool:
     return False
 
 
-def _private(folder: Path) -> Path:
+def private_folder_at(folder: Path) -> Path:
     """``folder``, created if missing; Unavailable unless it is a real folder (not a symbolic link) of this user
     that nobody else may enter: in a shared temp folder anyone may have created that name first."""
     try:

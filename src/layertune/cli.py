@@ -1,6 +1,10 @@
 """Command line: ``layertune train-cell --task sst2 --model sentence-transformers/all-MiniLM-L6-v2 --tunable-layers 2
 --seed 1 --output-dir runs/sst2-k2`` (``--method lora``, or ``--method '{name: lora, r: 4}'``, tunes them with LoRA),
-or ``layertune train-cell --spec cell.json --output-dir runs/x``. (Building a study is the pipeline's work: ``dvc repro``, or ``python -m pipelines.parallel --jobs 4`` for several cells at a time.)
+or ``layertune train-cell --spec cell.json --output-dir runs/x``.
+
+Building a study is the pipeline's work: ``dvc repro``, or ``layertune repro --jobs 4`` / ``--ray`` for several cells
+at a time. Other installed packages add such commands as entry points of group ``layertune.commands`` (the pipeline
+adds ``repro``), so this library knows none of them.
 
 Every option is a field of `layertune.cell.CellSpec` (``--seed`` is the training seed, ``--data-seed`` the
 subsample's; ``--revision`` the model's, ``--data-revision`` the hub dataset's), generated from it, so the command line
@@ -80,7 +84,18 @@ def _parser() -> argparse.ArgumentParser:
             default = "required" if field.is_required() else f"default: {field.default!r}"
             group.add_argument(f"--{option.replace('_', '-')}", dest=f"{section}.{name}", type=_value,
                                default=argparse.SUPPRESS, help=f"{field.description or ''} ({default})".strip())
+    for name, command in _plugin_commands().items():
+        plugged = commands.add_parser(name, help=f"(from {command.value.split(':')[0]})")
+        plugged.set_defaults(run=command.load()(plugged))
     return parser
+
+
+def _plugin_commands() -> dict:
+    """Commands of other installed packages: entry points of group ``layertune.commands``, each a function that
+    configures its subcommand's parser and returns the function that runs it (taking the parsed arguments)."""
+    from importlib.metadata import entry_points
+
+    return {entry.name: entry for entry in entry_points(group="layertune.commands") if entry.name != "train-cell"}
 
 
 def cell_spec(options: dict[str, Any], base: dict | None = None):
@@ -100,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     from layertune.errors import describe_validation_error
     from layertune.tuning_methods import METHODS
 
-    args = vars(_parser().parse_args(argv))
+    parsed = _parser().parse_args(argv)
+    if parsed.command != "train-cell":
+        return parsed.run(parsed)
+    args = vars(parsed)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         base = json.loads(args.pop("spec").read_text()) if args.get("spec") else None

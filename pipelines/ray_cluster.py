@@ -1,0 +1,419 @@
+"""``layertune repro --ray [ADDRESS]``: a study's cells as tasks on a Ray cluster; DVC keeps the record.
+
+Ray schedules, DVC records. The driver (``layertune repro`` in the user's workspace) builds the stages every cell
+reads (plan … tokenize) and pushes their outputs to the DVC remote. Each changed cell is then a Ray task that runs on
+some node, in a workspace of its own (`NodeWorkspace`): a clone of the driver's commit with the driver's dvc.lock
+and DVC remote, where ``dvc pull`` fetches the cell's inputs, ``dvc repro --pull --single-item <cell>`` trains it
+(or restores it, when the remote's run-cache holds it already) and ``dvc push --run-cache`` sends its outputs and
+run-cache entry back. The driver then restores every cell from the run-cache (``dvc repro --pull``: nothing trains
+there), evaluates and aggregates: it is the only writer of dvc.lock, and its workspace ends as after a serial build.
+
+Faults. A task whose worker or node dies is retried by Ray (``max_retries``); a cell trained twice gives the same
+outputs and the same run-cache entry, and the first attempt's MLflow run ends KILLED. A cell that fails is not
+retried (its error would repeat): the build stops, printing the cell's log; its run ends FAILED, the other cells'
+tasks are cancelled (their runs end KILLED). Ctrl-C does the same. A cell's commands run in a process group of their
+own (`pipelines.parallel.Children`), which a cancelled task stops; a watchdog process stops it if the task's worker
+dies. The nodes' workspaces (and this build's DVC and frozen-prefix caches on them) are removed when the build ends,
+however it ends.
+
+MLflow: cells log to the driver's tracking server (a team server for a real cluster: every node must reach it). For
+each study the driver opens a parent run for the build; each cell's run is its child (``mlflow.parentRunId``), so the
+runs table shows a build as one row that opens into its cells. A run a cell kept while the server did not answer is
+sent back with the cell's result and replayed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.parallel import Children, StageFailed
+from pipelines.tracking import PARENT_RUN_ENV
+
+# Passed on to each cell's commands: where models, data and the tracking server are, and how to reach them.
+FORWARDED_ENV = ("LAYERTUNE_", "MLFLOW_", "HF_", "TRANSFORMERS_", "TQDM_")
+LOG_TAIL = 6000  # characters of a failed cell's log shown by the driver
+RETRIES = 3  # attempts after a worker or node died (Ray's own default, said here)
+
+
+class CellFailed(RuntimeError):
+    """A cell's commands failed on its node; the message holds its log."""
+
+
+@dataclass(frozen=True)
+class CellResult:
+    stage: str
+    node: str
+    seconds: float
+    trained: bool  # False: restored from the remote's run-cache
+    journals: dict[str, str] = field(default_factory=dict)  # runs kept while MLflow did not answer: path -> JSON
+
+
+# ------------------------------------------------------------------------------------------------ on a node
+
+
+@dataclass(frozen=True)
+class NodeWorkspace:
+    """What a node needs to rebuild the driver's workspace for a cell: the commit, the driver's dvc.lock after the
+    shared stages, its DVC remote (resolved: a relative path means nothing on another node) and environment."""
+
+    repository: str  # a git URL or path every node reaches
+    commit: str
+    dvc_lock: str
+    remote_config: str  # .dvc/config.local of the clone
+    inputs: dict[str, list[str]]  # study -> the stages whose outputs its cells read
+    build: str  # this build's id: the node's folders for it are `build_folder(build)`
+    env: dict[str, str]
+
+    def commands(self, stage: str, study: str) -> list[list[str]]:
+        dvc = [sys.executable, "-m", "dvc"]
+        return [[*dvc, "pull", "--quiet", *self.inputs[study]],
+                [*dvc, "repro", "--pull", "--single-item", stage],
+                [*dvc, "push", "--quiet", "--run-cache", stage]]
+
+    def prepare(self, folder: Path) -> None:
+        """``folder``: a clone of the commit with the driver's dvc.lock and remote; DVC's cache and the frozen-prefix
+        cache are shared by this build's cells on this node (each writes its entries atomically)."""
+        _check(["git", "clone", "--quiet", "--no-checkout", self.repository, str(folder)], "git clone")
+        _check(["git", "-C", str(folder), "checkout", "--quiet", self.commit], f"git checkout {self.commit}")
+        shared = build_folder(self.build)
+        (folder / ".dvc" / "config.local").write_text(
+            f"{self.remote_config}[cache]\n    dir = {shared / 'dvc-cache'}\n")
+        (folder / "dvc.lock").write_text(self.dvc_lock)
+        (shared / "feature-cache").mkdir(exist_ok=True)
+        (folder / "data").mkdir(exist_ok=True)
+        (folder / "data" / "cache").symlink_to(shared / "feature-cache", target_is_directory=True)
+
+
+def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str]) -> CellResult:
+    """The Ray task: ``stage`` built in a new workspace of this node, its outputs pushed; the workspace removed."""
+    import ray
+
+    started = time.monotonic()
+    folder = Path(tempfile.mkdtemp(prefix=f"{stage.replace('@', '-')}-", dir=build_folder(workspace.build)))
+    log: list[str] = []
+    children = Children(grace_s=20.0)
+    try:
+        workspace.prepare(folder)
+        env = {**os.environ, **workspace.env, **env, "LAYERTUNE_WARM": "0"}  # a warm server per workspace: no gain
+        with children.stopped_on_signal():
+            for command in workspace.commands(stage, study):
+                done = children.run(command, started=_watch, cwd=folder, env=env, text=True, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT)
+                if done is None:
+                    raise KeyboardInterrupt
+                log.append(f"$ dvc {' '.join(command[3:])}\n{done.stdout}")
+                if done.returncode:
+                    raise CellFailed(f"{stage} failed on {socket.gethostname()}:\n{''.join(log)[-LOG_TAIL:]}")
+        journals = {str(path.relative_to(folder)): path.read_text()
+                    for path in sorted((folder / "data" / "09_tracking").glob("*/*.json"))}
+        return CellResult(stage=stage, node=ray.get_runtime_context().get_node_id()[:8],
+                          seconds=time.monotonic() - started, trained="is cached - skipping run" not in log[1],
+                          journals=journals)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _watch(group: int) -> None:
+    """A watcher that stops process ``group`` (a cell's command) if this worker dies (its node lost, a SIGKILL): no
+    cell trains on, orphaned, beside its retry. Ray stops a dead worker's own children, not their children (the
+    stage command under `dvc`), so the watcher is nobody's child here: it detaches at once."""
+    subprocess.run([sys.executable, "-c", _WATCHER, str(os.getpid()), str(group)], start_new_session=True,
+                   stdin=subprocess.DEVNULL, check=True)
+
+
+# Forks and returns at once; the fork polls the worker until the group is gone. Once the worker is gone (or a zombie),
+# the group gets SIGTERM (the cell's MLflow run ends KILLED), then SIGKILL after 20 s.
+_WATCHER = """
+import os, signal, sys, time
+worker, group = int(sys.argv[1]), int(sys.argv[2])
+if os.fork():
+    os._exit(0)
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+def group_alive():
+    try:
+        os.killpg(group, 0)
+        return True
+    except OSError:
+        return False
+while group_alive() and alive(worker):
+    time.sleep(0.2)
+for signum, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 0.0)):
+    deadline = time.monotonic() + wait_s
+    if group_alive():
+        os.killpg(group, signum)
+    while group_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+"""
+
+
+def build_folder(build: str) -> Path:
+    """This build's folder on this node: in ``layertune-ray-<uid>`` of the temp folder, a private folder of this user
+    (not a symbolic link, mode 0700: in a shared temp folder anyone could have made that name first)."""
+    from pipelines.warm import private_folder_at
+
+    folder = private_folder_at(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}") / build
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def remove_build_folder(build: str) -> None:
+    """This build's folder on this node, with whatever a dead worker left in it."""
+    shutil.rmtree(build_folder(build), ignore_errors=True)
+
+
+def _check(command: Sequence[str], what: str) -> None:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise CellFailed(f"{what} failed on {socket.gethostname()}: {done.stderr.strip()}")
+
+
+# ----------------------------------------------------------------------------------------------- the driver
+
+
+class RayCluster:
+    """The driver's side: `connect` checks everything a node will need before any work; `train` runs the cells and
+    returns once each is in the remote's run-cache; `close` removes this build's folders on every node."""
+
+    def __init__(self, ray, studies: Sequence[str], cpus_per_cell: int, gpus: bool, repository: str) -> None:
+        self.ray, self.studies, self.cpus_per_cell, self.gpus = ray, list(studies), cpus_per_cell, gpus
+        self.repository = repository
+        self.build = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.parents: dict[str, object] = {}  # study -> its build's parent run (pipelines.tracking.CellRun)
+
+    @classmethod
+    def connect(cls, address: str | None, studies: Sequence[str], cpus_per_cell: int | None = None) -> RayCluster:
+        """Connected to the cluster at ``address`` (None: `ray.init`'s own choice), once the workspace is committed,
+        a DVC remote is set and the tracking store is one every node reaches; else a `ValueError` saying what to do."""
+        try:
+            import ray
+        except ImportError:
+            raise ValueError('--ray needs Ray: pip install "layertune[cluster]"') from None
+        commit_is_clean()
+        remote_config(Path.cwd())
+        repository = repository_of(Path.cwd())
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the cluster unasked
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 logging_level="WARNING", configure_logging=True)
+        nodes = [node for node in ray.nodes() if node["Alive"]]
+        gpus = any(node["Resources"].get("GPU", 0) >= 1 for node in nodes)
+        cpus = [int(node["Resources"].get("CPU", 0)) for node in nodes if node["Resources"].get("CPU", 0) >= 1]
+        if not cpus:
+            ray.shutdown()
+            raise ValueError("the Ray cluster has no node with a CPU to train on")
+        cpus_per_cell = cpus_per_cell or (1 if gpus else min(cpus))
+        if cpus_per_cell > max(cpus):
+            ray.shutdown()
+            raise ValueError(f"--cpus-per-cell {cpus_per_cell}: no node of the cluster has that many CPUs "
+                             f"(they have {', '.join(map(str, sorted(set(cpus))))})")
+        _check_tracking_reachable({node["NodeManagerHostname"] for node in nodes}, ray)
+        return cls(ray, studies, cpus_per_cell, gpus, repository)
+
+    def train(self, cells: list[str]) -> None:
+        """Each cell a task; each reported as it ends, with a progress bar. Raises `StageFailed` with the log of the
+        first cell that fails, once the other tasks are cancelled."""
+        from tqdm.auto import tqdm
+
+        from pipelines import tracking
+
+        ray = self.ray
+        nodes = len([node for node in ray.nodes() if node["Alive"]])
+        print(f"layertune repro: {len(cells)} cell(s) to train on the Ray cluster ({nodes} nodes; a cell takes "
+              f"{self.cpus_per_cell} CPU{'s' if self.cpus_per_cell > 1 else ''}{' and a GPU' if self.gpus else ''})",
+              flush=True)
+        if not cells:
+            return
+        workspace = self._workspace()
+        self.parents = {study: self._parent_run(study, len(cells)) for study in self.studies}
+        task = ray.remote(train_on_node).options(num_cpus=self.cpus_per_cell, num_gpus=1 if self.gpus else 0,
+                                                 max_retries=RETRIES, retry_exceptions=False)
+        pending = {}
+        for stage in cells:
+            study = stage.split("@")[0].removeprefix("train-")
+            parent = self.parents[study].run_id
+            env = {"OMP_NUM_THREADS": str(self.cpus_per_cell), **({PARENT_RUN_ENV: parent} if parent else {})}
+            pending[task.remote(workspace, stage, study, env)] = stage
+        status = tracking.KILLED
+        try:
+            with tqdm(total=len(cells), unit="cell", desc="layertune repro", dynamic_ncols=True) as bar:
+                for finished in range(1, len(cells) + 1):
+                    [done], _ = ray.wait(list(pending), num_returns=1)
+                    stage = pending.pop(done)
+                    try:
+                        result: CellResult = ray.get(done)
+                    except CellFailed as error:  # Ray raises the task's own error (as a RayTaskError subclass)
+                        status = tracking.FAILED
+                        raise StageFailed(str(error.args[0]) if error.args else str(error)) from None
+                    self._keep_journals(result)
+                    bar.update()
+                    bar.write(f"layertune repro: [{finished}/{len(cells)}] {stage} "
+                              f"{'trained' if result.trained else 'restored from the run-cache'} on node "
+                              f"{result.node} in {result.seconds:.1f} s")
+            status = tracking.FINISHED
+        finally:
+            if pending:
+                self._cancel(pending)
+            self._end_parent_runs(status)
+
+    def _workspace(self) -> NodeWorkspace:
+        """The shared stages' outputs pushed; what a node needs to build a cell from them."""
+        inputs = {study: [stage for stage in _inputs(study)] for study in self.studies}
+        stages = sorted({stage for study in inputs.values() for stage in study})
+        push = subprocess.run(["dvc", "push", "--quiet", *stages], capture_output=True, text=True)
+        if push.returncode:
+            raise StageFailed(f"dvc push {' '.join(stages)} failed:\n{push.stdout[-LOG_TAIL:]}{push.stderr[-LOG_TAIL:]}")
+        from pipelines import tracking
+
+        env = {key: value for key, value in os.environ.items() if key.startswith(FORWARDED_ENV)}
+        env["MLFLOW_TRACKING_URI"] = absolute_tracking_uri(tracking.tracking_uri())
+        if mirror := model_mirror():
+            env["LAYERTUNE_MODEL_MIRROR"] = mirror
+        return NodeWorkspace(repository=self.repository, commit=git("rev-parse", "HEAD"),
+                             dvc_lock=Path("dvc.lock").read_text(), remote_config=remote_config(Path.cwd()),
+                             inputs=inputs, build=self.build, env=env)
+
+    def _parent_run(self, study: str, cells: int):
+        from pipelines import tracking
+
+        return tracking.CellRun.start(
+            experiment=tracking.experiment_name(study), run_name=f"build {self.build}",
+            params={"commit": git("rev-parse", "HEAD"), "studies": ",".join(self.studies), "cells": cells,
+                    "cpus_per_cell": self.cpus_per_cell, "gpus_per_cell": int(self.gpus)},
+            tags={**tracking.cell_tags(study=study), "layertune.build": self.build})
+
+    def _end_parent_runs(self, status: str) -> None:
+        """Each parent run ends ``status``; a child a lost node left RUNNING (its retry ran elsewhere) ends KILLED."""
+        from pipelines import tracking
+
+        for run in self.parents.values():
+            if run.run_id is not None:
+                tracking.end_children(run.pending.uri, run.run_id)
+            run.end(status)
+
+    def _keep_journals(self, result: CellResult) -> None:
+        """Runs a cell kept while MLflow did not answer, written here and replayed (or kept for a later sync)."""
+        from pipelines import tracking
+
+        for path, text in result.journals.items():
+            tracking.write_pending(Path(path), tracking.PendingRun.model_validate_json(text))
+        if result.journals:
+            tracking.sync()
+
+    def _cancel(self, pending: dict) -> None:
+        """Every task not done is cancelled: a running one gets KeyboardInterrupt, which stops its cell's process
+        group (the cell's run ends KILLED) and removes its workspace. Waits until they have ended."""
+        ray = self.ray
+        print(f"layertune repro: cancelling {len(pending)} cell(s): {', '.join(sorted(pending.values()))}",
+              file=sys.stderr, flush=True)
+        for ref in pending:
+            ray.cancel(ref)
+        ray.wait(list(pending), num_returns=len(pending), timeout=60)
+
+    def close(self) -> None:
+        """This build's folders removed on every live node; the connection closed."""
+        ray = self.ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        remove = ray.remote(remove_build_folder)
+        with contextlib.suppress(Exception):
+            ray.get([remove.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node["NodeID"], soft=False)).remote(self.build) for node in ray.nodes() if node["Alive"]],
+                timeout=60)
+        ray.shutdown()
+
+
+def _inputs(study: str) -> list[str]:
+    from pipelines.repro import shared_stages
+
+    return shared_stages([study])
+
+
+def commit_is_clean() -> None:
+    """The nodes build the commit: a tracked file changed here (but dvc.lock, which the driver sends) would make
+    their cells differ from this workspace's."""
+    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
+               if line[3:] != "dvc.lock"]
+    if changed:
+        raise ValueError(f"--ray builds the commit on every node, and these files differ from it: {', '.join(changed)}"
+                         "; commit them (or stash them) first")
+
+
+def repository_of(project: Path) -> str:
+    """Where nodes clone the commit from: the ``origin`` remote when the commit is on it, else this repository's
+    folder (nodes on this machine, or on a shared filesystem, reach it)."""
+    head = git("rev-parse", "HEAD")
+    origin = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True).stdout.strip()
+    if origin and git("branch", "--remotes", "--contains", head):
+        return origin
+    return str(Path(git("rev-parse", "--show-toplevel")).resolve())
+
+
+def remote_config(project: Path) -> str:
+    """The default DVC remote, as ``.dvc/config.local`` lines with its URL resolved (relative paths are relative to
+    ``.dvc/``); a `ValueError` when there is none: nodes share outputs through it."""
+    from dvc.repo import Repo
+
+    with Repo(str(project)) as repo:
+        name = repo.config["core"].get("remote")
+        if not name:
+            raise ValueError("--ray needs a default DVC remote, which every node reaches (nodes share inputs and "
+                             "outputs through it): dvc remote add -d NAME URL (docs/pipeline.md, 'Scaling out')")
+        options = dict(repo.config["remote"][name])
+
+    def text(value) -> str:
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return "".join([f"[core]\n    remote = {name}\n", f"['remote \"{name}\"']\n",
+                    *(f"    {key} = {text(value)}\n" for key, value in options.items())])
+
+
+def absolute_tracking_uri(uri: str) -> str:
+    """A SQLite store named by a relative path, made absolute: cells run in other folders."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).absolute()}"
+    return uri
+
+
+def _check_tracking_reachable(hosts: set[str], ray) -> None:
+    from pipelines import tracking
+
+    uri = tracking.tracking_uri()
+    others = sorted(hosts - {socket.gethostname()})
+    if others and not uri.startswith(("http://", "https://", "databricks")):
+        ray.shutdown()
+        raise ValueError(f"MLflow's store {uri} is on this machine, which the cluster's nodes {', '.join(others)} "
+                         "cannot write to: set MLFLOW_TRACKING_URI to a server every node reaches "
+                         "(docs/pipeline.md, 'A team MLflow server')")
+
+
+def model_mirror() -> str | None:
+    """``download.model_mirror`` resolved here ($LAYERTUNE_MODEL_MIRROR wins), for nodes whose workspaces are
+    elsewhere: each node must have the models at that path (or reach the hub)."""
+    import yaml
+
+    from pipelines.hooks import MODEL_MIRROR_ENV, model_mirror_path
+
+    if mirror := os.environ.get(MODEL_MIRROR_ENV):
+        return mirror
+    configured = ((yaml.safe_load(Path("params.yaml").read_text()) or {}).get("download") or {}).get("model_mirror")
+    return model_mirror_path(configured, Path.cwd()) if configured else None
+
+
+def git(*arguments: str) -> str:
+    return subprocess.run(["git", *arguments], capture_output=True, text=True, check=True).stdout.strip()

@@ -1,0 +1,132 @@
+"""``layertune repro``: build the studies as `dvc repro` does, with several cells at a time.
+
+    layertune repro [STUDY ...]                   # one cell at a time: the same as `dvc repro`
+    layertune repro --jobs 4                      # four cells at a time on this machine (one GPU each, if any)
+    layertune repro --ray [ADDRESS]               # every cell a task on a Ray cluster (pip install "layertune[cluster]")
+
+Every way builds the stages all cells read once (plan … tokenize), then each cell that changed (`changed_cells`),
+then evaluates and aggregates with a plain ``dvc repro`` of the studies' reports, every cell being up to date by
+then. Each cell trains exactly as in a serial build: the reports are the same, byte for byte. Only this process
+writes dvc.lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pipelines.parallel import Children, Interrupted, StageFailed, devices, run_cells
+
+PROG = "layertune repro"
+
+
+def changed_cells(targets: Sequence[str]) -> list[str]:
+    """The train stages `dvc status` reports changed upstream of ``targets``."""
+    status = subprocess.run(["dvc", "status", "--json", "--with-deps", *targets], capture_output=True, text=True,
+                            check=True)
+    return sorted(name for name in json.loads(status.stdout or "{}") if name.split("@")[0].startswith("train-"))
+
+
+def shared_stages(studies: Sequence[str]) -> list[str]:
+    """The stages whose outputs the cells of ``studies`` read."""
+    return ["plan", *(f"{stage}@{study}" for study in studies for stage in ("prepare", "tokenize"))]
+
+
+def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_per_cell: int | None = None) -> int:
+    """The studies' shared stages, then their changed cells (``jobs`` at a time here, or on the Ray cluster at
+    ``ray``: "" for `ray.init`'s own choice), then evaluate and aggregate; 0 when all succeeded."""
+    if jobs < 1:
+        raise ValueError(f"--jobs must be at least 1; got {jobs}")
+    cluster = None
+    if ray is not None:
+        from pipelines.ray_cluster import RayCluster
+
+        cluster = RayCluster.connect(ray or None, studies, cpus_per_cell)  # every check before any work
+    children = Children()
+    try:
+        with children.stopped_on_signal():
+            return _build(studies, children, cluster.train if cluster else _local(jobs, children),
+                          pull=cluster is not None)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _local(jobs: int, children: Children) -> Callable[[list[str]], None]:
+    def train(cells: list[str]) -> None:
+        gpus = devices()
+        print(f"{PROG}: {len(cells)} cell(s) to train, {jobs} at a time"
+              + (f" on GPUs {', '.join(g for g in gpus if g is not None)}" if gpus != [None] else ""), flush=True)
+        run_cells(cells, jobs, gpus, children)
+    return train
+
+
+def _build(studies: Sequence[str], children: Children, train: Callable[[list[str]], None], pull: bool) -> int:
+    tokenize = children.run(["dvc", "repro", *(f"tokenize@{study}" for study in studies)])
+    if tokenize.returncode:
+        raise subprocess.CalledProcessError(tokenize.returncode, tokenize.args)
+    reports = [f"aggregate@{study}" for study in studies]
+    try:
+        train(changed_cells(reports))
+    except StageFailed as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 1
+    # --pull: cells trained elsewhere are restored from the remote's run-cache (DVC says "is cached - skipping run")
+    return children.run(["dvc", "repro", *(["--pull"] if pull else []), *reports]).returncode
+
+
+def study_names(chosen: Sequence[str]) -> list[str]:
+    """``chosen``, or every study of params.yaml; an unknown name is an error naming the studies there are."""
+    import yaml
+
+    studies = list((yaml.safe_load(Path("params.yaml").read_text()) or {}).get("studies") or {})
+    unknown = [name for name in chosen if name not in studies]
+    if unknown:
+        raise ValueError(f"no study {', '.join(map(repr, unknown))} in params.yaml; its studies: {', '.join(studies)}")
+    return list(chosen) or studies
+
+
+def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """The options of ``layertune repro`` (an entry point of group ``layertune.commands``), and its function."""
+    parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
+    parser.add_argument("studies", nargs="*", metavar="STUDY", help="studies to build (default: every study of "
+                        "params.yaml)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-j", "--jobs", type=int, default=1, help="cells trained at a time on this machine")
+    where.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                       help="train the cells on a Ray cluster: its address (host:port, ray://…), else $RAY_ADDRESS, "
+                            "a cluster started on this machine (ray start --head), or a new local instance")
+    parser.add_argument("--cpus-per-cell", type=int, help="with --ray: CPUs a cell takes (default: 1 on a cluster "
+                        "with GPUs, where a cell takes a GPU; else every CPU of the smallest node)")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    if not Path("dvc.yaml").is_file():
+        print(f"{PROG}: run it in the project folder (where dvc.yaml is)", file=sys.stderr)
+        return 2
+    if args.cpus_per_cell is not None and args.ray is None:
+        print(f"{PROG}: --cpus-per-cell is an option of --ray", file=sys.stderr)
+        return 2
+    try:
+        return repro(study_names(args.studies), args.jobs, args.ray, args.cpus_per_cell)
+    except (ValueError, subprocess.CalledProcessError) as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 2
+    except Interrupted as error:
+        print(f"{PROG}: {error}; the cells it was training were stopped", file=sys.stderr)
+        return 128 + error.signum
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.repro``: the same as ``layertune repro``."""
+    parser = argparse.ArgumentParser(prog=PROG)
+    return configure(parser)(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

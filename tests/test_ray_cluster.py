@@ -1,0 +1,144 @@
+"""`layertune repro --ray`: a study's cells as tasks on a Ray cluster, simulated on this machine with
+`ray.cluster_utils.Cluster` (a head that trains nothing and two worker nodes, each declaring a GPU: a cell takes one),
+a local-folder DVC remote and the embedded MLflow store. The studies are the `ci` profile's ablation and methods
+studies (the real all-MiniLM-L6-v2 on SST-2 from the data mirror), compared with their serial `dvc repro`.
+
+Slow (a serial build, two cluster builds: about 6 minutes in all); one xdist worker runs them all, in order."""
+
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.projects import ROOT, make_dvc_project
+from tests.test_scale import clone, reports, sh
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray_cluster")]
+STUDIES = ("ablation", "methods")
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory, data_mirror, minilm_l3):
+    """The team's repository with the ci profile's two studies, and their serial build (in a clone)."""
+    from pipelines.profiles import apply_overrides, load_profile
+
+    params = apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), load_profile("ci", ROOT))
+    params["studies"] = {name: params["studies"][name] for name in STUDIES}
+    params["download"] = {"mirror": str(data_mirror), "model_mirror": str(minilm_l3.parent)}
+    folder = make_dvc_project(tmp_path_factory.mktemp("origin"), params)
+    serial = clone(folder, tmp_path_factory.mktemp("serial") / "repo")
+    started = time.monotonic()
+    sh(serial, "dvc", "repro", env=ENV)
+    print(f"serial build: {time.monotonic() - started:.1f} s")
+    return folder, serial
+
+
+ENV = {"RAY_USAGE_STATS_ENABLED": "0", "LAYERTUNE_DATA_MIRROR": ""}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head (no CPU: it trains nothing) and two worker nodes of two CPUs and a GPU each."""
+    os.environ.update({"RAY_USAGE_STATS_ENABLED": "0"})
+    from ray.cluster_utils import Cluster
+
+    simulated = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(2):
+        simulated.add_node(num_cpus=2, num_gpus=1)
+    simulated.wait_for_nodes()
+    yield simulated
+    simulated.shutdown()
+
+
+def cell_stages(project: Path) -> list[str]:
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    return sorted(name for name in lock if name.startswith("train-"))
+
+
+def mlflow_runs(project: Path) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    return [run for experiment in client.search_experiments() for run in client.search_runs([experiment.experiment_id])]
+
+
+def check_one_build_record(driver: Path, cells: list[str]) -> None:
+    """Per study one parent run, FINISHED; under it one FINISHED child per cell; nothing left RUNNING."""
+    runs = mlflow_runs(driver)
+    parents = {run.info.run_id: run for run in runs if run.info.run_name.startswith("build ")}
+    assert sorted(run.data.tags["study"] for run in parents.values()) == sorted(STUDIES)
+    assert {run.info.status for run in parents.values()} == {"FINISHED"}
+    children = [run for run in runs if run.info.run_id not in parents]
+    assert "RUNNING" not in {run.info.status for run in runs}
+    finished = sorted((run.data.tags["dvc_stage"], run.data.tags["mlflow.parentRunId"]) for run in children
+                      if run.info.status == "FINISHED")
+    assert [stage for stage, _ in finished] == cells, [  # each cell one FINISHED run
+        (run.info.run_name, run.info.status, run.data.tags.get("mlflow.parentRunId")) for run in runs]
+    for stage, parent in finished:
+        assert parents[parent].data.tags["study"] == stage.split("@")[0].removeprefix("train-")
+
+
+def cells_started(database: Path) -> int:
+    """Runs with a parent, read without MLflow (whose client would migrate a database being created)."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+            return db.execute("select count(*) from tags where key = 'mlflow.parentRunId'").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def nothing_left_on_the_nodes() -> None:
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}"
+    assert not list(root.glob("*")) if root.exists() else True
+
+
+def test_a_cluster_build_gives_the_serial_build(origin, cluster, tmp_path):
+    repository, serial = origin
+    driver = clone(repository, tmp_path / "driver", tmp_path / "remote")
+    started = time.monotonic()
+    log = sh(driver, "layertune", "repro", "--ray", cluster.address, "--cpus-per-cell", "2", env=ENV)
+    print(f"cluster build: {time.monotonic() - started:.1f} s\n{log}")
+    cells = cell_stages(serial)
+    assert f"{len(cells)} cell(s) to train on the Ray cluster (3 nodes" in log
+    trained = sorted(line.split()[3] for line in log.splitlines() if " trained on node " in line)
+    assert trained == cells  # each cell trained once, on a node
+    restored = {line.split("'")[1] for line in log.splitlines() if "is cached - skipping run" in line}
+    assert restored >= set(cells) and "Running stage 'train-" not in log  # the driver trained none
+    assert reports(driver) == reports(serial) and len(reports(driver)) == len(STUDIES)
+    assert sh(driver, "dvc", "status").split() == ["plan:", "always", "changed"]
+    check_one_build_record(driver, cells)
+    nothing_left_on_the_nodes()
+
+
+def test_a_node_lost_mid_build_costs_no_cell(origin, cluster, tmp_path):
+    """One worker node dies while it trains a cell: Ray runs that cell again on the other node; the reports are
+    the serial build's, each cell has one FINISHED run, the lost attempt's run ended KILLED, nothing RUNNING."""
+    repository, serial = origin
+    driver = clone(repository, tmp_path / "driver", tmp_path / "remote")
+    build = subprocess.Popen(["layertune", "repro", "--ray", cluster.address, "--cpus-per-cell", "2"], cwd=driver,
+                             env={**os.environ, **ENV, "MLFLOW_TRACKING_URI": f"sqlite:///{driver / 'mlflow.db'}",
+                                  "TQDM_DISABLE": "1"},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not cells_started(driver / "mlflow.db"):
+        assert build.poll() is None and time.monotonic() < deadline, build.stdout.read()
+        time.sleep(0.5)
+    time.sleep(3)  # the cells are training
+    cluster.remove_node(cluster.worker_nodes.copy().pop(), allow_graceful=False)
+    log, _ = build.communicate(timeout=600)
+    print(log)
+    cluster.add_node(num_cpus=2, num_gpus=1)  # for a test that may follow
+    assert build.returncode == 0, log
+    cells = cell_stages(serial)
+    assert reports(driver) == reports(serial)
+    check_one_build_record(driver, cells)
+    assert "KILLED" in {run.info.status for run in mlflow_runs(driver)}  # the lost attempt
+    assert sh(driver, "dvc", "status").split() == ["plan:", "always", "changed"]
