@@ -32,13 +32,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.parallel import Children, StageFailed
+from pipelines.parallel import Children, Interrupted, StageFailed
 from pipelines.tracking import PARENT_RUN_ENV
 
 # Passed on to each cell's commands: where models, data and the tracking server are, and how to reach them.
@@ -109,8 +110,8 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
         env = {**os.environ, **workspace.env, **env, "LAYERTUNE_WARM": "0"}  # a warm server per workspace: no gain
         with children.stopped_on_signal():
             for command in workspace.commands(stage, study):
-                done = children.run(command, started=_watch, cwd=folder, env=env, text=True, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT)
+                done = _interruptible(children.run, command, started=_watch, cwd=folder, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                 if done is None:
                     raise KeyboardInterrupt
                 log.append(f"$ dvc {' '.join(command[3:])}\n{done.stdout}")
@@ -123,6 +124,27 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
                           journals=journals)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _interruptible(function, *args, **kwargs):
+    """``function(*args, **kwargs)`` in a thread, waited for in short slices. Ray cancels a running task by raising
+    KeyboardInterrupt in its main thread, which happens between two bytecodes: not while a read of the command's
+    output blocks, but between two slices here (`Children.stopped_on_signal` then stops the command)."""
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = function(*args, **kwargs)
+        except BaseException as error:  # handed to the caller
+            outcome["error"] = error
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _watch(group: int) -> None:
@@ -240,36 +262,47 @@ class RayCluster:
         if not cells:
             return
         workspace = self._workspace()
-        self.parents = {study: self._parent_run(study, len(cells)) for study in self.studies}
         task = ray.remote(train_on_node).options(num_cpus=self.cpus_per_cell, num_gpus=1 if self.gpus else 0,
                                                  max_retries=RETRIES, retry_exceptions=False)
-        pending = {}
-        for stage in cells:
-            study = stage.split("@")[0].removeprefix("train-")
-            parent = self.parents[study].run_id
-            env = {"OMP_NUM_THREADS": str(self.cpus_per_cell), **({PARENT_RUN_ENV: parent} if parent else {})}
-            pending[task.remote(workspace, stage, study, env)] = stage
+        pending: dict = {}  # task -> its cell's stage
         status = tracking.KILLED
-        try:
-            with tqdm(total=len(cells), unit="cell", desc="layertune repro", dynamic_ncols=True) as bar:
+        # Signals are only noted from here on (`_next` raises `Interrupted`): a second Ctrl-C cannot cut the
+        # cancelling short, and every parent run ends.
+        with _signals_noted() as signals, tqdm(total=len(cells), unit="cell", desc="layertune repro",
+                                               dynamic_ncols=True) as bar:
+            try:
+                self.parents = {study: self._parent_run(study, len(cells)) for study in self.studies}
+                for stage in cells:
+                    study = stage.split("@")[0].removeprefix("train-")
+                    parent = self.parents[study].run_id
+                    env = {"OMP_NUM_THREADS": str(self.cpus_per_cell), **({PARENT_RUN_ENV: parent} if parent else {})}
+                    pending[task.remote(workspace, stage, study, env)] = stage
                 for finished in range(1, len(cells) + 1):
-                    [done], _ = ray.wait(list(pending), num_returns=1)
-                    stage = pending.pop(done)
-                    try:
-                        result: CellResult = ray.get(done)
-                    except CellFailed as error:  # Ray raises the task's own error (as a RayTaskError subclass)
-                        status = tracking.FAILED
-                        raise StageFailed(str(error.args[0]) if error.args else str(error)) from None
+                    result = self._next(pending, signals)
                     self._keep_journals(result)
                     bar.update()
-                    bar.write(f"layertune repro: [{finished}/{len(cells)}] {stage} "
+                    bar.write(f"layertune repro: [{finished}/{len(cells)}] {result.stage} "
                               f"{'trained' if result.trained else 'restored from the run-cache'} on node "
                               f"{result.node} in {result.seconds:.1f} s")
-            status = tracking.FINISHED
-        finally:
-            if pending:
-                self._cancel(pending)
-            self._end_parent_runs(status)
+                status = tracking.FINISHED
+            except CellFailed as error:
+                status = tracking.FAILED
+                raise StageFailed(str(error.args[0]) if error.args else str(error)) from None
+            finally:
+                if pending:
+                    self._cancel(pending)
+                self._end_parent_runs(status)
+
+    def _next(self, pending: dict, signals: list[int]) -> CellResult:
+        """The next task to end, taken out of ``pending``; `Interrupted` once a signal came (checked between waits:
+        an exception raised by a signal handler inside Ray's wait breaks it)."""
+        while True:
+            done, _ = self.ray.wait(list(pending), num_returns=1, timeout=0.5)
+            if signals:
+                raise Interrupted(signals[0])
+            if done:
+                pending.pop(done[0])
+                return self.ray.get(done[0])  # a failed cell raises its CellFailed (a RayTaskError subclass)
 
     def _workspace(self) -> NodeWorkspace:
         """The shared stages' outputs pushed; what a node needs to build a cell from them."""
@@ -336,6 +369,22 @@ class RayCluster:
                 node["NodeID"], soft=False)).remote(self.build) for node in ray.nodes() if node["Alive"]],
                 timeout=60)
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def _signals_noted() -> Iterator[list[int]]:
+    """Within the block SIGINT, SIGTERM and SIGHUP are only noted, in the list it yields (in the main thread)."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield noted
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _inputs(study: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""`python -m pipelines.parallel --jobs N` hands each worker its own GPU, and a signal stops every cell. No GPU here: a stand-in
+"""`layertune repro --jobs N` hands each worker its own GPU, and a signal stops every cell. No GPU here: a stand-in
 `dvc` on PATH records which GPU each cell's process saw and when it ran, or which processes it started (the
 end-to-end build with real DVC is in test_scale.py)."""
 
@@ -40,7 +40,7 @@ def fake_dvc(tmp_path, monkeypatch):
 def test_each_worker_sees_its_own_gpu(fake_dvc, capsys):
     parallel.run_cells([f"train-s@cell-{i}" for i in range(6)], jobs=2, gpus=["0", "1"])
     progress = capsys.readouterr().out.splitlines()  # each cell reported as it ends, counted
-    assert [line.split("]")[0] for line in progress] == [f"pipelines.parallel: [{i}/6" for i in range(1, 7)]
+    assert [line.split("]")[0] for line in progress] == [f"layertune repro: [{i}/6" for i in range(1, 7)]
     runs = [line.split() for line in fake_dvc.read_text().splitlines()]
     assert sorted(cell for cell, *_ in runs) == [f"train-s@cell-{i}" for i in range(6)]
     assert {gpu for _, gpu, _, _ in runs} == {"0", "1"}
@@ -70,7 +70,7 @@ def test_a_failed_cell_is_reported_with_its_output_and_stops_new_cells(fake_dvc)
 
 
 SLOW_DVC = """#!/bin/sh
-# `python -m pipelines.parallel`'s calls: tokenize and the final repro succeed at once, status lists two cells, a cell trains
+# `layertune repro --jobs 2`'s calls: tokenize and the final repro succeed at once, status lists two cells, a cell trains
 # (sleeps) for a minute in a child process, as a stage command under dvc would
 case "$1" in
   status) echo '{"train-s@a": [], "train-s@b": []}'; exit 0 ;;
@@ -92,7 +92,7 @@ def alive(pid: int) -> bool:
 
 
 def test_sigterm_stops_every_cell_and_its_command_then_fails(tmp_path):
-    """SIGTERM to `python -m pipelines.parallel --jobs 2` reaches each cell's dvc and the command it runs: none goes on training,
+    """SIGTERM to `layertune repro --jobs 2` reaches each cell's dvc and the command it runs: none goes on training,
     orphaned; the build exits 128 + SIGTERM."""
     (tmp_path / "bin").mkdir()
     script = tmp_path / "bin" / "dvc"
@@ -103,7 +103,7 @@ def test_sigterm_stops_every_cell_and_its_command_then_fails(tmp_path):
     record = tmp_path / "record.txt"
     env = {**os.environ, "PATH": f"{script.parent}{os.pathsep}{os.environ['PATH']}", "RECORD": str(record),
            "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
-    build = subprocess.Popen([sys.executable, "-m", "pipelines.parallel", "--jobs", "2"], cwd=tmp_path, env=env,
+    build = subprocess.Popen([sys.executable, "-m", "pipelines.repro", "--jobs", "2"], cwd=tmp_path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(record.read_text().splitlines() if record.exists() else []) < 2 and time.monotonic() < deadline:

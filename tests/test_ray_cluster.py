@@ -7,6 +7,7 @@ Slow (a serial build, two cluster builds: about 6 minutes in all); one xdist wor
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.projects import ROOT, make_dvc_project
+from tests.projects import ROOT, make_dvc_project, study
 from tests.test_scale import clone, reports, sh
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray_cluster")]
@@ -142,3 +143,63 @@ def test_a_node_lost_mid_build_costs_no_cell(origin, cluster, tmp_path):
     check_one_build_record(driver, cells)
     assert "KILLED" in {run.info.status for run in mlflow_runs(driver)}  # the lost attempt
     assert sh(driver, "dvc", "status").split() == ["plan:", "always", "changed"]
+
+
+@pytest.fixture(scope="module")
+def slow_origin(tmp_path_factory):
+    """Tiny models, long cells (400 epochs of the toy data); the `diverges` setting's rate makes its loss NaN."""
+    params = {"download": {"mirror": "mirror"}, "studies": {"tuning": {
+        **study("methods", ["sst2"], {"tiny": "models/tiny-a"}, None, [1, 2]), "tunable_layers": None,
+        "methods": {"top_k-0": {"tunable_layers": 0}, "diverges": {"tunable_layers": "all", "learning_rate": 1.0e30}}}}}
+    params["studies"]["tuning"]["training"]["epochs"] = 400
+    return make_dvc_project(tmp_path_factory.mktemp("slow"), params)
+
+
+def start_build(driver: Path, address: str) -> subprocess.Popen:
+    return subprocess.Popen(["layertune", "repro", "--ray", address], cwd=driver, text=True,
+                            env={**os.environ, **ENV, "MLFLOW_TRACKING_URI": f"sqlite:///{driver / 'mlflow.db'}",
+                                 "TQDM_DISABLE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def nothing_runs_on(driver: Path) -> None:
+    """No run RUNNING, and no process of a cell's run alive: every cell was stopped, none trains on, orphaned."""
+    runs = mlflow_runs(driver)
+    assert "RUNNING" not in {run.info.status for run in runs}
+    pids = [int(run.data.tags["layertune.pid"]) for run in runs if "mlflow.parentRunId" in run.data.tags]
+    assert pids and not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+def test_a_failed_cell_stops_the_build_with_its_log(slow_origin, cluster, tmp_path):
+    driver = clone(slow_origin, tmp_path / "driver", tmp_path / "remote")
+    build = start_build(driver, cluster.address)
+    out, err = build.communicate(timeout=600)
+    assert build.returncode == 1, out + err
+    assert "train-tuning@sst2-tiny-diverges-" in err and "FloatingPointError" in err  # the cell's own log
+    runs = mlflow_runs(driver)
+    assert {run.info.status for run in runs if "-diverges-" in run.info.run_name} <= {"FAILED", "KILLED"}
+    assert [run.info.status for run in runs if run.info.run_name.startswith("build ")] == ["FAILED"]
+    assert not [run for run in runs if run.info.status == "FINISHED" and "-top_k-0-" in run.info.run_name]  # cancelled
+    nothing_runs_on(driver)
+    nothing_left_on_the_nodes()
+    assert not (driver / "reports").exists()
+
+
+def test_ctrl_c_cancels_the_cells_and_cleans_the_nodes(slow_origin, cluster, tmp_path):
+    driver = clone(slow_origin, tmp_path / "driver", tmp_path / "remote")
+    (driver / "params.yaml").write_text((driver / "params.yaml").read_text().replace("1.0e+30", "0.001"))
+    sh(driver, "git", "commit", "--quiet", "-am", "no diverging cell")
+    build = start_build(driver, cluster.address)
+    deadline = time.monotonic() + 300
+    while cells_started(driver / "mlflow.db") < 2:
+        assert build.poll() is None and time.monotonic() < deadline, build.communicate()
+        time.sleep(0.5)
+    build.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    out, err = build.communicate(timeout=120)
+    assert build.returncode == 130, out + err
+    assert time.monotonic() - interrupted < 30  # the cells were stopped, not waited for
+    assert "cancelling" in err
+    runs = mlflow_runs(driver)
+    assert {run.info.status for run in runs} == {"KILLED"}
+    nothing_runs_on(driver)
+    nothing_left_on_the_nodes()

@@ -7,7 +7,6 @@ Tiny studies (the repository's own dvc.yaml, tiny models, a toy data mirror) in 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -67,7 +66,7 @@ def origin(tmp_path_factory):
 def test_two_workers_build_exactly_what_a_serial_build_does(origin, tmp_path):
     repository, serial = origin
     parallel = clone(repository, tmp_path / "parallel")
-    log = sh(parallel, sys.executable, "-m", "pipelines.parallel", "--jobs", "2")
+    log = sh(parallel, "layertune", "repro", "--jobs", "2")
     assert f"{CELLS} cell(s) to train, 2 at a time" in log
     assert reports(parallel) == reports(serial) and len(reports(parallel)) == 3
     runs = finished_runs(parallel)
