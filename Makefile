@@ -1,6 +1,6 @@
 # Two entry points, each doing its own set-up on a fresh machine:
 #   make study   install, then build the three default studies (`dvc repro` → reports/); JOBS=4 trains four cells
-#                at a time (`python -m pipelines.parallel --jobs 4`, one GPU each when there are GPUs)
+#                at a time (`layertune repro --jobs 4`, one GPU each when there are GPUs)
 #   make test    install, then run the test suite
 # Everything runs from a project virtual environment (.venv): a system Python may refuse packages (PEP 668), and
 # the study should not depend on what else is installed. Set PYTHON to choose the interpreter that creates it.
@@ -38,7 +38,7 @@ $(VENV)/bin/python:
 JOBS ?= 1
 study: setup
 	python -m pipelines.dvc_stages  # a study added to params.yaml gets its train stage in dvc.yaml
-	$(if $(filter 1,$(JOBS)),dvc repro,python -m pipelines.parallel --jobs $(JOBS))
+	$(if $(filter 1,$(JOBS)),dvc repro,layertune repro --jobs $(JOBS))
 
 test: setup
 	OMP_WAIT_POLICY=PASSIVE python -m pytest -n 2 --dist loadgroup  # idle OpenMP threads sleep: two workers share two cores

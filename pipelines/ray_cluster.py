@@ -120,7 +120,7 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
         journals = {str(path.relative_to(folder)): path.read_text()
                     for path in sorted((folder / "data" / "09_tracking").glob("*/*.json"))}
         return CellResult(stage=stage, node=ray.get_runtime_context().get_node_id()[:8],
-                          seconds=time.monotonic() - started, trained="is cached - skipping run" not in log[1],
+                          seconds=time.monotonic() - started, trained="Running stage" in log[1],
                           journals=journals)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -396,8 +396,9 @@ def _inputs(study: str) -> list[str]:
 def commit_is_clean() -> None:
     """The nodes build the commit: a tracked file changed here (but dvc.lock, which the driver sends) would make
     their cells differ from this workspace's."""
-    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
-               if line[3:] != "dvc.lock"]
+    status = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=no"], capture_output=True,
+                            text=True, check=True).stdout  # "XY path" entries, NUL-separated (X may be a space)
+    changed = [entry[3:] for entry in status.split("\0") if entry and entry[3:] != "dvc.lock"]
     if changed:
         raise ValueError(f"--ray builds the commit on every node, and these files differ from it: {', '.join(changed)}"
                          "; commit them (or stash them) first")
