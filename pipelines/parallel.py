@@ -43,6 +43,9 @@ class Interrupted(Exception):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
 
+    def __reduce__(self):  # pickled by its signal number (the message is not what __init__ takes)
+        return Interrupted, (self.signum,)
+
 
 class Children:
     """The `dvc` processes running, each in a process group of its own, which holds the stage command it starts:
@@ -64,7 +67,13 @@ class Children:
             process = subprocess.Popen(command, **popen, **_OWN_GROUP)
             self._running.add(process)
             if started is not None:
-                started(process.pid)
+                try:
+                    started(process.pid)
+                except BaseException:  # the command must not run on without what `started` set up
+                    _signal_group(process.pid, signal.SIGKILL)
+                    process.wait()
+                    self._running.discard(process)
+                    raise
         # Left listed if waiting is interrupted (a signal, in the main thread): `stop` must still reach it.
         stdout, _ = process.communicate()
         with self._lock:

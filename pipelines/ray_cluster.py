@@ -25,6 +25,7 @@ sent back with the cell's result and replayed here.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -98,38 +99,51 @@ class NodeWorkspace:
 
 
 def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str]) -> CellResult:
-    """The Ray task: ``stage`` built in a new workspace of this node, its outputs pushed; the workspace removed."""
+    """The Ray task: ``stage`` built in a new workspace of this node, its outputs pushed; the workspace removed.
+
+    Ray's own signal handling stays: a cancel raises KeyboardInterrupt here, SIGTERM exits the worker (which Ray
+    counts as a worker death, and retries); either way the cell's process group is stopped first."""
     import ray
 
     started = time.monotonic()
-    folder = Path(tempfile.mkdtemp(prefix=f"{stage.replace('@', '-')}-", dir=build_folder(workspace.build)))
-    log: list[str] = []
     children = Children(grace_s=20.0)
+    folder = None
+    log: list[str] = []
     try:
+        folder = Path(tempfile.mkdtemp(prefix=f"{stage.replace('@', '-')}-", dir=build_folder(workspace.build)))
         workspace.prepare(folder)
-        env = {**os.environ, **workspace.env, **env, "LAYERTUNE_WARM": "0"}  # a warm server per workspace: no gain
-        with children.stopped_on_signal():
-            for command in workspace.commands(stage, study):
-                done = _interruptible(children.run, command, started=_watch, cwd=folder, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                if done is None:
-                    raise KeyboardInterrupt
-                log.append(f"$ dvc {' '.join(command[3:])}\n{done.stdout}")
-                if done.returncode:
-                    raise CellFailed(f"{stage} failed on {socket.gethostname()}:\n{''.join(log)[-LOG_TAIL:]}")
+        # The stage commands call `python` and `dvc` by name: this interpreter's, however Ray was started.
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env = {**os.environ, **workspace.env, **env, "PATH": path, "LAYERTUNE_WARM": "0"}  # a warm server per
+        for command in workspace.commands(stage, study):  # one-cell workspace would be no gain
+            done = _interruptible(children.run, command, started=_watch, cwd=folder, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            log.append(f"$ dvc {' '.join(command[3:])}\n{done.stdout}")
+            if done.returncode:
+                raise CellFailed(f"{stage} failed on {socket.gethostname()}:\n{''.join(log)[-LOG_TAIL:]}")
         journals = {str(path.relative_to(folder)): path.read_text()
                     for path in sorted((folder / "data" / "09_tracking").glob("*/*.json"))}
         return CellResult(stage=stage, node=ray.get_runtime_context().get_node_id()[:8],
                           seconds=time.monotonic() - started, trained="Running stage" in log[1],
                           journals=journals)
+    except (KeyboardInterrupt, SystemExit):
+        children.stop()
+        raise
+    except CellFailed:
+        raise
+    except Exception as error:  # a node that cannot make the workspace (disk full, a bad clone): the cell failed
+        children.stop()
+        raise CellFailed(f"{stage} failed on {socket.gethostname()}: {type(error).__name__}: {error}\n"
+                         f"{''.join(log)[-LOG_TAIL:]}") from None
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _interruptible(function, *args, **kwargs):
     """``function(*args, **kwargs)`` in a thread, waited for in short slices. Ray cancels a running task by raising
     KeyboardInterrupt in its main thread, which happens between two bytecodes: not while a read of the command's
-    output blocks, but between two slices here (`Children.stopped_on_signal` then stops the command)."""
+    output blocks, but between two slices here (`train_on_node` then stops the command)."""
     outcome: dict = {}
 
     def call() -> None:
@@ -211,48 +225,58 @@ def _check(command: Sequence[str], what: str) -> None:
 
 class RayCluster:
     """The driver's side: `connect` checks everything a node will need before any work; `train` runs the cells and
-    returns once each is in the remote's run-cache; `close` removes this build's folders on every node."""
+    returns once each is in the remote's run-cache; `close` ends the build's parent runs and removes its folders on
+    every node."""
 
-    def __init__(self, ray, studies: Sequence[str], cpus_per_cell: int, gpus: bool, repository: str) -> None:
+    def __init__(self, ray, studies: Sequence[str], cpus_per_cell: int, gpus: bool, repository: str,
+                 commit: str) -> None:
         self.ray, self.studies, self.cpus_per_cell, self.gpus = ray, list(studies), cpus_per_cell, gpus
-        self.repository = repository
+        self.repository, self.commit = repository, commit
         self.build = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.tracking_uri = ""  # set by `connect`: the store every cell logs to
         self.parents: dict[str, object] = {}  # study -> its build's parent run (pipelines.tracking.CellRun)
 
     @classmethod
     def connect(cls, address: str | None, studies: Sequence[str], cpus_per_cell: int | None = None) -> RayCluster:
         """Connected to the cluster at ``address`` (None: `ray.init`'s own choice), once the workspace is committed,
         a DVC remote is set and the tracking store is one every node reaches; else a `ValueError` saying what to do."""
+        if cpus_per_cell is not None and cpus_per_cell < 1:
+            raise ValueError(f"--cpus-per-cell must be at least 1; got {cpus_per_cell}")
         try:
             import ray
         except ImportError:
             raise ValueError('--ray needs Ray: pip install "layertune[cluster]"') from None
         commit_is_clean()
-        remote_config(Path.cwd())
-        repository = repository_of(Path.cwd())
+        commit = git("rev-parse", "HEAD")  # what every node builds, read once
+        remote = remote_config(Path.cwd())
+        repository = repository_of(commit)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the cluster unasked
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  logging_level="WARNING", configure_logging=True)
-        nodes = [node for node in ray.nodes() if node["Alive"]]
-        gpus = any(node["Resources"].get("GPU", 0) >= 1 for node in nodes)
-        cpus = [int(node["Resources"].get("CPU", 0)) for node in nodes if node["Resources"].get("CPU", 0) >= 1]
-        if not cpus:
+        try:
+            nodes = [node for node in ray.nodes() if node["Alive"]]
+            gpus = any(node["Resources"].get("GPU", 0) >= 1 for node in nodes)
+            cpus = [int(node["Resources"].get("CPU", 0)) for node in nodes if node["Resources"].get("CPU", 0) >= 1]
+            if not cpus:
+                raise ValueError("the Ray cluster has no node with a CPU to train on")
+            cpus_per_cell = cpus_per_cell or (1 if gpus else min(cpus))
+            if cpus_per_cell > max(cpus):
+                raise ValueError(f"--cpus-per-cell {cpus_per_cell}: no node of the cluster has that many CPUs "
+                                 f"(they have {', '.join(map(str, sorted(set(cpus))))})")
+            others = sorted({node["NodeManagerHostname"] for node in nodes} - {socket.gethostname()})
+            uri = reachable_tracking_uri(others)
+            warn_if_local_to_this_machine(others, repository, remote)
+        except BaseException:
             ray.shutdown()
-            raise ValueError("the Ray cluster has no node with a CPU to train on")
-        cpus_per_cell = cpus_per_cell or (1 if gpus else min(cpus))
-        if cpus_per_cell > max(cpus):
-            ray.shutdown()
-            raise ValueError(f"--cpus-per-cell {cpus_per_cell}: no node of the cluster has that many CPUs "
-                             f"(they have {', '.join(map(str, sorted(set(cpus))))})")
-        _check_tracking_reachable({node["NodeManagerHostname"] for node in nodes}, ray)
-        return cls(ray, studies, cpus_per_cell, gpus, repository)
+            raise
+        cluster = cls(ray, studies, cpus_per_cell, gpus, repository, commit)
+        cluster.tracking_uri = uri
+        return cluster
 
     def train(self, cells: list[str]) -> None:
         """Each cell a task; each reported as it ends, with a progress bar. Raises `StageFailed` with the log of the
-        first cell that fails, once the other tasks are cancelled."""
+        first cell that fails (or the task's error), once the other tasks are cancelled; `Interrupted` on a signal."""
         from tqdm.auto import tqdm
-
-        from pipelines import tracking
 
         ray = self.ray
         nodes = len([node for node in ray.nodes() if node["Alive"]])
@@ -265,18 +289,17 @@ class RayCluster:
         task = ray.remote(train_on_node).options(num_cpus=self.cpus_per_cell, num_gpus=1 if self.gpus else 0,
                                                  max_retries=RETRIES, retry_exceptions=False)
         pending: dict = {}  # task -> its cell's stage
-        status = tracking.KILLED
         # Signals are only noted from here on (`_next` raises `Interrupted`): a second Ctrl-C cannot cut the
-        # cancelling short, and every parent run ends.
+        # cancelling short.
         with _signals_noted() as signals, tqdm(total=len(cells), unit="cell", desc="layertune repro",
                                                dynamic_ncols=True) as bar:
             try:
-                self.parents = {study: self._parent_run(study, len(cells)) for study in self.studies}
+                for study in self.studies:
+                    self.parents[study] = self._parent_run(study, sum(_study_of(stage) == study for stage in cells))
                 for stage in cells:
-                    study = stage.split("@")[0].removeprefix("train-")
-                    parent = self.parents[study].run_id
+                    parent = self.parents[_study_of(stage)].run_id
                     env = {"OMP_NUM_THREADS": str(self.cpus_per_cell), **({PARENT_RUN_ENV: parent} if parent else {})}
-                    pending[task.remote(workspace, stage, study, env)] = stage
+                    pending[task.remote(workspace, stage, _study_of(stage), env)] = stage
                 for finished in range(1, len(cells) + 1):
                     result = self._next(pending, signals)
                     self._keep_journals(result)
@@ -284,60 +307,51 @@ class RayCluster:
                     bar.write(f"layertune repro: [{finished}/{len(cells)}] {result.stage} "
                               f"{'trained' if result.trained else 'restored from the run-cache'} on node "
                               f"{result.node} in {result.seconds:.1f} s")
-                status = tracking.FINISHED
-            except CellFailed as error:
-                status = tracking.FAILED
-                raise StageFailed(str(error.args[0]) if error.args else str(error)) from None
             finally:
                 if pending:
                     self._cancel(pending)
-                self._end_parent_runs(status)
+        if signals:  # one that came after the last cell ended
+            raise Interrupted(signals[0])
 
     def _next(self, pending: dict, signals: list[int]) -> CellResult:
         """The next task to end, taken out of ``pending``; `Interrupted` once a signal came (checked between waits:
-        an exception raised by a signal handler inside Ray's wait breaks it)."""
+        an exception raised by a signal handler inside Ray's wait breaks it); `StageFailed` for a task that failed,
+        whatever the cause (its cell's commands, or a node lost more often than Ray retries)."""
         while True:
             done, _ = self.ray.wait(list(pending), num_returns=1, timeout=0.5)
             if signals:
                 raise Interrupted(signals[0])
             if done:
-                pending.pop(done[0])
-                return self.ray.get(done[0])  # a failed cell raises its CellFailed (a RayTaskError subclass)
+                stage = pending.pop(done[0])
+                try:
+                    return self.ray.get(done[0])
+                except CellFailed as error:  # Ray raises the task's own error (as a subclass of both)
+                    raise StageFailed(str(error.args[0]) if error.args else str(error)) from None
+                except Exception as error:
+                    raise StageFailed(f"{stage} failed: {type(error).__name__}: {error}") from None
 
     def _workspace(self) -> NodeWorkspace:
         """The shared stages' outputs pushed; what a node needs to build a cell from them."""
-        inputs = {study: [stage for stage in _inputs(study)] for study in self.studies}
+        inputs = {study: _inputs(study) for study in self.studies}
         stages = sorted({stage for study in inputs.values() for stage in study})
         push = subprocess.run(["dvc", "push", "--quiet", *stages], capture_output=True, text=True)
         if push.returncode:
             raise StageFailed(f"dvc push {' '.join(stages)} failed:\n{push.stdout[-LOG_TAIL:]}{push.stderr[-LOG_TAIL:]}")
-        from pipelines import tracking
-
         env = {key: value for key, value in os.environ.items() if key.startswith(FORWARDED_ENV)}
-        env["MLFLOW_TRACKING_URI"] = absolute_tracking_uri(tracking.tracking_uri())
+        env["MLFLOW_TRACKING_URI"] = self.tracking_uri
         if mirror := model_mirror():
             env["LAYERTUNE_MODEL_MIRROR"] = mirror
-        return NodeWorkspace(repository=self.repository, commit=git("rev-parse", "HEAD"),
-                             dvc_lock=Path("dvc.lock").read_text(), remote_config=remote_config(Path.cwd()),
-                             inputs=inputs, build=self.build, env=env)
+        return NodeWorkspace(repository=self.repository, commit=self.commit, dvc_lock=Path("dvc.lock").read_text(),
+                             remote_config=remote_config(Path.cwd()), inputs=inputs, build=self.build, env=env)
 
     def _parent_run(self, study: str, cells: int):
         from pipelines import tracking
 
         return tracking.CellRun.start(
-            experiment=tracking.experiment_name(study), run_name=f"build {self.build}",
-            params={"commit": git("rev-parse", "HEAD"), "studies": ",".join(self.studies), "cells": cells,
+            experiment=tracking.experiment_name(study), run_name=f"build {self.build}", uri=self.tracking_uri,
+            params={"commit": self.commit, "studies": ",".join(self.studies), "cells": cells,
                     "cpus_per_cell": self.cpus_per_cell, "gpus_per_cell": int(self.gpus)},
             tags={**tracking.cell_tags(study=study), "layertune.build": self.build})
-
-    def _end_parent_runs(self, status: str) -> None:
-        """Each parent run ends ``status``; a child a lost node left RUNNING (its retry ran elsewhere) ends KILLED."""
-        from pipelines import tracking
-
-        for run in self.parents.values():
-            if run.run_id is not None:
-                tracking.end_children(run.pending.uri, run.run_id)
-            run.end(status)
 
     def _keep_journals(self, result: CellResult) -> None:
         """Runs a cell kept while MLflow did not answer, written here and replayed (or kept for a later sync)."""
@@ -346,7 +360,7 @@ class RayCluster:
         for path, text in result.journals.items():
             tracking.write_pending(Path(path), tracking.PendingRun.model_validate_json(text))
         if result.journals:
-            tracking.sync()
+            tracking.sync(uri=self.tracking_uri)
 
     def _cancel(self, pending: dict) -> None:
         """Every task not done is cancelled: a running one gets KeyboardInterrupt, which stops its cell's process
@@ -358,17 +372,32 @@ class RayCluster:
             ray.cancel(ref)
         ray.wait(list(pending), num_returns=len(pending), timeout=60)
 
-    def close(self) -> None:
-        """This build's folders removed on every live node; the connection closed."""
-        ray = self.ray
+    def close(self, status: str) -> None:
+        """The build's parent runs end ``status`` (FINISHED, FAILED or KILLED), after a child a lost node left
+        RUNNING ends KILLED; this build's folders are removed on every live node; the connection closed. Signals
+        are only noted meanwhile: a second Ctrl-C cannot leave the nodes uncleaned."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        remove = ray.remote(remove_build_folder)
-        with contextlib.suppress(Exception):
-            ray.get([remove.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-                node["NodeID"], soft=False)).remote(self.build) for node in ray.nodes() if node["Alive"]],
-                timeout=60)
-        ray.shutdown()
+        from pipelines import tracking
+
+        ray = self.ray
+        with _signals_noted():
+            try:
+                for run in self.parents.values():
+                    if run.run_id is not None:
+                        tracking.end_children(self.tracking_uri, run.run_id)
+                    run.end(status)
+                remove = ray.remote(remove_build_folder)
+                with contextlib.suppress(Exception):
+                    ray.get([remove.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                        node["NodeID"], soft=False)).remote(self.build) for node in ray.nodes() if node["Alive"]],
+                        timeout=60)
+            finally:
+                ray.shutdown()
+
+
+def _study_of(stage: str) -> str:
+    return stage.split("@")[0].removeprefix("train-")
 
 
 @contextlib.contextmanager
@@ -394,29 +423,39 @@ def _inputs(study: str) -> list[str]:
 
 
 def commit_is_clean() -> None:
-    """The nodes build the commit: a tracked file changed here (but dvc.lock, which the driver sends) would make
-    their cells differ from this workspace's."""
-    status = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=no"], capture_output=True,
-                            text=True, check=True).stdout  # "XY path" entries, NUL-separated (X may be a space)
-    changed = [entry[3:] for entry in status.split("\0") if entry and entry[3:] != "dvc.lock"]
+    """The nodes build the commit: a tracked file changed here (but dvc.lock, which the driver sends), or a file the
+    code stages read that git does not track, would make their cells differ from this workspace's."""
+    status = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=all", "--", ".",
+                             ":!dvc.lock"], capture_output=True, text=True, check=True).stdout
+    entries, changed = iter(status.split("\0")), []
+    for entry in entries:  # "XY path", NUL-separated (X may be a space); a rename's old path follows as its own entry
+        if not entry:
+            continue
+        if entry[0] in "RC":
+            next(entries, None)
+        if not entry.startswith("??") or entry[3:].startswith(CODE_FOLDERS):
+            changed.append(entry[3:])
     if changed:
         raise ValueError(f"--ray builds the commit on every node, and these files differ from it: {', '.join(changed)}"
                          "; commit them (or stash them) first")
 
 
-def repository_of(project: Path) -> str:
-    """Where nodes clone the commit from: the ``origin`` remote when the commit is on it, else this repository's
-    folder (nodes on this machine, or on a shared filesystem, reach it)."""
-    head = git("rev-parse", "HEAD")
+CODE_FOLDERS = ("src/", "pipelines/", "conf/")  # what the plan fingerprints: an untracked file there counts
+
+
+def repository_of(commit: str) -> str:
+    """Where nodes clone the commit from: the ``origin`` remote when the commit is on one of its branches, else this
+    repository's folder (nodes on this machine, or on a shared filesystem, reach it)."""
     origin = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True).stdout.strip()
-    if origin and git("branch", "--remotes", "--contains", head):
+    if origin and git("branch", "--remotes", "--list", "origin/*", "--contains", commit):
         return origin
     return str(Path(git("rev-parse", "--show-toplevel")).resolve())
 
 
 def remote_config(project: Path) -> str:
     """The default DVC remote, as ``.dvc/config.local`` lines with its URL resolved (relative paths are relative to
-    ``.dvc/``); a `ValueError` when there is none: nodes share outputs through it."""
+    ``.dvc/``); a `ValueError` when there is none: nodes share outputs through it. Its options, credentials
+    included, go to the nodes as they are set here."""
     from dvc.repo import Repo
 
     with Repo(str(project)) as repo:
@@ -427,29 +466,44 @@ def remote_config(project: Path) -> str:
         options = dict(repo.config["remote"][name])
 
     def text(value) -> str:
-        return str(value).lower() if isinstance(value, bool) else str(value)
+        value = str(value).lower() if isinstance(value, bool) else str(value)
+        return json.dumps(value) if any(c in value for c in "#'\",") else value  # configobj's quoting
 
     return "".join([f"[core]\n    remote = {name}\n", f"['remote \"{name}\"']\n",
                     *(f"    {key} = {text(value)}\n" for key, value in options.items())])
 
 
-def absolute_tracking_uri(uri: str) -> str:
-    """A SQLite store named by a relative path, made absolute: cells run in other folders."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).absolute()}"
-    return uri
+def reachable_tracking_uri(other_hosts: Sequence[str]) -> str:
+    """The tracking store cells log to (a relative SQLite path made absolute: cells run in other folders); a
+    `ValueError` when nodes on ``other_hosts`` could not reach it: a file store, or a server on this machine's
+    loopback address."""
+    from urllib.parse import urlparse
 
-
-def _check_tracking_reachable(hosts: set[str], ray) -> None:
     from pipelines import tracking
 
     uri = tracking.tracking_uri()
-    others = sorted(hosts - {socket.gethostname()})
-    if others and not uri.startswith(("http://", "https://", "databricks")):
-        ray.shutdown()
-        raise ValueError(f"MLflow's store {uri} is on this machine, which the cluster's nodes {', '.join(others)} "
-                         "cannot write to: set MLFLOW_TRACKING_URI to a server every node reaches "
-                         "(docs/pipeline.md, 'A team MLflow server')")
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = f"sqlite:///{Path(uri.removeprefix('sqlite:///')).absolute()}"
+    parsed = urlparse(uri)
+    local = parsed.scheme in ("", "file", "sqlite") or parsed.hostname in ("localhost", "127.0.0.1", "::1")
+    if other_hosts and local:
+        raise ValueError(f"MLflow's store {uri} is on this machine, which the cluster's nodes "
+                         f"{', '.join(other_hosts)} cannot reach: set MLFLOW_TRACKING_URI to a server every node "
+                         "reaches (docs/pipeline.md, 'A team MLflow server')")
+    return uri
+
+
+def warn_if_local_to_this_machine(other_hosts: Sequence[str], repository: str, remote: str) -> None:
+    """One line for a repository or DVC remote that is a folder, when nodes are other machines: right on a shared
+    filesystem, else every cell will fail to clone or pull."""
+    if not other_hosts:
+        return
+    url = next((line.split("=", 1)[1].strip() for line in remote.splitlines() if line.strip().startswith("url =")), "")
+    folders = [f"{what} {where}" for what, where in (("repository", repository), ("DVC remote", url))
+               if "://" not in where and not where.partition(":")[0].count("@")]
+    if folders:
+        print(f"layertune repro: the nodes {', '.join(other_hosts)} must see {' and '.join(folders)} at the same "
+              "path (a shared filesystem)", file=sys.stderr, flush=True)
 
 
 def model_mirror() -> str | None:

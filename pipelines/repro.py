@@ -47,13 +47,19 @@ def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_pe
 
         cluster = RayCluster.connect(ray or None, studies, cpus_per_cell)  # every check before any work
     children = Children()
+    status = "KILLED"  # how the build ended, for the cluster's parent runs (MLflow's statuses)
     try:
         with children.stopped_on_signal():
-            return _build(studies, children, cluster.train if cluster else _local(jobs, children),
-                          pull=cluster is not None)
+            returncode = _build(studies, children, cluster.train if cluster else _local(jobs, children),
+                                pull=cluster is not None)
+        status = "FINISHED" if returncode == 0 else "FAILED"
+        return returncode
+    except Exception:
+        status = "FAILED"
+        raise
     finally:
         if cluster is not None:
-            cluster.close()
+            cluster.close(status)
 
 
 def _local(jobs: int, children: Children) -> Callable[[list[str]], None]:

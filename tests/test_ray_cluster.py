@@ -132,7 +132,7 @@ def test_a_node_lost_mid_build_costs_no_cell(origin, cluster, tmp_path):
                                   "TQDM_DISABLE": "1"},
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
-    while not cells_started(driver / "mlflow.db"):
+    while cells_started(driver / "mlflow.db") < 2:  # each node trains a cell
         assert build.poll() is None and time.monotonic() < deadline, build.stdout.read()
         time.sleep(0.5)
     time.sleep(3)  # the cells are training
@@ -144,8 +144,11 @@ def test_a_node_lost_mid_build_costs_no_cell(origin, cluster, tmp_path):
     cells = cell_stages(serial)
     assert reports(driver) == reports(serial)
     check_one_build_record(driver, cells)
+    assert "will be retried" in log  # Ray's word for it
     assert "KILLED" in {run.info.status for run in mlflow_runs(driver)}  # the lost attempt
     assert sh(driver, "dvc", "status").split() == ["plan:", "always", "changed"]
+    nothing_runs_on(driver)
+    nothing_left_on_the_nodes()
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +182,8 @@ def test_a_failed_cell_stops_the_build_with_its_log(slow_origin, cluster, tmp_pa
     assert build.returncode == 1, out + err
     assert "train-tuning@sst2-tiny-diverges-" in err and "FloatingPointError" in err  # the cell's own log
     runs = mlflow_runs(driver)
-    assert {run.info.status for run in runs if "-diverges-" in run.info.run_name} <= {"FAILED", "KILLED"}
+    diverged = {run.info.status for run in runs if "-diverges-" in run.info.run_name}
+    assert "FAILED" in diverged and diverged <= {"FAILED", "KILLED"}  # the other seed's: cancelled, if it started
     assert [run.info.status for run in runs if run.info.run_name.startswith("build ")] == ["FAILED"]
     assert not [run for run in runs if run.info.status == "FINISHED" and "-top_k-0-" in run.info.run_name]  # cancelled
     nothing_runs_on(driver)

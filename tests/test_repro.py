@@ -52,24 +52,35 @@ def test_without_a_default_remote_the_build_is_refused(tmp_path):
         ray_cluster.remote_config(tmp_path)
 
 
-def test_a_sqlite_store_is_for_nodes_of_this_machine_only(monkeypatch):
-    class Ray:
-        def shutdown(self):
-            pass
-
+def test_a_store_on_this_machine_is_for_nodes_of_this_machine_only(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
-    ray_cluster._check_tracking_reachable({ray_cluster.socket.gethostname()}, Ray())
-    with pytest.raises(ValueError, match="cluster's nodes gpu-7 cannot write to: set MLFLOW_TRACKING_URI"):
-        ray_cluster._check_tracking_reachable({ray_cluster.socket.gethostname(), "gpu-7"}, Ray())
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.team:5000")
-    ray_cluster._check_tracking_reachable({"gpu-7"}, Ray())
-    assert ray_cluster.absolute_tracking_uri("sqlite:///mlflow.db") == f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    assert ray_cluster.absolute_tracking_uri("sqlite:////srv/m.db") == "sqlite:////srv/m.db"
+    assert ray_cluster.reachable_tracking_uri([]) == f"sqlite:///{Path.cwd() / 'mlflow.db'}"  # cells run elsewhere
+    for uri in ("sqlite:///mlflow.db", "file:///srv/mlruns", "http://127.0.0.1:5000", "http://localhost:5000"):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with pytest.raises(ValueError, match="the cluster's nodes gpu-7 cannot reach: set MLFLOW_TRACKING_URI"):
+            ray_cluster.reachable_tracking_uri(["gpu-7"])
+    for uri in ("http://mlflow.team:5000", "postgresql://mlflow@db.team/mlflow", "sqlite:////srv/m.db"):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        assert ray_cluster.reachable_tracking_uri([] if uri.startswith("sqlite") else ["gpu-7"]) == uri
+
+
+def test_an_untracked_file_among_the_code_is_refused_and_elsewhere_ignored(project, monkeypatch):
+    monkeypatch.chdir(project)
+    (project / "notes.txt").write_text("mine")
+    (project / "pipelines" / "extra.py").write_text("X = 1\n")
+    try:
+        with pytest.raises(ValueError, match="differ from it: pipelines/extra.py; commit them"):
+            ray_cluster.commit_is_clean()
+    finally:
+        (project / "pipelines" / "extra.py").unlink()
+    ray_cluster.commit_is_clean()
+    (project / "notes.txt").unlink()
 
 
 @pytest.mark.parametrize("arguments, message", [
     (["--cpus-per-cell", "2"], "--cpus-per-cell is an option of --ray"),
     (["--jobs", "0"], "--jobs must be at least 1; got 0"),
+    (["--ray", "--cpus-per-cell", "0"], "--cpus-per-cell must be at least 1; got 0"),
     (["nope"], "no study 'nope' in params.yaml; its studies: ablation"),
 ])
 def test_bad_options_are_refused_before_any_work(project, monkeypatch, capsys, arguments, message):

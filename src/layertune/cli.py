@@ -86,8 +86,17 @@ def _parser() -> argparse.ArgumentParser:
                                default=argparse.SUPPRESS, help=f"{field.description or ''} ({default})".strip())
     for name, command in _plugin_commands().items():
         plugged = commands.add_parser(name, help=f"(from {command.value.split(':')[0]})")
-        plugged.set_defaults(run=command.load()(plugged))
+        try:
+            plugged.set_defaults(run=command.load()(plugged))
+        except Exception as error:  # a broken plugin must not take train-cell down with it
+            plugged.set_defaults(run=lambda args, error=error, name=name: _unavailable(name, error))
     return parser
+
+
+def _unavailable(name: str, error: Exception) -> int:
+    print(f"layertune: error: the command {name!r} could not be loaded: {type(error).__name__}: {error}",
+          file=sys.stderr)
+    return 2
 
 
 def _plugin_commands() -> dict:
