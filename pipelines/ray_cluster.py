@@ -200,18 +200,34 @@ for signum, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 0.0)):
 
 
 def build_folder(build: str) -> Path:
-    """This build's folder on this node: in ``layertune-ray-<uid>`` of the temp folder, a private folder of this user
-    (not a symbolic link, mode 0700: in a shared temp folder anyone could have made that name first)."""
-    from pipelines.warm import private_folder_at
-
-    folder = private_folder_at(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}") / build
+    """This build's folder on this node, made if missing."""
+    folder = _build_path(build)
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder
 
 
-def remove_build_folder(build: str) -> None:
-    """This build's folder on this node, with whatever a dead worker left in it."""
-    shutil.rmtree(build_folder(build), ignore_errors=True)
+def _build_path(build: str) -> Path:
+    """This build's folder on this node: in ``layertune-ray-<uid>`` of the temp folder, a private folder of this user
+    (checked: not a symbolic link, mode 0700; in a shared temp folder anyone could have made that name first)."""
+    from pipelines.warm import private_folder_at
+
+    return private_folder_at(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}") / build
+
+
+def remove_build_folder(build: str, quiet_s: float = 2.0, timeout_s: float = 30.0) -> None:
+    """This build's folder on this node, with whatever a dead worker left in it; removed again until it has stayed
+    away for ``quiet_s`` (a cancelled cell's last writes may land after the first removal)."""
+    folder = _build_path(build)
+    deadline, away_since = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            away_since = None
+        elif away_since is None:
+            away_since = time.monotonic()
+        elif time.monotonic() - away_since >= quiet_s:
+            return
+        time.sleep(0.2)
 
 
 def _check(command: Sequence[str], what: str) -> None:

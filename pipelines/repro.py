@@ -54,6 +54,8 @@ def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_pe
                                 pull=cluster is not None)
         status = "FINISHED" if returncode == 0 else "FAILED"
         return returncode
+    except (Interrupted, KeyboardInterrupt):
+        raise  # KILLED
     except Exception:
         status = "FAILED"
         raise
