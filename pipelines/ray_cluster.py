@@ -244,17 +244,20 @@ class RayCluster:
     returns once each is in the remote's run-cache; `close` ends the build's parent runs and removes its folders on
     every node."""
 
-    def __init__(self, ray, studies: Sequence[str], cpus_per_cell: int, gpus: bool, repository: str,
+    def __init__(self, ray, inputs: dict[str, list[str]], cpus_per_cell: int, gpus: bool, repository: str,
                  commit: str) -> None:
-        self.ray, self.studies, self.cpus_per_cell, self.gpus = ray, list(studies), cpus_per_cell, gpus
+        self.ray, self.inputs, self.cpus_per_cell, self.gpus = ray, inputs, cpus_per_cell, gpus
+        self.studies = list(inputs)
         self.repository, self.commit = repository, commit
         self.build = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.tracking_uri = ""  # set by `connect`: the store every cell logs to
         self.parents: dict[str, object] = {}  # study -> its build's parent run (pipelines.tracking.CellRun)
 
     @classmethod
-    def connect(cls, address: str | None, studies: Sequence[str], cpus_per_cell: int | None = None) -> RayCluster:
-        """Connected to the cluster at ``address`` (None: `ray.init`'s own choice), once the workspace is committed,
+    def connect(cls, address: str | None, inputs: dict[str, list[str]],
+                cpus_per_cell: int | None = None) -> RayCluster:
+        """Connected to the cluster at ``address`` (None: `ray.init`'s own choice), for the studies ``inputs`` names
+        (each with the stages whose outputs its cells read), once the workspace is committed,
         a DVC remote is set and the tracking store is one every node reaches; else a `ValueError` saying what to do."""
         if cpus_per_cell is not None and cpus_per_cell < 1:
             raise ValueError(f"--cpus-per-cell must be at least 1; got {cpus_per_cell}")
@@ -285,7 +288,7 @@ class RayCluster:
         except BaseException:
             ray.shutdown()
             raise
-        cluster = cls(ray, studies, cpus_per_cell, gpus, repository, commit)
+        cluster = cls(ray, inputs, cpus_per_cell, gpus, repository, commit)
         cluster.tracking_uri = uri
         return cluster
 
@@ -348,7 +351,7 @@ class RayCluster:
 
     def _workspace(self) -> NodeWorkspace:
         """The shared stages' outputs pushed; what a node needs to build a cell from them."""
-        inputs = {study: _inputs(study) for study in self.studies}
+        inputs = self.inputs
         stages = sorted({stage for study in inputs.values() for stage in study})
         push = subprocess.run(["dvc", "push", "--quiet", *stages], capture_output=True, text=True)
         if push.returncode:
@@ -430,12 +433,6 @@ def _signals_noted() -> Iterator[list[int]]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-def _inputs(study: str) -> list[str]:
-    from pipelines.repro import shared_stages
-
-    return shared_stages([study])
 
 
 def commit_is_clean() -> None:

@@ -45,7 +45,8 @@ def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_pe
     if ray is not None:
         from pipelines.ray_cluster import RayCluster
 
-        cluster = RayCluster.connect(ray or None, studies, cpus_per_cell)  # every check before any work
+        inputs = {study: shared_stages([study]) for study in studies}
+        cluster = RayCluster.connect(ray or None, inputs, cpus_per_cell)  # every check before any work
     children = Children()
     status = "KILLED"  # how the build ended, for the cluster's parent runs (MLflow's statuses)
     try:
