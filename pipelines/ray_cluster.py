@@ -251,6 +251,7 @@ class RayCluster:
         self.repository, self.commit = repository, commit
         self.build = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.tracking_uri = ""  # set by `connect`: the store every cell logs to
+        self.remote = ""  # set by `connect`: the default DVC remote, as the nodes' .dvc/config.local
         self.parents: dict[str, object] = {}  # study -> its build's parent run (pipelines.tracking.CellRun)
 
     @classmethod
@@ -289,7 +290,7 @@ class RayCluster:
             ray.shutdown()
             raise
         cluster = cls(ray, inputs, cpus_per_cell, gpus, repository, commit)
-        cluster.tracking_uri = uri
+        cluster.tracking_uri, cluster.remote = uri, remote
         return cluster
 
     def train(self, cells: list[str]) -> None:
@@ -361,7 +362,7 @@ class RayCluster:
         if mirror := model_mirror():
             env["LAYERTUNE_MODEL_MIRROR"] = mirror
         return NodeWorkspace(repository=self.repository, commit=self.commit, dvc_lock=Path("dvc.lock").read_text(),
-                             remote_config=remote_config(Path.cwd()), inputs=inputs, build=self.build, env=env)
+                             remote_config=self.remote, inputs=inputs, build=self.build, env=env)
 
     def _parent_run(self, study: str, cells: int):
         from pipelines import tracking
