@@ -14,7 +14,7 @@ retried (its error would repeat): the build stops, printing the cell's log; its 
 tasks are cancelled (their runs end KILLED). Ctrl-C does the same. A cell's commands run in a process group of their
 own (`pipelines.parallel.Children`), which a cancelled task stops; a watchdog process stops it if the task's worker
 dies. The nodes' workspaces (and this build's DVC and frozen-prefix caches on them) are removed when the build ends,
-however it ends.
+however it ends: each node once its cells have stopped (a cell holds its build folder's lock until then).
 
 MLflow: cells log to the driver's tracking server (a team server for a real cluster: every node must reach it). For
 each study the driver opens a parent run for the build; each cell's run is its child (``mlflow.parentRunId``), so the
@@ -25,6 +25,7 @@ sent back with the cell's result and replayed here.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -46,6 +47,7 @@ from pipelines.tracking import PARENT_RUN_ENV
 # Passed on to each cell's commands: where models, data and the tracking server are, and how to reach them.
 FORWARDED_ENV = ("LAYERTUNE_", "MLFLOW_", "HF_", "TRANSFORMERS_", "TQDM_")
 LOG_TAIL = 6000  # characters of a failed cell's log shown by the driver
+BUILD_LOCK = ".lock"  # in a build's folder on a node: held (shared) by each of its cells there
 RETRIES = 3  # attempts after a worker or node died (Ray's own default, said here)
 
 
@@ -107,37 +109,62 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
 
     started = time.monotonic()
     children = Children(grace_s=20.0)
-    folder = None
     log: list[str] = []
     try:
-        folder = Path(tempfile.mkdtemp(prefix=f"{stage.replace('@', '-')}-", dir=build_folder(workspace.build)))
-        workspace.prepare(folder)
-        # The stage commands call `python` and `dvc` by name: this interpreter's, however Ray was started.
-        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        env = {**os.environ, **workspace.env, **env, "PATH": path, "LAYERTUNE_WARM": "0"}  # a warm server per
-        for command in workspace.commands(stage, study):  # one-cell workspace would be no gain
-            done = _interruptible(children.run, command, started=_watch, cwd=folder, env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            log.append(f"$ dvc {' '.join(command[3:])}\n{done.stdout}")
-            if done.returncode:
-                raise CellFailed(f"{stage} failed on {socket.gethostname()}:\n{''.join(log)[-LOG_TAIL:]}")
-        journals = {str(path.relative_to(folder)): path.read_text()
-                    for path in sorted((folder / "data" / "09_tracking").glob("*/*.json"))}
-        return CellResult(stage=stage, node=ray.get_runtime_context().get_node_id()[:8],
-                          seconds=time.monotonic() - started, trained="Running stage" in log[1],
-                          journals=journals)
-    except (KeyboardInterrupt, SystemExit):
-        children.stop()
-        raise
-    except CellFailed:
+        with cell_folder(workspace.build, stage) as folder:
+            try:
+                workspace.prepare(folder)
+                # The stage commands call `python` and `dvc` by name: this interpreter's, however Ray was started.
+                # No warm server: in a workspace that lives for one cell it would be no gain.
+                path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+                env = {**os.environ, **workspace.env, **env, "PATH": path, "LAYERTUNE_WARM": "0"}
+                for command in workspace.commands(stage, study):
+                    done = _interruptible(children.run, command, started=_watch, cwd=folder, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                    log.append(f"$ dvc {' '.join(command[3:])}\n{done.stdout}")
+                    if done.returncode:
+                        raise CellFailed(f"{stage} failed on {socket.gethostname()}:\n{''.join(log)[-LOG_TAIL:]}")
+                journals = {str(path.relative_to(folder)): path.read_text()
+                            for path in sorted((folder / "data" / "09_tracking").glob("*/*.json"))}
+                return CellResult(stage=stage, node=ray.get_runtime_context().get_node_id()[:8],
+                                  seconds=time.monotonic() - started, trained="Running stage" in log[1],
+                                  journals=journals)
+            finally:  # a cancel or an error stops the cell's commands (their runs end KILLED) before the folder goes
+                _to_the_end(children.stop)
+    except (KeyboardInterrupt, SystemExit, CellFailed):
         raise
     except Exception as error:  # a node that cannot make the workspace (disk full, a bad clone): the cell failed
-        children.stop()
         raise CellFailed(f"{stage} failed on {socket.gethostname()}: {type(error).__name__}: {error}\n"
                          f"{''.join(log)[-LOG_TAIL:]}") from None
+
+
+@contextlib.contextmanager
+def cell_folder(build: str, stage: str) -> Iterator[Path]:
+    """A new folder for ``stage`` in this build's folder on this node, removed at the end. Meanwhile the cell holds
+    the build folder's lock, shared: `remove_build_folder` takes it exclusively, so it waits for every cell of the
+    build on this node to have ended its cleanup (a cancelled cell stops its commands, which takes seconds, while the
+    driver has moved on)."""
+    lock = os.open(build_folder(build) / BUILD_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        # Fails (FileNotFoundError) if the build's folder was removed meanwhile: a cell cancelled as it started.
+        folder = Path(tempfile.mkdtemp(prefix=f"{stage.replace('@', '-')}-", dir=_build_path(build)))
+        try:
+            yield folder
+        finally:
+            _to_the_end(shutil.rmtree, folder, True)
     finally:
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+        os.close(lock)
+
+
+def _to_the_end(function, *args) -> None:
+    """``function(*args)``, in a thread, run to its end whatever KeyboardInterrupts Ray raises here meanwhile (a
+    cancel may come more than once): a cleanup cut short would leave a cell's commands running or its files behind."""
+    thread = threading.Thread(target=function, args=args)
+    thread.start()
+    while thread.is_alive():
+        with contextlib.suppress(KeyboardInterrupt):
+            thread.join()
 
 
 def _interruptible(function, *args, **kwargs):
@@ -214,20 +241,27 @@ def _build_path(build: str) -> Path:
     return private_folder_at(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}") / build
 
 
-def remove_build_folder(build: str, quiet_s: float = 2.0, timeout_s: float = 30.0) -> None:
-    """This build's folder on this node, with whatever a dead worker left in it; removed again until it has stayed
-    away for ``quiet_s`` (a cancelled cell's last writes may land after the first removal)."""
+def remove_build_folder(build: str, timeout_s: float = 40.0) -> None:
+    """This build's folder on this node, with whatever a dead worker left in it, removed once no cell of the build
+    holds its lock (each cell holds it until its cleanup has ended; a cell stuck longer than ``timeout_s`` is not
+    waited for)."""
     folder = _build_path(build)
-    deadline, away_since = time.monotonic() + timeout_s, None
-    while time.monotonic() < deadline:
-        if folder.exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            away_since = None
-        elif away_since is None:
-            away_since = time.monotonic()
-        elif time.monotonic() - away_since >= quiet_s:
-            return
-        time.sleep(0.2)
+    try:
+        lock = os.open(folder / BUILD_LOCK, os.O_RDWR | os.O_NOFOLLOW)
+    except FileNotFoundError:  # no cell of this build came here (or one is between making the folder and its lock)
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.2)
+        shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        os.close(lock)
 
 
 def _check(command: Sequence[str], what: str) -> None:
@@ -384,7 +418,8 @@ class RayCluster:
 
     def _cancel(self, pending: dict) -> None:
         """Every task not done is cancelled: a running one gets KeyboardInterrupt, which stops its cell's process
-        group (the cell's run ends KILLED) and removes its workspace. Waits until they have ended."""
+        group (the cell's run ends KILLED) and removes its workspace. Waits until Ray reports them ended (which
+        may come before a cancelled cell has stopped its commands: `remove_build_folder` waits for those)."""
         ray = self.ray
         print(f"layertune repro: cancelling {len(pending)} cell(s): {', '.join(sorted(pending.values()))}",
               file=sys.stderr, flush=True)
