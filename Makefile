@@ -51,3 +51,4 @@ benchmark: setup
 	python benchmarks/frozen_prefix_speed.py --json reports/benchmarks/frozen_prefix.json
 	python benchmarks/pipeline_speed.py --json reports/benchmarks/pipeline.json
 	python benchmarks/tuning_methods_speed.py --json reports/benchmarks/tuning_methods.json
+	python benchmarks/cluster_speed.py --json reports/benchmarks/cluster.json

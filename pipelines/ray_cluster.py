@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.parallel import Children, Interrupted, StageFailed
-from pipelines.tracking import PARENT_RUN_ENV
+from pipelines.tracking import BUILD_ENV, BUILD_TAG, PARENT_RUN_ENV
 
 # Passed on to each cell's commands: where models, data and the tracking server are, and how to reach them.
 FORWARDED_ENV = ("LAYERTUNE_", "MLFLOW_", "HF_", "TRANSFORMERS_", "TQDM_")
@@ -61,6 +61,7 @@ class CellResult:
     node: str
     seconds: float
     trained: bool  # False: restored from the remote's run-cache
+    steps: dict[str, float] = field(default_factory=dict)  # seconds of each step: workspace, pull, repro, push
     journals: dict[str, str] = field(default_factory=dict)  # runs kept while MLflow did not answer: path -> JSON
 
 
@@ -114,13 +115,16 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
         with cell_folder(workspace.build, stage) as folder:
             try:
                 workspace.prepare(folder)
+                steps = {"workspace": time.monotonic() - started}
                 # The stage commands call `python` and `dvc` by name: this interpreter's, however Ray was started.
                 # No warm server: in a workspace that lives for one cell it would be no gain.
                 path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
                 env = {**os.environ, **workspace.env, **env, "PATH": path, "LAYERTUNE_WARM": "0"}
                 for command in workspace.commands(stage, study):
+                    began = time.monotonic()
                     done = _interruptible(children.run, command, started=_watch, cwd=folder, env=env, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                    steps[command[3]] = time.monotonic() - began
                     log.append(f"$ dvc {' '.join(command[3:])}\n{done.stdout}")
                     if done.returncode:
                         raise CellFailed(f"{stage} failed on {socket.gethostname()}:\n{''.join(log)[-LOG_TAIL:]}")
@@ -128,7 +132,7 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
                             for path in sorted((folder / "data" / "09_tracking").glob("*/*.json"))}
                 return CellResult(stage=stage, node=ray.get_runtime_context().get_node_id()[:8],
                                   seconds=time.monotonic() - started, trained="Running stage" in log[1],
-                                  journals=journals)
+                                  steps=steps, journals=journals)
             finally:  # a cancel or an error stops the cell's commands (their runs end KILLED) before the folder goes
                 _to_the_end(children.stop)
     except (KeyboardInterrupt, SystemExit, CellFailed):
@@ -352,15 +356,17 @@ class RayCluster:
                     self.parents[study] = self._parent_run(study, sum(_study_of(stage) == study for stage in cells))
                 for stage in cells:
                     parent = self.parents[_study_of(stage)].run_id
-                    env = {"OMP_NUM_THREADS": str(self.cpus_per_cell), **({PARENT_RUN_ENV: parent} if parent else {})}
+                    env = {"OMP_NUM_THREADS": str(self.cpus_per_cell), BUILD_ENV: self.build,
+                           **({PARENT_RUN_ENV: parent} if parent else {})}
                     pending[task.remote(workspace, stage, _study_of(stage), env)] = stage
                 for finished in range(1, len(cells) + 1):
                     result = self._next(pending, signals)
                     self._keep_journals(result)
                     bar.update()
+                    steps = ", ".join(f"{step} {seconds:.1f}" for step, seconds in result.steps.items())
                     bar.write(f"layertune repro: [{finished}/{len(cells)}] {result.stage} "
                               f"{'trained' if result.trained else 'restored from the run-cache'} on node "
-                              f"{result.node} in {result.seconds:.1f} s")
+                              f"{result.node} in {result.seconds:.1f} s ({steps})")
             finally:
                 if pending:
                     self._cancel(pending)
@@ -405,7 +411,7 @@ class RayCluster:
             experiment=tracking.experiment_name(study), run_name=f"build {self.build}", uri=self.tracking_uri,
             params={"commit": self.commit, "studies": ",".join(self.studies), "cells": cells,
                     "cpus_per_cell": self.cpus_per_cell, "gpus_per_cell": int(self.gpus)},
-            tags={**tracking.cell_tags(study=study), "layertune.build": self.build})
+            tags={**tracking.cell_tags(study=study), BUILD_TAG: self.build})
 
     def _keep_journals(self, result: CellResult) -> None:
         """Runs a cell kept while MLflow did not answer, written here and replayed (or kept for a later sync)."""

@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST_TAG, PID_TAG = "layertune.host", "layertune.pid"  # which process owns a run: a dead owner's run is abandoned
 PARENT_RUN_ENV, PARENT_TAG = "LAYERTUNE_PARENT_RUN_ID", "mlflow.parentRunId"  # a cell's run as a build's child
+BUILD_ENV, BUILD_TAG = "LAYERTUNE_BUILD", "layertune.build"  # the build a parent run and its cells' runs belong to
 SPEC_TAG = "layertune.spec"  # digest of the cell's spec: which outputs are this run's (`settle`)
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 # The kind of experiment the MLflow UI (3.x) shows: a model-training experiment opens on its runs table. Without it
@@ -440,10 +441,28 @@ def replay(client, path: Path, pending: PendingRun) -> str:
             apply(client, pending.run_id, operation)
         if pending.status:
             client.set_terminated(pending.run_id, status=pending.status, end_time=pending.end_time)
+        if BUILD_TAG in pending.tags:
+            _nest(client, pending.run_id, pending.tags)
     path.unlink()
     logger.info("MLflow run %s (%s): logged what %s kept, %s", pending.run_id, pending.run_name, path,
                 pending.status or "still RUNNING (its process died)")
     return pending.run_id
+
+
+def _nest(client, run_id: str, tags: Mapping[str, str]) -> None:
+    """A replayed run of a build, nested as if the server had never been down: a cell's run under its build's parent
+    run, or a parent run over the cells of its build that reached MLflow without a parent (the parent was kept in a
+    journal when the build opened it, so the cells could not name it). Whichever comes first, the other links them."""
+    experiment_id = client.get_run(run_id).info.experiment_id
+    runs = client.search_runs([experiment_id], f"tags.`{BUILD_TAG}` = '{tags[BUILD_TAG]}'")
+    if "dvc_stage" in tags:  # a cell's run
+        parent = next((run.info.run_id for run in runs if "dvc_stage" not in run.data.tags), None)
+        if parent and PARENT_TAG not in tags:
+            client.set_tag(run_id, PARENT_TAG, parent)
+        return
+    for run in runs:
+        if "dvc_stage" in run.data.tags and PARENT_TAG not in run.data.tags:
+            client.set_tag(run.info.run_id, PARENT_TAG, run_id)
 
 
 @contextlib.contextmanager
@@ -646,10 +665,13 @@ def log_result(run: CellRun, result, model_path: str | None = None) -> None:
 
 def cell_tags(stage: str | None = None, study: str | None = None, spec=None) -> dict[str, str]:
     """The tags of a cell's run; a child of the run ``$LAYERTUNE_PARENT_RUN_ID`` names (a build on a Ray cluster
-    opens one per study: `pipelines.ray_cluster`), as MLflow's nested runs are."""
+    opens one per study: `pipelines.ray_cluster`), as MLflow's nested runs are, and tagged with the build
+    ``$LAYERTUNE_BUILD`` names (which nests it when the parent run could only be kept in a journal: `_nest`)."""
     tags = {"mlflow.source.type": "JOB"}
     if parent := os.environ.get(PARENT_RUN_ENV):
         tags[PARENT_TAG] = parent
+    if build := os.environ.get(BUILD_ENV):
+        tags[BUILD_TAG] = build
     if commit := git_commit():
         tags["mlflow.source.git.commit"] = commit
     if stage:

@@ -235,7 +235,8 @@ def test_ctrl_c_cancels_the_cells_and_cleans_the_nodes(slow_origin, cluster, tmp
 def test_a_build_while_the_tracking_server_is_down_keeps_every_run(slow_origin, cluster, tmp_path):
     """The team's MLflow server is down for the whole build: the build still ends with its reports. Each cell's run,
     kept in a journal on its node, comes back with the cell's result; the parent run is kept by the driver. Once the
-    server is up, `python -m pipelines.tracking sync` sends every run there, FINISHED."""
+    server is up, `python -m pipelines.tracking sync` sends every run there, FINISHED, the cells nested under the
+    parent."""
     from tests.team_server import free_port, mlflow_server
 
     driver = clone(slow_origin, tmp_path / "driver", tmp_path / "remote")
@@ -263,6 +264,8 @@ def test_a_build_while_the_tracking_server_is_down_keeps_every_run(slow_origin, 
         runs = [run for experiment in client.search_experiments()
                 for run in client.search_runs([experiment.experiment_id])]
     assert sorted(run.info.status for run in runs) == ["FINISHED"] * 5
+    [parent] = [run.info.run_id for run in runs if run.info.run_name.startswith("build ")]
+    assert [run.data.tags.get("mlflow.parentRunId") for run in runs if "dvc_stage" in run.data.tags] == [parent] * 4
     cells = sorted(run.data.tags["dvc_stage"] for run in runs if "dvc_stage" in run.data.tags)
     assert cells == cell_stages(driver)
     assert not list((driver / "data" / "09_tracking").rglob("*.json"))

@@ -213,6 +213,35 @@ def test_kept_runs_reach_mlflow_when_the_next_cell_of_the_study_starts(uri, tmp_
     assert not journal.exists()
 
 
+@pytest.mark.parametrize("parent_first", [True, False])
+def test_kept_runs_of_a_ray_build_are_nested_under_its_parent_in_either_order(uri, tmp_path, parent_first):
+    """A build whose parent run was kept (the server was down when it opened): its cells' runs, kept or logged,
+    end up as the parent's children once it is replayed, whichever of them reaches MLflow first."""
+    from mlflow import MlflowClient
+
+    experiment, build = f"layertune-nest-{parent_first}", f"b-{parent_first}"
+
+    def kept(name: str, tags: dict) -> tuple[Path, tracking.PendingRun]:
+        pending = tracking.PendingRun(uri=uri, experiment=experiment, run_name=name, start_time=1,
+                                      tags={tracking.BUILD_TAG: build, **tags}, status="FINISHED", end_time=2)
+        path = tmp_path / f"{name}.json"
+        tracking.write_pending(path, pending)
+        return path, pending
+
+    client = MlflowClient(uri)
+    parent = kept(f"build {build}", {"study": "nest"})
+    cells = [kept(f"cell-{seed}", {"dvc_stage": f"train-nest@cell-{seed}"}) for seed in (1, 2)]
+    other_build = kept("cell-other", {"dvc_stage": "train-nest@cell-3", tracking.BUILD_TAG: "another"})
+    for path, pending in ([parent, *cells, other_build] if parent_first else [*cells, other_build, parent]):
+        tracking.replay(client, path, pending)
+    runs = {run.info.run_name: run for run in client.search_runs([client.get_experiment_by_name(experiment)
+                                                                  .experiment_id])}
+    parent_id = runs[f"build {build}"].info.run_id
+    assert [runs[f"cell-{seed}"].data.tags.get(tracking.PARENT_TAG) for seed in (1, 2)] == [parent_id] * 2
+    assert tracking.PARENT_TAG not in runs["cell-other"].data.tags  # another build's cell stays out
+    assert tracking.PARENT_TAG not in runs[f"build {build}"].data.tags
+
+
 def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri, tmp_path):
     """Cells killed with SIGKILL whose training did not run again (DVC restored their outputs from its run-cache):
     FINISHED with the folder's metrics if it holds the run's outputs, KILLED if not; a live owner's run is left."""
