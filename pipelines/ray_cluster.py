@@ -14,7 +14,8 @@ retried (its error would repeat): the build stops, printing the cell's log; its 
 tasks are cancelled (their runs end KILLED). Ctrl-C does the same. A cell's commands run in a process group of their
 own (`pipelines.parallel.Children`), which a cancelled task stops; a watchdog process stops it if the task's worker
 dies. The nodes' workspaces (and this build's DVC and frozen-prefix caches on them) are removed when the build ends,
-however it ends: each node once its cells have stopped (a cell holds its build folder's lock until then).
+however it ends, once every cell has stopped (`BuildGate`: a cancelled task may still be stopping its commands, or
+even starting, when Ray reports it ended).
 
 MLflow: cells log to the driver's tracking server (a team server for a real cluster: every node must reach it). For
 each study the driver opens a parent run for the build; each cell's run is its child (``mlflow.parentRunId``), so the
@@ -25,7 +26,6 @@ sent back with the cell's result and replayed here.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -47,7 +47,6 @@ from pipelines.tracking import BUILD_ENV, BUILD_TAG, PARENT_RUN_ENV
 # Passed on to each cell's commands: where models, data and the tracking server are, and how to reach them.
 FORWARDED_ENV = ("LAYERTUNE_", "MLFLOW_", "HF_", "TRANSFORMERS_", "TQDM_")
 LOG_TAIL = 6000  # characters of a failed cell's log shown by the driver
-BUILD_LOCK = ".lock"  # in a build's folder on a node: held (shared) by each of its cells there
 RETRIES = 3  # attempts after a worker or node died (Ray's own default, said here)
 
 
@@ -101,11 +100,32 @@ class NodeWorkspace:
         (folder / "data" / "cache").symlink_to(shared / "feature-cache", target_is_directory=True)
 
 
-def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str]) -> CellResult:
+def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str], gate) -> CellResult:
     """The Ray task: ``stage`` built in a new workspace of this node, its outputs pushed; the workspace removed.
+    Inside the build's `BuildGate` from before it touches the node's disk until its cleanup has ended; a task that
+    finds the gate closed (Ray may start a task it was asked to cancel) does nothing.
 
     Ray's own signal handling stays: a cancel raises KeyboardInterrupt here, SIGTERM exits the worker (which Ray
     counts as a worker death, and retries); either way the cell's process group is stopped first."""
+    import ray
+
+    attempt = uuid.uuid4().hex
+    try:
+        if not ray.get(gate.enter.remote(stage, attempt, ray.get_runtime_context().get_node_id())):
+            raise CellFailed(f"{stage}: not started, the build has ended")
+        return _train_on_node(workspace, stage, study, env)
+    finally:  # after the cell's cleanup; sent even if `enter` was interrupted (the gate takes calls in order)
+        _to_the_end(_leave, gate, attempt)
+
+
+def _leave(gate, attempt: str) -> None:
+    import ray
+
+    with contextlib.suppress(Exception):  # the driver, and the gate with it, may be gone
+        ray.get(gate.leave.remote(attempt), timeout=30)
+
+
+def _train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str]) -> CellResult:
     import ray
 
     started = time.monotonic()
@@ -144,21 +164,13 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
 
 @contextlib.contextmanager
 def cell_folder(build: str, stage: str) -> Iterator[Path]:
-    """A new folder for ``stage`` in this build's folder on this node, removed at the end. Meanwhile the cell holds
-    the build folder's lock, shared: `remove_build_folder` takes it exclusively, so it waits for every cell of the
-    build on this node to have ended its cleanup (a cancelled cell stops its commands, which takes seconds, while the
-    driver has moved on)."""
-    lock = os.open(build_folder(build) / BUILD_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    """A new folder for ``stage`` in this build's folder on this node, removed at the end (through a repeated
+    cancel)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{stage.replace('@', '-')}-", dir=build_folder(build)))
     try:
-        fcntl.flock(lock, fcntl.LOCK_SH)
-        # Fails (FileNotFoundError) if the build's folder was removed meanwhile: a cell cancelled as it started.
-        folder = Path(tempfile.mkdtemp(prefix=f"{stage.replace('@', '-')}-", dir=_build_path(build)))
-        try:
-            yield folder
-        finally:
-            _to_the_end(shutil.rmtree, folder, True)
+        yield folder
     finally:
-        os.close(lock)
+        _to_the_end(shutil.rmtree, folder, True)
 
 
 def _to_the_end(function, *args) -> None:
@@ -245,27 +257,34 @@ def _build_path(build: str) -> Path:
     return private_folder_at(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}") / build
 
 
-def remove_build_folder(build: str, timeout_s: float = 40.0) -> None:
-    """This build's folder on this node, with whatever a dead worker left in it, removed once no cell of the build
-    holds its lock (each cell holds it until its cleanup has ended; a cell stuck longer than ``timeout_s`` is not
-    waited for)."""
-    folder = _build_path(build)
-    try:
-        lock = os.open(folder / BUILD_LOCK, os.O_RDWR | os.O_NOFOLLOW)
-    except FileNotFoundError:  # no cell of this build came here (or one is between making the folder and its lock)
-        shutil.rmtree(folder, ignore_errors=True)
-        return
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                time.sleep(0.2)
-        shutil.rmtree(folder, ignore_errors=True)
-    finally:
-        os.close(lock)
+def remove_build_folder(build: str) -> None:
+    """This build's folder on this node, with whatever a dead worker left in it (the driver calls this once every
+    cell has left the build's `BuildGate`)."""
+    shutil.rmtree(_build_path(build), ignore_errors=True)
+
+
+class BuildGate:
+    """A Ray actor, one per build: which cells are inside the build (started, their cleanup not yet ended), on which
+    node. Ray reports a cancelled task ended before the task has stopped its commands, and may still start a task it
+    was asked to cancel, so the driver cannot learn from Ray when the nodes' folders are free to remove. It closes the
+    gate (no cell enters any more) and waits until the cells inside have left."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.inside: dict[str, tuple[str, str]] = {}  # attempt -> (stage, node id)
+
+    def enter(self, stage: str, attempt: str, node: str) -> bool:
+        if self.open:
+            self.inside[attempt] = (stage, node)
+        return self.open
+
+    def leave(self, attempt: str) -> None:
+        self.inside.pop(attempt, None)
+
+    def close(self) -> list[tuple[str, str]]:
+        """Closed; the (stage, node) of the cells still inside."""
+        self.open = False
+        return list(self.inside.values())
 
 
 def _check(command: Sequence[str], what: str) -> None:
@@ -291,6 +310,8 @@ class RayCluster:
         self.tracking_uri = ""  # set by `connect`: the store every cell logs to
         self.remote = ""  # set by `connect`: the default DVC remote, as the nodes' .dvc/config.local
         self.parents: dict[str, object] = {}  # study -> its build's parent run (pipelines.tracking.CellRun)
+        self.gate = None  # the build's `BuildGate` actor, once cells are sent
+        self.completed: set[str] = set()  # the cells whose result came back
 
     @classmethod
     def connect(cls, address: str | None, inputs: dict[str, list[str]],
@@ -346,6 +367,7 @@ class RayCluster:
         workspace = self._workspace()
         task = ray.remote(train_on_node).options(num_cpus=self.cpus_per_cell, num_gpus=1 if self.gpus else 0,
                                                  max_retries=RETRIES, retry_exceptions=False)
+        self.gate = ray.remote(num_cpus=0)(BuildGate).remote()
         pending: dict = {}  # task -> its cell's stage
         # Signals are only noted from here on (`_next` raises `Interrupted`): a second Ctrl-C cannot cut the
         # cancelling short.
@@ -358,9 +380,10 @@ class RayCluster:
                     parent = self.parents[_study_of(stage)].run_id
                     env = {"OMP_NUM_THREADS": str(self.cpus_per_cell), BUILD_ENV: self.build,
                            **({PARENT_RUN_ENV: parent} if parent else {})}
-                    pending[task.remote(workspace, stage, _study_of(stage), env)] = stage
+                    pending[task.remote(workspace, stage, _study_of(stage), env, self.gate)] = stage
                 for finished in range(1, len(cells) + 1):
                     result = self._next(pending, signals)
+                    self.completed.add(result.stage)
                     self._keep_journals(result)
                     bar.update()
                     steps = ", ".join(f"{step} {seconds:.1f}" for step, seconds in result.steps.items())
@@ -425,7 +448,7 @@ class RayCluster:
     def _cancel(self, pending: dict) -> None:
         """Every task not done is cancelled: a running one gets KeyboardInterrupt, which stops its cell's process
         group (the cell's run ends KILLED) and removes its workspace. Waits until Ray reports them ended (which
-        may come before a cancelled cell has stopped its commands: `remove_build_folder` waits for those)."""
+        may come before a cancelled cell has stopped its commands: `close` waits for those, through the gate)."""
         ray = self.ray
         print(f"layertune repro: cancelling {len(pending)} cell(s): {', '.join(sorted(pending.values()))}",
               file=sys.stderr, flush=True)
@@ -448,6 +471,7 @@ class RayCluster:
                     if run.run_id is not None:
                         tracking.end_children(self.tracking_uri, run.run_id)
                     run.end(status)
+                self._wait_until_cells_left()
                 remove = ray.remote(remove_build_folder)
                 with contextlib.suppress(Exception):
                     ray.get([remove.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
@@ -455,6 +479,22 @@ class RayCluster:
                         timeout=60)
             finally:
                 ray.shutdown()
+
+
+    def _wait_until_cells_left(self, timeout_s: float = 60.0) -> None:
+        """The gate closed; waits until no cell is inside but those that will never leave: on a node that is gone,
+        or an attempt whose worker died while Ray's retry of the cell came back (Ray retries only a dead worker's)."""
+        if self.gate is None:
+            return
+        ray, deadline = self.ray, time.monotonic() + timeout_s
+        with contextlib.suppress(Exception):  # the gate's node lost: nothing to wait for that could answer
+            inside = ray.get(self.gate.close.remote(), timeout=30)
+            while time.monotonic() < deadline:
+                alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+                if not [stage for stage, node in inside if node in alive and stage not in self.completed]:
+                    return
+                time.sleep(0.5)
+                inside = ray.get(self.gate.close.remote(), timeout=30)
 
 
 def _study_of(stage: str) -> str:

@@ -1,6 +1,6 @@
-"""What `layertune repro --ray` does on a node around a cell, without Ray: the cell's folder in the build's folder,
-and the build's folder removed only once every cell there has ended its cleanup (a cancelled cell stops its
-commands after the driver has moved on)."""
+"""What `layertune repro --ray` does around a cell, without Ray: the build's gate (which cells are inside, so that the
+driver removes the nodes' folders only once they have left), the cell's folder, and a cleanup that a repeated cancel
+cannot cut short."""
 
 import _thread
 import os
@@ -19,42 +19,24 @@ def node_tmp(tmp_path, monkeypatch):
     return tmp_path / f"layertune-ray-{os.getuid()}"
 
 
-def test_removing_a_build_waits_for_its_cells_to_end_their_cleanup(node_tmp):
-    inside, stopping = threading.Event(), threading.Event()
-
-    def cancelled_cell() -> None:
-        with ray_cluster.cell_folder("build-1", "train-s@cell") as folder:
-            inside.set()
-            stopping.wait()
-            (folder / "run.json").write_text("a stopping command's last write")
-
-    cell = threading.Thread(target=cancelled_cell)
-    cell.start()
-    inside.wait()
-    remover = threading.Thread(target=ray_cluster.remove_build_folder, args=("build-1",))
-    remover.start()
-    time.sleep(1.0)
-    assert remover.is_alive() and (node_tmp / "build-1").is_dir()  # waits for the cell
-    stopping.set()
-    cell.join()
-    remover.join(10)
-    assert not remover.is_alive()
-    assert list(node_tmp.iterdir()) == []
+def test_the_gate_lists_the_cells_inside_and_once_closed_lets_none_in():
+    gate = ray_cluster.BuildGate()
+    assert gate.enter("train-s@a", "attempt-1", "node-1") and gate.enter("train-s@b", "attempt-2", "node-2")
+    gate.leave("attempt-1")
+    gate.leave("never-entered")  # a task interrupted before its `enter` was taken still says it left
+    assert gate.close() == [("train-s@b", "node-2")]
+    assert not gate.enter("train-s@c", "attempt-3", "node-1")  # a task Ray started although it was cancelled
+    gate.leave("attempt-2")
+    assert gate.close() == []
 
 
-def test_a_cell_stuck_in_its_cleanup_is_not_waited_for_past_the_timeout(node_tmp):
-    with ray_cluster.cell_folder("build-2", "train-s@cell") as folder:
-        started = time.monotonic()
-        ray_cluster.remove_build_folder("build-2", timeout_s=0.5)
-        assert 0.5 <= time.monotonic() - started < 5
-        assert not folder.exists()
-    assert list(node_tmp.iterdir()) == []
-
-
-def test_a_build_with_no_cell_on_this_node_is_removed_at_once(node_tmp):
+def test_a_cells_folder_is_in_its_builds_folder_and_goes_with_the_cell(node_tmp):
+    with ray_cluster.cell_folder("build-1", "train-s@cell") as folder:
+        assert folder.parent == node_tmp / "build-1" and folder.name.startswith("train-s-cell-")
+        (folder / "run.json").write_text("{}")
+    assert list((node_tmp / "build-1").iterdir()) == []
+    ray_cluster.remove_build_folder("build-1")
     ray_cluster.remove_build_folder("never-here")
-    ray_cluster.build_folder("made-no-cell")
-    ray_cluster.remove_build_folder("made-no-cell")
     assert list(node_tmp.iterdir()) == []
 
 
