@@ -117,3 +117,25 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(1)
+
+
+
+UNGROUPED = pytest.StashKey[set]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` each test marked ``xdist_group`` must carry its group in its node id (``…@group``):
+    that is how pytest-xdist keeps a group on one worker. Where this no longer takes (pytest 9.2,
+    pytest-xdist#1386) the Ray cluster tests would run on two workers at once, two clusters sharing this machine's
+    node folders: those tests fail instead, saying why."""
+    if getattr(config.option, "loadgroup", False):
+        config.stash[UNGROUPED] = {item.nodeid for item in items
+                                   if item.get_closest_marker("xdist_group") and "@" not in item.nodeid}
+
+
+def pytest_runtest_setup(item):
+    if item.nodeid in item.config.stash.get(UNGROUPED, set()):
+        pytest.fail(f"--dist loadgroup did not keep this test's xdist_group on one worker: pytest {pytest.__version__}"
+                    " and this pytest-xdist do not work together (pytest-xdist#1386); install the versions "
+                    "pyproject.toml's test extra allows", pytrace=False)
