@@ -15,7 +15,8 @@ tasks are cancelled (their runs end KILLED). Ctrl-C does the same. A cell's comm
 own (`pipelines.parallel.Children`), which a cancelled task stops; a watchdog process stops it if the task's worker
 dies. The nodes' workspaces (and this build's DVC and frozen-prefix caches on them) are removed when the build ends,
 however it ends, once every cell has stopped (`BuildGate`: a cancelled task may still be stopping its commands, or
-even starting, when Ray reports it ended).
+even starting, when Ray reports it ended): by the driver, and again by the last cell to leave a closed build on its
+machine, however late.
 
 MLflow: cells log to the driver's tracking server (a team server for a real cluster: every node must reach it). For
 each study the driver opens a parent run for the build; each cell's run is its child (``mlflow.parentRunId``), so the
@@ -37,7 +38,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,7 +104,9 @@ class NodeWorkspace:
 def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str], gate) -> CellResult:
     """The Ray task: ``stage`` built in a new workspace of this node, its outputs pushed; the workspace removed.
     Inside the build's `BuildGate` from before it touches the node's disk until its cleanup has ended; a task that
-    finds the gate closed (Ray may start a task it was asked to cancel) does nothing.
+    finds the gate closed (Ray may start a task it was asked to cancel) does nothing. The last cell to leave a closed
+    gate on its machine removes the build's folder there: the driver stops waiting for a cancelled cell after a
+    while, and a cell still starting then (on a loaded machine) would write into the folder after its removal.
 
     Ray's own signal handling stays: a cancel raises KeyboardInterrupt here, SIGTERM exits the worker (which Ray
     counts as a worker death, and retries); either way the cell's process group is stopped first."""
@@ -111,18 +114,20 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
 
     attempt = uuid.uuid4().hex
     try:
-        if not ray.get(gate.enter.remote(stage, attempt, ray.get_runtime_context().get_node_id())):
+        where = Place(node=ray.get_runtime_context().get_node_id(), host=socket.gethostname())
+        if not ray.get(gate.enter.remote(stage, attempt, where)):
             raise CellFailed(f"{stage}: not started, the build has ended")
         return _train_on_node(workspace, stage, study, env)
     finally:  # after the cell's cleanup; sent even if `enter` was interrupted (the gate takes calls in order)
-        _to_the_end(_leave, gate, attempt)
+        _to_the_end(_leave, gate, attempt, workspace.build)
 
 
-def _leave(gate, attempt: str) -> None:
+def _leave(gate, attempt: str, build: str) -> None:
     import ray
 
     with contextlib.suppress(Exception):  # the driver, and the gate with it, may be gone
-        ray.get(gate.leave.remote(attempt), timeout=30)
+        if ray.get(gate.leave.remote(attempt), timeout=30):
+            remove_build_folder(build)
 
 
 def _train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str]) -> CellResult:
@@ -259,31 +264,48 @@ def _build_path(build: str) -> Path:
 
 def remove_build_folder(build: str) -> None:
     """This build's folder on this node, with whatever a dead worker left in it (the driver calls this once every
-    cell has left the build's `BuildGate`)."""
+    cell has left the build's `BuildGate`, or it waited long enough; the last cell to leave a closed gate on a
+    machine calls it there)."""
     shutil.rmtree(_build_path(build), ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a cell runs: its Ray node, and the machine (nodes of one machine share its temp folder)."""
+
+    node: str
+    host: str
+
+
 class BuildGate:
-    """A Ray actor, one per build: which cells are inside the build (started, their cleanup not yet ended), on which
-    node. Ray reports a cancelled task ended before the task has stopped its commands, and may still start a task it
-    was asked to cancel, so the driver cannot learn from Ray when the nodes' folders are free to remove. It closes the
-    gate (no cell enters any more) and waits until the cells inside have left."""
+    """A Ray actor, one per build: which cells are inside the build (started, their cleanup not yet ended), and where.
+    Ray reports a cancelled task ended before the task has stopped its commands, and may still start a task it was
+    asked to cancel, so the driver cannot learn from Ray when the nodes' folders are free to remove. It closes the
+    gate (no cell enters any more) and waits until the cells inside have left; a cell that leaves a closed gate last
+    on its machine learns so, and removes the build's folder there."""
 
     def __init__(self) -> None:
         self.open = True
-        self.inside: dict[str, tuple[str, str]] = {}  # attempt -> (stage, node id)
+        self.inside: dict[str, tuple[str, Place]] = {}  # attempt -> (stage, where)
 
-    def enter(self, stage: str, attempt: str, node: str) -> bool:
+    def enter(self, stage: str, attempt: str, where: Place) -> bool:
         if self.open:
-            self.inside[attempt] = (stage, node)
+            self.inside[attempt] = (stage, where)
         return self.open
 
-    def leave(self, attempt: str) -> None:
-        self.inside.pop(attempt, None)
+    def leave(self, attempt: str) -> bool:
+        """True when the gate is closed and no other cell is inside on the leaving cell's machine."""
+        left = self.inside.pop(attempt, None)
+        return (not self.open and left is not None
+                and all(where.host != left[1].host for _, where in self.inside.values()))
 
-    def close(self) -> list[tuple[str, str]]:
-        """Closed; the (stage, node) of the cells still inside."""
+    def close(self, alive: Collection[str] = (), completed: Collection[str] = ()) -> list[tuple[str, Place]]:
+        """Closed; the (stage, where) of the cells still inside, once those that will never leave are forgotten: on a
+        node not ``alive``, or of a ``completed`` stage (a worker that died while Ray's retry of its cell came back:
+        the retry left before its result did)."""
         self.open = False
+        self.inside = {attempt: (stage, where) for attempt, (stage, where) in self.inside.items()
+                       if where.node in alive and stage not in completed}
         return list(self.inside.values())
 
 
@@ -482,19 +504,17 @@ class RayCluster:
 
 
     def _wait_until_cells_left(self, timeout_s: float = 60.0) -> None:
-        """The gate closed; waits until no cell is inside but those that will never leave: on a node that is gone,
-        or an attempt whose worker died while Ray's retry of the cell came back (Ray retries only a dead worker's)."""
+        """The gate closed; waits until no cell is inside (`BuildGate.close` forgets those that never will leave). A
+        cell still inside after ``timeout_s`` removes its machine's folder itself when it leaves, last there."""
         if self.gate is None:
             return
         ray, deadline = self.ray, time.monotonic() + timeout_s
         with contextlib.suppress(Exception):  # the gate's node lost: nothing to wait for that could answer
-            inside = ray.get(self.gate.close.remote(), timeout=30)
             while time.monotonic() < deadline:
-                alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-                if not [stage for stage, node in inside if node in alive and stage not in self.completed]:
+                alive = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+                if not ray.get(self.gate.close.remote(alive, sorted(self.completed)), timeout=30):
                     return
                 time.sleep(0.5)
-                inside = ray.get(self.gate.close.remote(), timeout=30)
 
 
 def _study_of(stage: str) -> str:
