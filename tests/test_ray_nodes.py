@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipelines import ray_cluster
+from pipelines import ray_node
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def node_tmp(tmp_path, monkeypatch):
 
 
 def test_the_gate_lists_the_cells_inside_and_once_closed_lets_none_in():
-    gate, one, two = ray_cluster.BuildGate(), PLACES["node-1"], PLACES["node-2"]
+    gate, one, two = ray_node.BuildGate(), PLACES["node-1"], PLACES["node-2"]
     assert gate.enter("train-s@a", "attempt-1", one) and gate.enter("train-s@b", "attempt-2", two)
     assert not gate.leave("attempt-1")  # the build goes on: the driver removes the folders at its end
     assert not gate.leave("never-entered")  # a task interrupted before its `enter` was taken still says it left
@@ -32,7 +32,7 @@ def test_the_gate_lists_the_cells_inside_and_once_closed_lets_none_in():
 
 def test_the_last_cell_to_leave_a_closed_gate_on_a_machine_is_told_so():
     """Two nodes on one machine share its temp folder: the first to leave must not remove the other's workspace."""
-    gate = ray_cluster.BuildGate()
+    gate = ray_node.BuildGate()
     for attempt, node in (("a", "node-1"), ("b", "node-2"), ("c", "node-3")):
         gate.enter(f"train-s@{attempt}", attempt, PLACES[node])
     gate.close(ALIVE)
@@ -42,7 +42,7 @@ def test_the_last_cell_to_leave_a_closed_gate_on_a_machine_is_told_so():
 
 
 def test_a_closed_gate_forgets_cells_that_will_never_leave():
-    gate = ray_cluster.BuildGate()
+    gate = ray_node.BuildGate()
     gate.enter("train-s@a", "lost", PLACES["node-1"])  # its node is gone
     gate.enter("train-s@b", "dead-worker", PLACES["node-3"])  # its worker died; Ray's retry finished the cell
     gate.enter("train-s@c", "stopping", PLACES["node-3"])
@@ -50,18 +50,18 @@ def test_a_closed_gate_forgets_cells_that_will_never_leave():
     assert gate.leave("stopping")  # nobody else inside on gpu-2 any more
 
 
-PLACES = {"node-1": ray_cluster.Place("node-1", "gpu-1"), "node-2": ray_cluster.Place("node-2", "gpu-1"),
-          "node-3": ray_cluster.Place("node-3", "gpu-2")}
+PLACES = {"node-1": ray_node.Place("node-1", "gpu-1"), "node-2": ray_node.Place("node-2", "gpu-1"),
+          "node-3": ray_node.Place("node-3", "gpu-2")}
 ALIVE = list(PLACES)
 
 
 def test_a_cells_folder_is_in_its_builds_folder_and_goes_with_the_cell(node_tmp):
-    with ray_cluster.cell_folder("build-1", "train-s@cell") as folder:
+    with ray_node.cell_folder("build-1", "train-s@cell") as folder:
         assert folder.parent == node_tmp / "build-1" and folder.name.startswith("train-s-cell-")
         (folder / "run.json").write_text("{}")
     assert list((node_tmp / "build-1").iterdir()) == []
-    ray_cluster.remove_build_folder("build-1")
-    ray_cluster.remove_build_folder("never-here")
+    ray_node.remove_build_folder("build-1")
+    ray_node.remove_build_folder("never-here")
     assert list(node_tmp.iterdir()) == []
 
 
@@ -74,7 +74,7 @@ def test_a_cells_cleanup_runs_to_its_end_through_another_cancel():
         ended.append(True)
 
     threading.Timer(0.3, _thread.interrupt_main).start()
-    ray_cluster._to_the_end(cleanup)
+    ray_node._to_the_end(cleanup)
     assert ended == [True]
 
 
@@ -88,13 +88,13 @@ def test_a_cell_that_leaves_a_closed_build_last_on_its_machine_removes_the_build
             self.leave = type("Method", (), {"remote": staticmethod(gate.leave)})
 
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
-    gate = ray_cluster.BuildGate()
+    gate = ray_node.BuildGate()
     for attempt in ("late", "other"):
         gate.enter("train-s@a", attempt, PLACES["node-1"])
-    with ray_cluster.cell_folder("build-1", "train-s@a") as folder:
+    with ray_node.cell_folder("build-1", "train-s@a") as folder:
         (folder.parent / "dvc-cache").mkdir()
     gate.close(ALIVE)
-    ray_cluster._leave(Actor(gate), "other", "build-1")
+    ray_node._leave(Actor(gate), "other", "build-1")
     assert (node_tmp / "build-1" / "dvc-cache").is_dir()  # "late" is still inside on this machine
-    ray_cluster._leave(Actor(gate), "late", "build-1")
+    ray_node._leave(Actor(gate), "late", "build-1")
     assert list(node_tmp.iterdir()) == []
