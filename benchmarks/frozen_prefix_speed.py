@@ -55,8 +55,12 @@ QUICK = dict(train_size=64, dev_size=48, epochs=1, seeds="0,1", layers="0,1,all"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--train-size", type=int, help=f"training sentences (default {DEFAULTS['train_size']})")
-    parser.add_argument("--dev-size", type=int, help="dev sentences (default: the full dev set, 872)")
+    parser.add_argument("--model", default=MODEL, help="the encoder: a hub name or a folder (on a GPU with no weights "
+                        "at hand, a bert-base-sized folder saved from its config gives the same work)")
+    parser.add_argument("--task", default="sst2", choices=("sst2", "imdb"), help="SST-2 (short sentences) or IMDb "
+                        "(reviews, up to 512 tokens)")
+    parser.add_argument("--train-size", type=int, help=f"training examples (default {DEFAULTS['train_size']})")
+    parser.add_argument("--dev-size", type=int, help="dev examples (default: the full dev set; SST-2: 872)")
     parser.add_argument("--epochs", type=int, help=f"epochs per run (default {DEFAULTS['epochs']})")
     parser.add_argument("--seeds", help=f"comma-separated seeds (default {DEFAULTS['seeds']})")
     parser.add_argument("--layers", help=f"tunable layers to compare (default {DEFAULTS['layers']})")
@@ -112,7 +116,8 @@ def accuracy(prediction: transformers.EvalPrediction) -> dict[str, float]:
 def run_common(tokenized: dict, tokenizer, k: int | str, seed: int, args: argparse.Namespace) -> dict:
     """(a): `transformers.Trainer`, frozen part marked ``requires_grad=False`` and nothing else."""
     transformers.set_seed(seed)
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(resolve_model_path(MODEL), num_labels=2)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(resolve_model_path(args.model),
+                                                                            num_labels=2)
     if k != "all":
         layers = encoder_layers(model)
         model.base_model.embeddings.requires_grad_(False)
@@ -125,6 +130,7 @@ def run_common(tokenized: dict, tokenizer, k: int | str, seed: int, args: argpar
             num_train_epochs=args.epochs, lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0,
             max_grad_norm=1.0, eval_strategy="epoch", save_strategy="no", logging_strategy="epoch",
             report_to="none", seed=seed, disable_tqdm=True, dataloader_num_workers=0, use_cpu=args.use_cpu,
+            bf16=args.bf16,  # on a GPU, in bf16 autocast as ModelTrainer's mixed_precision="auto" trains
         )
         trainer = transformers.Trainer(
             model=model, args=training_args, train_dataset=tokenized["train"], eval_dataset=tokenized["dev"],
@@ -143,24 +149,29 @@ def run_layertune(corpus, k: int | str, seed: int, args: argparse.Namespace, cac
                   **arguments) -> dict:
     """(b) with ``cache=False``, (c) with ``cache="auto"``: `ModelTrainer` exactly as a user calls it."""
     transformers.set_seed(seed)
-    model = TextClassifier(LanguageModel(MODEL, tunable_layers=k, pooling=args.pooling), 2)
+    model = TextClassifier(LanguageModel(args.model, tunable_layers=k, pooling=args.pooling), 2)
     trainer = ModelTrainer(model, corpus, cache_dir=args.cache_dir)
     started, cpu = time.perf_counter(), cpu_times()
     result = trainer.train(progress=False, frozen_prefix_cache=cache, learning_rate=args.learning_rate,
                            batch_size=args.batch_size, epochs=args.epochs, seed=seed, **arguments)
     total = time.perf_counter() - started
     return {"epoch_s": [h["epoch_time_s"] for h in result.history], "total_s": total,
-            "metric": 100 * result.best_metrics[f"eval_{corpus.main_metric}"],
+            "metric": 100 * result.best_metrics["eval_accuracy"],  # what (a) reports (IMDb's main metric is F1)
             "cached": result.frozen_prefix_cache["used"], "steal": steal_fraction(cpu)}
 
 
-def cache_pass(tokenized: dict, boundaries: list[int], root: Path, dtype: str = "float32") -> tuple[float, float]:
-    """Seconds for one forward pass that fills every boundary in ``boundaries`` (train and dev splits), and the
-    MiB its entries take on disk."""
-    encoder = LanguageModel(MODEL, tunable_layers=0)
+def cache_pass(model: str, tokenized: dict, boundaries: list[int], root: Path,
+               dtype: str = "float32") -> tuple[float, float]:
+    """Seconds for one forward pass of ``model`` that fills every boundary in ``boundaries`` (train and dev splits),
+    on the GPU when there is one (as the pipeline's tokenize stage builds it), and the MiB its entries take on disk."""
+    encoder = LanguageModel(model, tunable_layers=0)
     cache = FrozenPrefixCache(root, dtype=dtype, progress=False)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
-    keys = [key for split in ("train", "dev") for key in cache.build(encoder, tokenized[split], boundaries)]
+    keys = [key for split in ("train", "dev") for key in cache.build(encoder, tokenized[split], boundaries,
+                                                                     device=device)]
+    if device == "cuda":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     return seconds, sum(f.stat().st_size for key in keys for f in (root / key).iterdir()) / 2**20
 
@@ -273,6 +284,7 @@ def benchmark_setup(args: argparse.Namespace, prefix: str):
 
     torch.set_num_threads(args.threads)
     args.use_cpu = not torch.cuda.is_available()
+    args.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
@@ -285,6 +297,10 @@ def benchmark_setup(args: argparse.Namespace, prefix: str):
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
 
 
 def cpu_times() -> tuple[int, int] | None:
@@ -312,34 +328,34 @@ def _steal_note(steal: float | None) -> str:
 def benchmark(args: argparse.Namespace) -> dict:
     started, cpu_start = time.perf_counter(), cpu_times()
     compute_metrics(("accuracy",), [0, 1], [0, 1])  # one-time imports (scipy) out of the first run
-    corpus = load_corpus("sst2", data_mirror=args.data_mirror, train_size=args.train_size, dev_size=args.dev_size,
+    corpus = load_corpus(args.task, data_mirror=args.data_mirror, train_size=args.train_size, dev_size=args.dev_size,
                          seed=0)
-    probe = LanguageModel(MODEL, tunable_layers=0)
+    probe = LanguageModel(args.model, tunable_layers=0)
     layers, tokenizer = probe.num_layers, probe.tokenizer
     # The same tokenized splits feed all three; ModelTrainer finds them in its cache folder, as in the pipeline.
     tokenized = tokenize_corpus(corpus, tokenizer, cache_dir=args.cache_dir / "tokenized")
     lengths = tokenized["train"]["length"]
-    print(f"{MODEL}: {layers} layers | SST-2 train {len(tokenized['train'])}, dev {len(tokenized['dev'])} "
+    print(f"{args.model}: {layers} layers | {args.task} train {len(tokenized['train'])}, dev {len(tokenized['dev'])} "
           f"(mean {np.mean(lengths):.1f} tokens) | epochs {args.epochs}, seeds {args.seeds}, batch {args.batch_size},"
           f" lr {args.learning_rate}, torch threads {torch.get_num_threads()} | load average "
           f"{os.getloadavg()[0]:.2f}", flush=True)
 
     # A process's first training run pays one-off costs (thread pools, allocator growth, kernel selection): 37 s
     # instead of 19 s for an (a) epoch once. Warm both trainers up so that no measured run pays them.
-    warm_corpus = load_corpus("sst2", data_mirror=args.data_mirror, train_size=64, dev_size=32, seed=0)
+    warm_corpus = load_corpus(args.task, data_mirror=args.data_mirror, train_size=64, dev_size=32, seed=0)
     warm = tokenize_corpus(warm_corpus, tokenizer, cache_dir=args.cache_dir / "tokenized")
     run_common(warm, tokenizer, "all", 0, args)
     run_layertune(warm_corpus, "all", 0, args, cache=False)
 
     # One pass fills every boundary the study needs, for train and dev: (c) of every K and seed reads it.
     boundaries = sorted({layers - k for k in args.layers if k != "all"})
-    study_pass, cache_mb = (cache_pass(tokenized, boundaries, args.cache_dir / "frozen_prefix")
+    study_pass, cache_mb = (cache_pass(args.model, tokenized, boundaries, args.cache_dir / "frozen_prefix")
                             if boundaries else (0.0, 0.0))
     print(f"shared cache pass, boundaries {boundaries}: {study_pass:.1f} s, {cache_mb:.1f} MiB on disk (float32; a "
           f"run loads its boundary into RAM within FrozenPrefixCache's memory budget, memory-maps it beyond)",
           flush=True)
     if args.interleaved_steps:
-        report = {"model": MODEL, "layers": layers, "train_size": len(tokenized["train"]),
+        report = {"model": args.model, "task": args.task, "device": device_name(), "layers": layers, "train_size": len(tokenized["train"]),
                   "interleaved_steps": interleaved_steps(tokenized, tokenizer, layers, args),
                   "cpu_steal": steal_fraction(cpu_start)}
         if args.json:
@@ -353,7 +369,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         pass_s = 0.0
         if k != "all":  # what this K alone would pay for its cache: one pass to its boundary, train + dev
             with tempfile.TemporaryDirectory(dir=args.cache_dir) as root:
-                pass_s, _ = cache_pass(tokenized, [layers - k], Path(root))
+                pass_s, _ = cache_pass(args.model, tokenized, [layers - k], Path(root))
         for seed in args.seeds:  # interleaved, so that load and CPU steal hit all variants alike
             done = {"common": run_common(tokenized, tokenizer, k, seed, args)}
             if k == "all" or seed in args.seeds[: args.uncached_seeds]:
@@ -384,7 +400,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         "cached_s": study_pass + sum(r["total_s"] for k in args.layers for r in runs[k]["cached"]),
         "cache_pass_s": study_pass, "cache_mb": cache_mb,
     }
-    report = {"model": MODEL, "layers": layers, "train_size": len(tokenized["train"]), "results": rows,
+    report = {"model": args.model, "task": args.task, "device": device_name(), "layers": layers, "train_size": len(tokenized["train"]), "results": rows,
               "study": study}
 
     print(f"\nper-epoch training time (median over seeds x {args.epochs} epochs), total = train + eval per run "
@@ -447,7 +463,7 @@ def interleaved_steps(tokenized: dict, tokenizer, layers: int, args: argparse.Na
     results = []
     for k in args.layers:
         transformers.set_seed(0)
-        common = transformers.AutoModelForSequenceClassification.from_pretrained(resolve_model_path(MODEL),
+        common = transformers.AutoModelForSequenceClassification.from_pretrained(resolve_model_path(args.model),
                                                                                  num_labels=2)
         if k != "all":
             common.base_model.embeddings.requires_grad_(False)
@@ -456,10 +472,11 @@ def interleaved_steps(tokenized: dict, tokenizer, layers: int, args: argparse.Na
         for variant in ("uncached", "cached"):
             if variant == "cached" and k == "all":
                 continue
-            model = TextClassifier(LanguageModel(MODEL, tunable_layers=k, pooling=args.pooling), 2)
+            model = TextClassifier(LanguageModel(args.model, tunable_layers=k, pooling=args.pooling), 2)
             states = None
             if variant == "cached":
-                states, _ = cache.states(model.encoder, tokenized["train"], layers - k)
+                states, _ = cache.states(model.encoder, tokenized["train"], layers - k,
+                                         device="cuda" if torch.cuda.is_available() else "cpu")
             steppers[variant] = _step_layertune(model, Examples(tokenized["train"], pad_id, states), args)
         times = {variant: [] for variant in steppers}
         for step, batch in enumerate(batches):
@@ -515,7 +532,7 @@ def compare_cache_dtypes(corpus, tokenized: dict, boundaries: list[int], args: a
     print("\ncache dtypes (K, dtype: epoch s, dev accuracy, difference to float32 with the same seeds):")
     for dtype in args.cache_dtypes:
         if dtype != "float32":
-            seconds, _ = cache_pass(tokenized, boundaries, args.cache_dir / "frozen_prefix", dtype)
+            seconds, _ = cache_pass(args.model, tokenized, boundaries, args.cache_dir / "frozen_prefix", dtype)
             print(f"  shared {dtype} cache pass: {seconds:.1f} s", flush=True)
     results = []
     for k in (k for k in args.layers if k != "all"):

@@ -138,6 +138,7 @@ def run_recipe(tokenized: dict, tokenizer, k: int | str, seed: int, args: argpar
             num_train_epochs=args.epochs, lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0,
             max_grad_norm=1.0, eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none",
             seed=seed, disable_tqdm=True, dataloader_num_workers=0, use_cpu=args.use_cpu,
+            bf16=args.bf16,  # on a GPU, in bf16 autocast as ModelTrainer's mixed_precision="auto" trains
         )
         trainer = transformers.Trainer(model=model, args=training_args, train_dataset=tokenized["train"],
                                        data_collator=transformers.DataCollatorWithPadding(tokenizer),

@@ -2,7 +2,8 @@
 
 `LanguageModel` and `MultiEncoder` both satisfy `Encoder`; only a `LanguageModel` also satisfies `TokenEncoder`
 (per-token states, which a tagger needs). Code that needs a capability checks the protocol with `require`, which
-names the encoder's class and the members it lacks, rather than probing single attributes.
+names the encoder's class and the members it lacks, rather than probing single attributes; `lacks` answers
+without raising.
 """
 
 from __future__ import annotations
@@ -71,11 +72,18 @@ class TokenEncoder(Encoder, Protocol):
 
 
 def require(encoder: object, protocol: type, purpose: str) -> None:
-    """A TypeError that says ``purpose`` and which members ``encoder``'s class lacks, unless it has them all."""
-    if isinstance(encoder, protocol):
-        return
-    missing = [name for name in members(protocol) if not hasattr(encoder, name)]
-    raise TypeError(f"{purpose}; {type(encoder).__name__} has no {', '.join(missing)}.")
+    """A TypeError that says ``purpose`` and which members ``encoder``'s class lacks, unless it has them all.
+
+    Asked with ``hasattr``, not ``isinstance``: from Python 3.12 on, ``isinstance`` with a runtime-checkable protocol
+    looks members up statically, and misses those a `torch.nn.Module` serves from ``__getattr__`` (its submodules,
+    such as a `MultiEncoder`'s ``language_models``)."""
+    if missing := lacks(encoder, protocol):
+        raise TypeError(f"{purpose}; {type(encoder).__name__} has no {', '.join(missing)}.")
+
+
+def lacks(encoder: object, protocol: type) -> list[str]:
+    """The members of ``protocol`` that ``encoder`` lacks (none: it satisfies the protocol)."""
+    return [name for name in members(protocol) if not hasattr(encoder, name)]
 
 
 def members(protocol: type) -> list[str]:
