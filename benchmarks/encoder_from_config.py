@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> Path:
                         help="a model name or folder whose tokenizer the encoder takes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.folder.exists() and (not args.folder.is_dir() or any(args.folder.iterdir())):
+        parser.error(f"{args.folder} exists and is not an empty folder: name a new one")
     tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_path(args.tokenizer))
     config = transformers.BertConfig(vocab_size=len(tokenizer))  # bert-base: 12 layers of 768, 12 heads, 3072
     transformers.set_seed(args.seed)

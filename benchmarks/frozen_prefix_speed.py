@@ -160,17 +160,17 @@ def run_layertune(corpus, k: int | str, seed: int, args: argparse.Namespace, cac
             "cached": result.frozen_prefix_cache["used"], "steal": steal_fraction(cpu)}
 
 
-def cache_pass(model: str, tokenized: dict, boundaries: list[int], root: Path,
+def cache_pass(args: argparse.Namespace, tokenized: dict, boundaries: list[int], root: Path,
                dtype: str = "float32") -> tuple[float, float]:
-    """Seconds for one forward pass of ``model`` that fills every boundary in ``boundaries`` (train and dev splits),
-    on the GPU when there is one (as the pipeline's tokenize stage builds it), and the MiB its entries take on disk."""
-    encoder = LanguageModel(model, tunable_layers=0)
+    """Seconds for one forward pass of ``args.model`` on ``args.device`` (the GPU when there is one, as the
+    pipeline's tokenize stage builds it) that fills every boundary in ``boundaries`` (train and dev splits), and the
+    MiB its entries take on disk."""
+    encoder = LanguageModel(args.model, tunable_layers=0)
     cache = FrozenPrefixCache(root, dtype=dtype, progress=False)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
     keys = [key for split in ("train", "dev") for key in cache.build(encoder, tokenized[split], boundaries,
-                                                                     device=device)]
-    if device == "cuda":
+                                                                     device=args.device)]
+    if args.device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     return seconds, sum(f.stat().st_size for key in keys for f in (root / key).iterdir()) / 2**20
@@ -283,8 +283,9 @@ def benchmark_setup(args: argparse.Namespace, prefix: str):
     import datasets
 
     torch.set_num_threads(args.threads)
-    args.use_cpu = not torch.cuda.is_available()
-    args.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.use_cpu = args.device == "cpu"
+    args.bf16 = args.device == "cuda" and torch.cuda.is_bf16_supported()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
@@ -297,10 +298,6 @@ def benchmark_setup(args: argparse.Namespace, prefix: str):
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)
-
-
-def device_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
 
 
 def cpu_times() -> tuple[int, int] | None:
@@ -349,14 +346,15 @@ def benchmark(args: argparse.Namespace) -> dict:
 
     # One pass fills every boundary the study needs, for train and dev: (c) of every K and seed reads it.
     boundaries = sorted({layers - k for k in args.layers if k != "all"})
-    study_pass, cache_mb = (cache_pass(args.model, tokenized, boundaries, args.cache_dir / "frozen_prefix")
+    study_pass, cache_mb = (cache_pass(args, tokenized, boundaries, args.cache_dir / "frozen_prefix")
                             if boundaries else (0.0, 0.0))
     print(f"shared cache pass, boundaries {boundaries}: {study_pass:.1f} s, {cache_mb:.1f} MiB on disk (float32; a "
           f"run loads its boundary into RAM within FrozenPrefixCache's memory budget, memory-maps it beyond)",
           flush=True)
+    setup = {"model": args.model, "task": args.task, "layers": layers, "train_size": len(tokenized["train"]),
+             "device": torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {args.threads} threads"}
     if args.interleaved_steps:
-        report = {"model": args.model, "task": args.task, "device": device_name(), "layers": layers, "train_size": len(tokenized["train"]),
-                  "interleaved_steps": interleaved_steps(tokenized, tokenizer, layers, args),
+        report = {**setup, "interleaved_steps": interleaved_steps(tokenized, tokenizer, layers, args),
                   "cpu_steal": steal_fraction(cpu_start)}
         if args.json:
             args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -369,7 +367,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         pass_s = 0.0
         if k != "all":  # what this K alone would pay for its cache: one pass to its boundary, train + dev
             with tempfile.TemporaryDirectory(dir=args.cache_dir) as root:
-                pass_s, _ = cache_pass(args.model, tokenized, [layers - k], Path(root))
+                pass_s, _ = cache_pass(args, tokenized, [layers - k], Path(root))
         for seed in args.seeds:  # interleaved, so that load and CPU steal hit all variants alike
             done = {"common": run_common(tokenized, tokenizer, k, seed, args)}
             if k == "all" or seed in args.seeds[: args.uncached_seeds]:
@@ -400,8 +398,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         "cached_s": study_pass + sum(r["total_s"] for k in args.layers for r in runs[k]["cached"]),
         "cache_pass_s": study_pass, "cache_mb": cache_mb,
     }
-    report = {"model": args.model, "task": args.task, "device": device_name(), "layers": layers, "train_size": len(tokenized["train"]), "results": rows,
-              "study": study}
+    report = {**setup, "results": rows, "study": study}
 
     print(f"\nper-epoch training time (median over seeds x {args.epochs} epochs), total = train + eval per run "
           f"(mean over seeds), dev accuracy (best epoch, mean over seeds); (b) ran seeds "
@@ -475,8 +472,7 @@ def interleaved_steps(tokenized: dict, tokenizer, layers: int, args: argparse.Na
             model = TextClassifier(LanguageModel(args.model, tunable_layers=k, pooling=args.pooling), 2)
             states = None
             if variant == "cached":
-                states, _ = cache.states(model.encoder, tokenized["train"], layers - k,
-                                         device="cuda" if torch.cuda.is_available() else "cpu")
+                states, _ = cache.states(model.encoder, tokenized["train"], layers - k, device=args.device)
             steppers[variant] = _step_layertune(model, Examples(tokenized["train"], pad_id, states), args)
         times = {variant: [] for variant in steppers}
         for step, batch in enumerate(batches):
@@ -532,7 +528,7 @@ def compare_cache_dtypes(corpus, tokenized: dict, boundaries: list[int], args: a
     print("\ncache dtypes (K, dtype: epoch s, dev accuracy, difference to float32 with the same seeds):")
     for dtype in args.cache_dtypes:
         if dtype != "float32":
-            seconds, _ = cache_pass(args.model, tokenized, boundaries, args.cache_dir / "frozen_prefix", dtype)
+            seconds, _ = cache_pass(args, tokenized, boundaries, args.cache_dir / "frozen_prefix", dtype)
             print(f"  shared {dtype} cache pass: {seconds:.1f} s", flush=True)
     results = []
     for k in (k for k in args.layers if k != "all"):

@@ -168,12 +168,16 @@ def run_layertune(corpus, k: int | str, seed: int, args: argparse.Namespace, cac
 
 def cache_build(tokenized: dict, k: int, args: argparse.Namespace) -> tuple[float, list[str]]:
     """Seconds for the one-off pass that fills the top-K LoRA model's cache entry (states entering layer L-K, train
-    and dev; hashing and checksum included), in the folder `ModelTrainer` reads; and the entries' keys."""
+    and dev; hashing and checksum included) on ``args.device``, in the folder `ModelTrainer` reads; and the entries'
+    keys."""
     encoder = LanguageModel(MODEL, tunable_layers=k, pooling="pooler", method=args.method)
     cache = FrozenPrefixCache(args.cache_dir / "frozen_prefix", progress=False)
     started = time.perf_counter()
     keys = [key for split in ("train", "dev") for key in cache.build(encoder, tokenized[split],
-                                                                       [encoder.frozen_prefix_layers])]
+                                                                       [encoder.frozen_prefix_layers],
+                                                                       device=args.device)]
+    if args.device == "cuda":
+        torch.cuda.synchronize()
     return time.perf_counter() - started, keys
 
 

@@ -119,7 +119,6 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-
 UNGROUPED = pytest.StashKey[set]()
 
 

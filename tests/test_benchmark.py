@@ -51,3 +51,29 @@ def test_cluster_benchmark_reads_each_way_of_building_from_its_output():
     jobs = [(1.0, "layertune repro: 2 cell(s) to train, 2 at a time\n"),
             (9.0, "layertune repro: [2/2] train-a@x-2 done in 7.5 s\n")]
     assert module.phases("jobs", jobs) == (1.0, 9.0, [7.5])
+
+
+
+
+def test_benchmark_takes_any_model_folder_and_imdb(data_mirror, tiny_bert, tmp_path):
+    """`--model` a folder (as on a GPU machine, a bert-base-sized one that encoder_from_config.py builds; here a tiny
+    one that takes IMDb's 512 tokens) and `--task imdb`: every side reports dev accuracy (IMDb's main metric is F1),
+    and the report names model, task and device."""
+    import torch
+    import transformers
+
+    folder = tmp_path / "tiny-512"
+    transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(folder)
+    config = transformers.AutoConfig.from_pretrained(tiny_bert)
+    config.max_position_embeddings, config.num_hidden_layers = 512, 2
+    transformers.AutoModel.from_config(config).save_pretrained(folder)
+    benchmark = load_benchmark()
+    report = benchmark.main(["--model", str(folder), "--task", "imdb", "--train-size", "16", "--dev-size", "16",
+                             "--layers", "0,all", "--seeds", "0", "--epochs", "1", "--no-group-by-length",
+                             "--data-mirror", str(data_mirror), "--cache-dir", str(tmp_path / "cache"),
+                             "--json", str(tmp_path / "imdb.json")])
+    assert (report["model"], report["task"], report["layers"]) == (str(folder), "imdb", 2)
+    assert report["device"] == f"CPU, {torch.get_num_threads()} threads"
+    # 8 + 8 balanced dev reviews: an accuracy is a positive multiple of 100/16 (an F1 mostly is not, or is 0).
+    scores = [row[f"{side}_metric"] for row in report["results"] for side in ("common", "uncached", "cached")]
+    assert all(score > 0 and (score * 16 / 100).is_integer() for score in scores), scores
