@@ -171,7 +171,7 @@ def cache_build(tokenized: dict, k: int, args: argparse.Namespace) -> tuple[floa
     and dev; hashing and checksum included) on ``args.device``, in the folder `ModelTrainer` reads; and the entries'
     keys."""
     encoder = LanguageModel(MODEL, tunable_layers=k, pooling="pooler", method=args.method)
-    cache = FrozenPrefixCache(args.cache_dir / "frozen_prefix", progress=False)
+    cache = FrozenPrefixCache(args.cache_dir / "frozen_prefix", autocast=args.autocast, progress=False)
     started = time.perf_counter()
     keys = [key for split in ("train", "dev") for key in cache.build(encoder, tokenized[split],
                                                                        [encoder.frozen_prefix_layers],

@@ -56,7 +56,8 @@ class FeaturePlan(Spec):
     boundaries: list[list[int]]  # per model, every boundary any cell needs
     settings: dict[str, CellFeatures]  # by setting key (`StudyCell.setting_key`): adding a seed changes nothing here
     max_length: PositiveInt | None
-    cache_dtype: Literal["float32", "float16", "bfloat16"]
+    cache_dtype: Literal["auto", "float32", "float16", "bfloat16"]
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"  # the cells' autocast, which the pass computes in
     fingerprints: list[str | None] = []  # per model, `model_fingerprint` of its files: the states depend on them
 
 
@@ -158,6 +159,7 @@ def feature_plan(study: StudySpec, cells: list[StudyCell]) -> FeaturePlan:
         layout[cell.setting_key] = CellFeatures(task=cell.task, models=indices, boundaries=cell_boundaries)
     return FeaturePlan(tasks=list(study.tasks), models=models, boundaries=[sorted(b) for b in boundaries], settings=layout,
                        max_length=study.training.max_length, cache_dtype=study.training.cache_dtype,
+                       mixed_precision=study.training.mixed_precision,
                        fingerprints=[model_fingerprint(model.model) for model in models])
 
 

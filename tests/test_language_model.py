@@ -8,6 +8,7 @@ from torch import nn
 
 from layertune import LanguageModel, encoder_layers
 from layertune.language_model import resolve_model_path
+from layertune.training_config import TrainingConfig
 from tests.conftest import ARCHITECTURES
 
 
@@ -136,7 +137,7 @@ def test_full_fine_tuning_is_the_default(tiny_bert):
 def test_a_max_length_the_model_cannot_take_fails_before_tokenizing(tiny_bert, toy_corpus, tmp_path):
     model = LanguageModel(tiny_bert, tunable_layers=1)
     with pytest.raises(ValueError, match=r"max_length=4096 is more than .* takes: 128 tokens"):
-        model.prepare_examples(toy_corpus, max_length=4096, cache_dir=tmp_path)
+        model.prepare_examples(toy_corpus, TrainingConfig(max_length=4096), cache_dir=tmp_path)
     assert not (tmp_path / "tokenized").exists()
 
 

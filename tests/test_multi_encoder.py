@@ -57,14 +57,14 @@ def test_each_encoder_tokenizes_with_its_own_vocabulary(encoder_dirs):
     assert batch["lm0.input_ids"].shape[1] > 3  # the BERT vocabulary spells it out in word pieces
 
 
-def test_collate_pads_each_encoder_with_its_pad_id():
+def test_a_batch_pads_each_encoder_with_its_pad_id():
     def examples(rows, pad_id):
         data = datasets.Dataset.from_dict({"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows],
                                            "labels": [0, 1]})
         return Examples(data, pad_id)
 
     multi = MultiExamples([examples([[5], [5, 6, 7]], 0), examples([[8, 9], [8]], 7)], ["lm0.", "lm1."])
-    batch = multi.collate([multi[0], multi[1]])
+    batch = multi.batch([0, 1])
     assert batch["lm0.input_ids"].tolist() == [[5, 0, 0], [5, 6, 7]]
     assert batch["lm1.input_ids"].tolist() == [[8, 9], [8, 7]]
     assert batch["labels"].tolist() == [0, 1] and multi.lengths == [2, 3]

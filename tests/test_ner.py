@@ -232,12 +232,14 @@ def test_dev_loss_is_the_mean_over_labelled_pieces_whatever_the_batches(tiny_ber
     from accelerate import Accelerator
 
     from layertune.batching import make_loader
+    from layertune.training_config import TrainingConfig
 
     corpus = toy_ner_corpus()
     model = build(tiny_bert)
     trainer = ModelTrainer(model, corpus, cache_dir=tmp_path)
-    dev = model.encoder.prepare_examples(corpus, cache_dir=tmp_path, frozen_prefix_cache=False)[0]["dev"]
-    batch = dev.collate([dev[i] for i in range(len(dev))])
+    args = TrainingConfig(frozen_prefix_cache=False)
+    dev = model.encoder.prepare_examples(corpus, args, cache_dir=tmp_path)[0]["dev"]
+    batch = dev.batch(range(len(dev)))
     with torch.no_grad():
         model.eval()
         expected = model.loss(model(batch), batch["labels"]).item()  # one batch: the mean over every labelled piece

@@ -119,8 +119,7 @@ def test_interrupted_write_leaves_no_cache(tokenizer, tmp_path, monkeypatch):
 def test_batches_pad_to_their_longest_example(tokenizer, tmp_path):
     out = tokenize_corpus(pair_corpus(), tokenizer, max_length=10, cache_dir=tmp_path)["train"]
     examples = Examples(out, tokenizer.pad_token_id)
-    features = [examples[i] for i in range(3)]
-    batch = examples.collate(features)
+    batch = examples.batch([0, 1, 2])
     longest = max(out[i]["length"] for i in range(3))
     assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels"}
     assert batch["input_ids"].shape == (3, longest) and batch["labels"].dtype == torch.long
@@ -129,7 +128,7 @@ def test_batches_pad_to_their_longest_example(tokenizer, tmp_path):
 
     regression = tokenize_corpus(pair_corpus(regression=True), tokenizer, cache_dir=tmp_path)["train"]
     regression_examples = Examples(regression, tokenizer.pad_token_id)
-    labels = regression_examples.collate([regression_examples[i] for i in range(4)])["labels"]
+    labels = regression_examples.batch(range(4))["labels"]
     assert labels.dtype == torch.float32 and labels.tolist() == [0.0, 0.5, 1.0, 1.5]
 
 def test_scoring_order_visits_every_example_once_longest_first(tokenizer, tmp_path):

@@ -20,14 +20,17 @@ def build_features(corpora: Mapping[str, Corpus], plan: FeaturePlan, cache_root:
     its cells will read."""
     import torch
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from layertune.training_config import autocast_dtype, resolve_mixed_precision
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where the cells train, as ModelTrainer decides
+    autocast = autocast_dtype(resolve_mixed_precision(plan.mixed_precision, device))
     cached: dict[tuple[int, str], dict] = {}
     for index, spec in enumerate(plan.models):
         encoder = spec.build()
         for task in plan.tasks:
             cached[index, task] = encoder.cache_features(
                 corpora[task], plan.boundaries[index], max_length=plan.max_length, cache_dir=cache_root,
-                cache_dtype=plan.cache_dtype, device=device)
+                cache_dtype=plan.cache_dtype, device=device, autocast=autocast)
         del encoder
     manifests = {}
     for key, cell in plan.settings.items():

@@ -1,58 +1,115 @@
-"""From tokenized examples to padded batches: dynamic padding, optional length-grouped shuffling."""
+"""From tokenized examples to padded batches, built with tensor operations on the device that trains.
+
+Every per-token column is one flat tensor of all examples' tokens end to end, with where each example starts and how
+long it is; a batch is a gather of those rows into a (batch, longest) grid, padded by a mask (`Examples.batch`).
+With the examples on the training device (`Examples.to`) a batch never leaves it: no per-example Python, no host
+copy per step. Where cached frozen-prefix states do not fit there, they stay in host memory (pinned for a GPU) and
+each batch is gathered on the host and copied ahead of its step (`make_loader`'s ``pin_memory`` and accelerate's
+``non_blocking``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import datasets
+import numpy as np
+import pyarrow as pa
 import torch
-from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
 from transformers.trainer_pt_utils import LengthGroupedSampler
+
+if TYPE_CHECKING:
+    from layertune.frozen_prefix import BoundaryStates
 
 TOKEN_FEATURES = ("input_ids", "attention_mask", "token_type_ids", "word_ids")
 IGNORE_INDEX = -100  # label of sub-word pieces and padding in token classification (PyTorch's cross-entropy default)
 
 
 class Examples(Dataset):
-    """Tokenized examples held as tensors, plus (optionally) cached boundary states per example.
-
-    Converting the Arrow columns once up front keeps `__getitem__` cheap inside the training loop.
-    """
+    """Tokenized examples as flat tensors (plus, optionally, their cached boundary states); ``examples.batch(indices)``
+    is the padded batch of those examples, and what a `DataLoader` over them yields (`__getitems__`)."""
 
     def __init__(self, tokenized: datasets.Dataset, pad_token_id: int,
-                 boundary_states: Sequence[torch.Tensor] | None = None) -> None:
-        columns = [c for c in (*TOKEN_FEATURES, "labels") if c in tokenized.column_names]
-        self.columns = {c: [torch.as_tensor(v) for v in tokenized[c]] for c in columns}
-        self.lengths = [len(ids) for ids in self.columns["input_ids"]]
+                 boundary_states: BoundaryStates | None = None) -> None:
+        arrow = tokenized.with_format("arrow")  # whole columns, selections applied: no row-by-row Python
+        self.lengths = [int(n) for n in _values(arrow["input_ids"]).value_lengths().to_numpy()]
+        self.sizes = torch.as_tensor(self.lengths, dtype=torch.long)  # the same, as a tensor (on the host: see batch)
+        self.sizes_on_device = self.sizes
+        self.starts = torch.as_tensor(np.concatenate([[0], np.cumsum(self.lengths[:-1])]), dtype=torch.long)
+        self.tokens = {c: _flat(arrow[c]) for c in TOKEN_FEATURES if c in tokenized.column_names}
+        self.padding = {c: {"input_ids": pad_token_id, "word_ids": -1}.get(c, 0) for c in self.tokens}
+        labels = _values(arrow["labels"]) if "labels" in tokenized.column_names else None
+        # Token classification has a label per word piece (padded with IGNORE_INDEX); other tasks one per example.
+        self.token_labels = labels is not None and pa.types.is_list(labels.type)
+        if self.token_labels:
+            self.tokens["labels"], self.padding["labels"] = _flat(labels), IGNORE_INDEX
+            self.labels = None
+        else:
+            self.labels = None if labels is None else torch.from_numpy(np.array(labels.to_numpy(zero_copy_only=False)))
         self.boundary_states = boundary_states
-        self.collate = PadCollator(pad_token_id)
+        self.device = torch.device("cpu")
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def __getitem__(self, index: int) -> dict:
-        example = {c: values[index] for c, values in self.columns.items()}
+        """One example, unpadded (for inspection; training goes through `batch`)."""
+        return {name: value[0, : self.lengths[index]] if value.dim() > 1 else value[0]
+                for name, value in self.batch([index]).items()}
+
+    def batch(self, indices) -> dict[str, torch.Tensor]:
+        """The examples at ``indices`` padded to the longest of them, on this object's device."""
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        width = int(self.sizes[indices].max())  # from the host copy of the lengths: no device sync per batch
+        indices = indices.to(self.device, non_blocking=True)
+        positions = torch.arange(width, device=self.device)
+        real = positions < self.sizes_on_device[indices, None]
+        rows = torch.where(real, self.starts[indices, None] + positions, 0)  # padding reads row 0, then masked
+        batch = {name: torch.where(real, flat[rows], self.padding[name]) for name, flat in self.tokens.items()}
+        if self.labels is not None:
+            batch["labels"] = self.labels[indices]
         if self.boundary_states is not None:
-            example["boundary_states"] = self.boundary_states[index]
-        return example
-
-
-class PadCollator:
-    """Pads every per-token feature to the longest example of the batch."""
-
-    def __init__(self, pad_token_id: int) -> None:
-        self.padding = {"input_ids": pad_token_id, "labels": IGNORE_INDEX, "word_ids": -1}
-
-    def __call__(self, examples: list[dict]) -> dict:
-        batch = {}
-        for key in examples[0]:
-            values = [e[key] for e in examples]
-            if values[0].dim() == 0:
-                batch[key] = torch.stack(values)
-            else:
-                batch[key] = pad_sequence(values, batch_first=True, padding_value=self.padding.get(key, 0))
+            batch["boundary_states"] = self.boundary_states.rows(indices, positions, real)
         return batch
+
+    __getitems__ = batch  # a DataLoader hands a batch's indices to __getitems__ at once, when a dataset has it
+
+    def to(self, device: torch.device | str, states: bool = True) -> Examples:
+        """These examples on ``device`` (their tokens and labels; their cached states too unless ``states`` is
+        False: those then stay where they are and each batch of them is copied over by the loader)."""
+        self.device = torch.device(device)
+        self.starts = self.starts.to(self.device)
+        self.sizes_on_device = self.sizes.to(self.device)
+        self.tokens = {name: flat.to(self.device) for name, flat in self.tokens.items()}
+        if self.labels is not None:
+            self.labels = self.labels.to(self.device)
+        if self.boundary_states is not None and states:
+            self.boundary_states = self.boundary_states.to(self.device)
+        return self
+
+    @property
+    def host_batches_for(self) -> torch.device | None:
+        """The GPU that batches gathered on the host go to (their states did not fit there), else None."""
+        states = self.boundary_states
+        if states is not None and states.device.type == "cpu" and states.target.type != "cpu":
+            return states.target
+        return None
+
+
+
+def _values(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _flat(column: pa.ChunkedArray | pa.Array) -> torch.Tensor:
+    """A list column's values end to end (int64 token ids, masks, labels), as one tensor."""
+    return torch.from_numpy(np.array(_values(column).flatten().to_numpy(zero_copy_only=False), dtype=np.int64))
+
+
+def as_is(batch):
+    """The collate function of loaders over `Examples`: `Examples.batch` has padded the batch already."""
+    return batch
 
 
 def make_loader(
@@ -64,7 +121,7 @@ def make_loader(
     ``longest_first`` (without shuffling) is for scoring, where the order does not matter: every batch then pads
     to nearly its own length. ``shard=(i, n)`` (scoring only) keeps the examples whose index is i modulo n: process
     i's share of n scoring processes, every example scored exactly once.
-    ``examples`` brings its own ``collate`` (how to pad its features) and ``lengths`` (tokens per example).
+    ``examples`` builds its own batches (`Examples.batch`) and has ``lengths`` (tokens per example).
     """
     index, count = shard
     if count > 1 and shuffle:
@@ -80,4 +137,7 @@ def make_loader(
         sampler = range(index, len(examples), count)
     else:
         sampler = SequentialSampler(examples)
-    return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=examples.collate)
+    # States kept on the host for a GPU: batches are gathered into pinned memory, so that accelerate's non_blocking
+    # copy overlaps the step before.
+    pin = getattr(examples, "host_batches_for", None)
+    return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=as_is, pin_memory=pin is not None)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from layertune.language_model import LanguageModel
+    from layertune.training_config import TrainingConfig
 
 
 @runtime_checkable
@@ -40,9 +41,8 @@ class Encoder(HasParameterParts, Protocol):
 
     def tokenize(self, texts: list[str] | list[tuple[str, str]], max_length: int | None = None) -> dict: ...
 
-    def prepare_examples(self, corpus, *, max_length: int | None = None, cache_dir=None,
-                         frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
-                         device: torch.device | str = "cpu") -> tuple[dict, dict]: ...
+    def prepare_examples(self, corpus, args: TrainingConfig | None = None, *, cache_dir=None, device: torch.device | str = "cpu",
+                         autocast: torch.dtype | None = None) -> tuple[dict, dict]: ...
 
     def optimizer_groups(self, learning_rate: float | list[float], weight_decay: float) -> list[dict]: ...
 

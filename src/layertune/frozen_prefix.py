@@ -1,19 +1,22 @@
 """The frozen-prefix cache: compute the frozen bottom of the network once, train the top from its output.
 
 With the embeddings and the bottom L-K layers frozen and in eval mode, the hidden states entering layer L-K are a
-fixed function of the tokenized example. We store them once (unpadded, one flat array + offsets per boundary) and
-train and evaluate the top K layers and the head from them: an epoch then costs ~3K units instead of L + 2K.
+fixed function of the tokenized example. We store them once (unpadded, one flat array of every example's rows and
+where each starts, per boundary) and train and evaluate the top K layers and the head from them: an epoch then costs
+~3K units instead of L + 2K.
 
-An entry is keyed by the frozen weights, the tokenized data, the boundary layer and the dtype, written atomically
-with a checksum, and verified on load: a corrupt or partial entry is rebuilt, never used.
+Exact: the pass computes the frozen layers as the uncached run does at every step (eval mode, the run's autocast
+dtype) and keeps the dtype they hand on, so training from the cache gives the uncached run's losses up to the
+rounding of other batch shapes. Cheap: the pass stops at the highest boundary it fills, in batches of similar
+lengths; a run puts its states on its training device when they fit (`place`) and gathers each batch there.
+Worth it: with ``frozen_prefix_cache="auto"`` a run first estimates both ways (`layertune.cache_costs`) and caches
+only when that is cheaper, pass included; the decision and its numbers are in the run's record.
 
-`prepare_examples` gives a language model's tokenized splits, with their cached states where training from them is
-exact and enabled (`layertune.training_config.cache_decision`); `cache_features` fills the entries of several
-boundaries at once, in one forward pass per split.
-
-Building an entry leaves the random generators and the model's train/eval modes as it found them, so a run that
-builds its entry trains exactly like one that reads it. Its disk space is reserved before any state is computed: a
-full disk is an OSError naming the folder and the bytes needed, and leaves nothing behind.
+An entry is keyed by the frozen weights, the tokenized data, the boundary and the precision, written atomically
+with a checksum, and verified on load: a corrupt or partial entry is rebuilt, never used. Building one leaves the
+random generators and the model's train/eval modes as it found them, so a run that builds its entry trains exactly
+like one that reads it. Its disk space is reserved before any state is computed: a full disk is an OSError naming
+the folder and the bytes needed, and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -24,18 +27,20 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
+import psutil
 import pyarrow as pa
 import torch
 import xxhash
 from tqdm.auto import tqdm
 
-from layertune import timing
+from layertune import cache_costs, timing
 from layertune.batching import Examples
 from layertune.io import atomic_directory, file_digest, write_json
 from layertune.tokenization import tokenize_corpus
@@ -43,12 +48,15 @@ from layertune.training_config import cache_decision
 
 if TYPE_CHECKING:
     from layertune.language_model import LanguageModel
+    from layertune.training_config import TrainingConfig
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# 2: data hashed column-wise; 3: the config without the folder it was loaded from; 4: every file checksummed
-_FORMAT_VERSION = 4
+CACHE_DTYPES = ("auto", *DTYPES)  # auto: the dtype the frozen layers hand on (exact)
+# 2: data hashed column-wise; 3: the config without the folder it was loaded from; 4: every file checksummed;
+# 5: the run's autocast in the key, rows in the pass's order (starts.npy), the pass's own measurements
+_FORMAT_VERSION = 5
 _DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # no space left; a quota reached
 
 
@@ -56,41 +64,61 @@ def default_cache_root() -> Path:
     return Path(os.environ.get("LAYERTUNE_CACHE", Path.home() / ".cache" / "layertune"))
 
 
-def prepare_examples(lm: LanguageModel, corpus, *, max_length: int | None = None, cache_dir=None,
-                     frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
-                     device: torch.device | str = "cpu") -> tuple[dict[str, Examples], dict]:
-    """Tokenized examples of every split (``train``, ``dev``, ``test`` where present), with cached frozen-prefix
-    states where that is exact and enabled.
+def prepare_examples(lm: LanguageModel, corpus, args: TrainingConfig | None = None, *, cache_dir=None,
+                     device: torch.device | str = "cpu", autocast: torch.dtype | None = None,
+                     ) -> tuple[dict[str, Examples], dict]:
+    """Tokenized examples of every split (``train``, ``dev``, ``test`` where present) on ``device``, with cached
+    frozen-prefix states where that is exact, enabled and (``frozen_prefix_cache="auto"``) cheaper.
 
-    Returns the splits and what ran (recorded in the run's metadata).
+    ``autocast``: the dtype the run computes in under autocast (None: none), which the cache pass computes in too.
+    ``args``: the run's settings (max_length, frozen_prefix_cache, cache_dtype, cache_memory_mb, and the epochs and
+    batch size the estimate weighs); default `TrainingConfig()`. Returns the splits and what ran (recorded in the
+    run's metadata: the decision, why, and the estimates behind it).
     """
-    tokenized = _tokenized(lm, corpus, max_length, cache_dir)
+    from layertune.training_config import TrainingConfig
+
+    args = args or TrainingConfig()
+    device = torch.device(device)
+    tokenized = _tokenized(lm, corpus, args.max_length, cache_dir)
     pad_id = lm.tokenizer.pad_token_id or 0
-    use_cache, reason = cache_decision(lm.frozen_prefix_layers, lm.frozen_dropout, frozen_prefix_cache,
-                                       method=lm.method.name)
-    info = {"used": use_cache, "reason": reason}
-    if not use_cache:
-        return {split: Examples(data, pad_id) for split, data in tokenized.items()}, info
-    cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype)
-    splits = {}
+    splits = {split: Examples(data, pad_id) for split, data in tokenized.items()}
+    boundary = lm.frozen_prefix_layers
+    exact, reason = cache_decision(boundary, lm.frozen_dropout, args.frozen_prefix_cache, method=lm.method.name)
+    info = {"used": exact, "reason": reason}
+    if not exact:
+        return {split: examples.to(device) for split, examples in splits.items()}, info
+    cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=args.cache_dtype,
+                              autocast=autocast)
+    keys = {split: cache.key(lm, data, boundary) for split, data in tokenized.items()}
+    budget = memory_budget(device, lm, args.cache_memory_mb)
+    if args.frozen_prefix_cache == "auto":
+        costs = cache_costs.estimate(lm, splits, boundary, args, device=device, autocast=autocast,
+                                     built=[cache.pass_record(key) for key in keys.values()],
+                                     state_bytes=cache.state_bytes(lm, autocast), budget=budget)
+        info["used"], info["reason"] = costs.decision()
+        info["estimate"] = costs.record()
+        if not info["used"]:
+            return {split: examples.to(device) for split, examples in splits.items()}, info
     for split, data in tokenized.items():
-        states, entry = cache.states(lm, data, lm.frozen_prefix_layers, device=device)
-        splits[split] = Examples(data, pad_id, states)
-        info[f"{split}_entry"] = entry
-    info.update(boundary=lm.frozen_prefix_layers, dtype=cache_dtype)
+        splits[split].boundary_states, info[f"{split}_entry"] = cache.states(lm, data, boundary, device=device)
+    info.update(boundary=boundary, dtype=cache.dtype, autocast=_dtype_name(autocast),
+                placement=place(splits.values(), device, budget))
     return splits, info
 
 
 def cache_features(lm: LanguageModel, corpus, boundaries: list[int], *, max_length: int | None = None,
-                   cache_dir=None, cache_dtype: str = "float32", device: torch.device | str = "cpu") -> dict:
+                   cache_dir=None, cache_dtype: str = "auto", device: torch.device | str = "cpu",
+                   autocast: torch.dtype | None = None) -> dict:
     """Tokenize every split and cache, in one forward pass per split, the states entering each of ``boundaries``:
-    what `prepare_examples` of any tunable-layers value with those boundaries will then find.
+    what `prepare_examples` of any tunable-layers value with those boundaries will then find (it must compute under
+    the same ``autocast``).
 
     Returns the tokenized splits' fingerprints and, per boundary and split, the cache entry's key."""
     tokenized = _tokenized(lm, corpus, max_length, cache_dir)
     found = {"tokenized": {split: data._fingerprint for split, data in tokenized.items()}, "frozen_prefix": {}}
     if boundaries:
-        cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype, progress=False)
+        cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype,
+                                  autocast=autocast, progress=False)
         for split, data in tokenized.items():
             for boundary, key in zip(sorted(set(boundaries)), cache.build(lm, data, boundaries, device=device)):
                 found["frozen_prefix"].setdefault(boundary, {})[split] = key
@@ -103,62 +131,156 @@ def _tokenized(lm: LanguageModel, corpus, max_length: int | None, cache_dir) -> 
                            cache_dir=cache_dir and Path(cache_dir) / "tokenized")
 
 
-class BoundaryStates(Sequence):
-    """Per-example hidden states (tokens, hidden) stored as one flat (total tokens, hidden) array."""
+def memory_budget(device: torch.device, model: torch.nn.Module, cap_mb: float | None = None) -> int:
+    """Bytes that cached states may take on ``device``, at most ``cap_mb`` MiB.
 
-    def __init__(self, flat: torch.Tensor | np.memmap, offsets: np.ndarray, dtype: str) -> None:
-        self.flat, self.offsets, self.dtype = flat, offsets, dtype
+    On a GPU: what is free there now, less what training will still put there (the weights not yet moved, and for
+    each trainable weight its gradient and AdamW's two moments in float32) and a quarter of the GPU for the
+    activations of a batch and the allocator's slack. On the CPU (RAM is its memory): half of what is available."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.device != device)
+        training = sum(3 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
+        budget = free - weights - training - total // 4
+    else:
+        budget = psutil.virtual_memory().available // 2
+    if cap_mb is not None:
+        budget = min(budget, int(cap_mb * 2**20))
+    return max(int(budget), 0)
+
+
+def place(splits: Iterable[Examples], device: torch.device, budget: int) -> str:
+    """Put the splits and their states on ``device`` when all states fit ``budget``, and say where they went.
+
+    Otherwise the states stay in host memory: on the CPU read from the memory-mapped entry, for a GPU copied once
+    into pinned memory, from which each batch is gathered and sent ahead of its step (`layertune.batching`)."""
+    splits = list(splits)
+    needed = sum(e.boundary_states.nbytes for e in splits if e.boundary_states is not None)
+    if needed <= budget:
+        for examples in splits:
+            examples.to(device)
+        return f"resident on {device.type} ({needed / 2**20:,.1f} MiB of a {budget / 2**20:,.0f} MiB budget)"
+    for examples in splits:  # batches are gathered on the host: on the CPU from the memory map, per batch
+        examples.to("cpu", states=False)
+        if device.type != "cpu" and examples.boundary_states is not None:
+            examples.boundary_states = examples.boundary_states.pinned(device)
+    where = "memory-mapped from disk" if device.type == "cpu" else "in pinned host memory, copied per batch"
+    return f"{where} ({needed / 2**20:,.1f} MiB over a {budget / 2**20:,.0f} MiB budget on {device.type})"
+
+
+class BoundaryStates:
+    """Every example's hidden states entering one layer: one flat (tokens, hidden) array of all examples' rows, where
+    each example's rows start, and the dtype the model computes them in (stored smaller, they are cast back).
+
+    ``flat`` is a tensor (in RAM or on a GPU) or a memory map of the entry's file; ``target`` is the device that
+    trains from them (a GPU whose memory they did not fit keeps them in pinned host memory)."""
+
+    def __init__(self, flat: torch.Tensor | np.memmap, starts: torch.Tensor, lengths: np.ndarray,
+                 dtype: torch.dtype, target: torch.device | None = None) -> None:
+        self.flat, self.starts, self.lengths, self.dtype = flat, starts, lengths, dtype
+        self.target = target or self.device
+
+    @property
+    def device(self) -> torch.device:
+        return self.flat.device if isinstance(self.flat, torch.Tensor) else torch.device("cpu")
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.flat.nbytes)
 
     def __len__(self) -> int:
-        return len(self.offsets) - 1
+        return len(self.lengths)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        rows = self.flat[self.offsets[index] : self.offsets[index + 1]]
-        if isinstance(rows, np.ndarray):  # memory-mapped: copy just these rows off the disk
-            rows = torch.from_numpy(np.array(rows))
-            if self.dtype == "bfloat16":
-                rows = rows.view(torch.bfloat16)
-        return rows.float()
+        """One example's states (tokens, hidden), in the model's dtype."""
+        length = int(self.lengths[index])
+        positions = torch.arange(length, device=self.device)
+        return self.rows(torch.tensor([index], device=self.device), positions, positions[None] < length)[0]
+
+    def rows(self, indices: torch.Tensor, positions: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """The states of the examples at ``indices`` as a (batch, positions, hidden) grid, zero where not ``real``."""
+        index = torch.where(real, self.starts[indices, None] + positions, 0)
+        if isinstance(self.flat, np.ndarray):  # memory-mapped: copy just these rows off the disk
+            values = _as_tensor(np.asarray(self.flat[index.numpy()]))
+        else:
+            values = self.flat[index]
+        return torch.where(real[..., None], values.to(self.dtype), 0)
+
+    def to(self, device: torch.device | str) -> BoundaryStates:
+        """The states held in ``device``'s memory (read into RAM first when memory-mapped)."""
+        flat = self.flat if isinstance(self.flat, torch.Tensor) else _as_tensor(np.array(self.flat))
+        return BoundaryStates(flat.to(device), self.starts.to(device), self.lengths, self.dtype, torch.device(device))
+
+    def pinned(self, target: torch.device) -> BoundaryStates:
+        """The states in pinned host memory, for batches copied to ``target`` without blocking."""
+        flat = self.to("cpu").flat.pin_memory()
+        return BoundaryStates(flat, self.starts.cpu(), self.lengths, self.dtype, target)
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A stored array as a tensor; bfloat16, which numpy lacks, is stored as its 16 bits (uint16)."""
+    if array.dtype == np.uint16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 class FrozenPrefixCache:
-    """On-disk store of boundary states; ``memory_budget_mb`` decides what is loaded into RAM vs memory-mapped."""
+    """On-disk store of boundary states, one entry per (frozen weights, tokenized data, boundary, precision).
 
-    def __init__(self, root: str | Path | None = None, dtype: str = "float32", memory_budget_mb: float = 4096,
+    ``dtype``: how states are stored; "auto" (the default) keeps the dtype the frozen layers produce under
+    ``autocast``, which makes training from them exact; float16/bfloat16 halve float32 states at a rounding cost.
+    ``autocast``: the dtype the run computes in under autocast (None: none); the pass computes in it too, so the
+    states equal those the uncached run computes at every step."""
+
+    def __init__(self, root: str | Path | None = None, dtype: str = "auto", autocast: torch.dtype | None = None,
                  batch_size: int = 64, progress: bool = True) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"Unknown cache dtype {dtype!r}. Valid choices: {', '.join(DTYPES)}.")
+        if dtype not in CACHE_DTYPES:
+            raise ValueError(f"Unknown cache dtype {dtype!r}. Valid choices: {', '.join(CACHE_DTYPES)}.")
         self.root = Path(root) if root else default_cache_root() / "frozen_prefix"
-        self.dtype = dtype
-        self.memory_budget_mb = memory_budget_mb
+        self.dtype, self.autocast = dtype, autocast
         self.batch_size = batch_size
         self.progress = progress
 
     def states(self, encoder, tokenized: datasets.Dataset, boundary: int, *,
                device: torch.device | str = "cpu") -> tuple[BoundaryStates, str]:
-        """The states entering layer ``boundary`` for every example, built on a miss; and the entry's name."""
+        """The states entering layer ``boundary`` for every example (memory-mapped from the entry), built on a miss;
+        and the entry's name. ``device`` computes them on a miss."""
         key = self.key(encoder, tokenized, boundary)
-        loaded = self._load(key)
+        lengths = _lengths(tokenized)
+        loaded = self._load(key, lengths)
         if loaded is None:
             self._compute(encoder, tokenized, [boundary], {boundary: key}, torch.device(device))
-            loaded = self._load(key)
+            loaded = self._load(key, lengths)
         return loaded, key
 
     def build(self, encoder, tokenized: datasets.Dataset, boundaries: Iterable[int], *,
               device: torch.device | str = "cpu") -> list[str]:
         """One forward pass that fills every missing boundary in ``boundaries``; returns all their keys."""
         keys = {b: self.key(encoder, tokenized, b) for b in sorted(set(boundaries))}
-        missing = [b for b, key in keys.items() if self._load(key, check_only=True) is None]
+        lengths = _lengths(tokenized)
+        missing = [b for b, key in keys.items() if self._load(key, lengths, check_only=True) is None]
         if missing:
             self._compute(encoder, tokenized, missing, {b: keys[b] for b in missing}, torch.device(device))
         return list(keys.values())
 
+    def pass_record(self, key: str) -> dict | None:
+        """What building entry ``key`` measured (device, seconds per token of the frozen prefix), if it exists."""
+        try:
+            return json.loads((self.root / key / "meta.json").read_text())["pass"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def state_bytes(self, encoder, autocast: torch.dtype | None) -> int:
+        """Bytes one token's states take in this cache (before the pass: the stored dtype as far as known)."""
+        dtype = DTYPES.get(self.dtype) or autocast or next(encoder.parameters()).dtype
+        return encoder.hidden_size * torch.finfo(dtype).bits // 8
+
     # ----------------------------------------------------------------------------------------------------------
 
     def key(self, encoder, tokenized: datasets.Dataset, boundary: int) -> str:
-        """Hash of what the states depend on: frozen weights below ``boundary``, config, data, dtype."""
+        """Hash of what the states depend on: frozen weights below ``boundary``, config, data, precision."""
         digest = xxhash.xxh3_128()
-        digest.update(f"v{_FORMAT_VERSION}|{boundary}|{self.dtype}|".encode())
+        digest.update(f"v{_FORMAT_VERSION}|{boundary}|{self.dtype}|{_dtype_name(self.autocast)}|".encode())
         config = encoder.model.config.to_dict()
         config.pop("_name_or_path", None)  # where the files were read from: the same weights elsewhere still hit
         digest.update(json.dumps(config, sort_keys=True, default=str).encode())
@@ -180,7 +302,7 @@ class FrozenPrefixCache:
                 digest.update(np.asarray(rows.flatten(), dtype=np.int64).tobytes())
         return digest.hexdigest()
 
-    def _load(self, key: str, check_only: bool = False) -> BoundaryStates | bool | None:
+    def _load(self, key: str, lengths: np.ndarray, check_only: bool = False) -> BoundaryStates | bool | None:
         folder = self.root / key
         if not folder.is_dir():
             return None  # a miss; an entry folder appears only once complete (atomic rename)
@@ -189,79 +311,125 @@ class FrozenPrefixCache:
             path = folder / "states.npy"
             if path.stat().st_size != meta["states_bytes"] or file_digest(path) != meta["checksum"]:
                 raise ValueError("states.npy: size or checksum mismatch")
-            if file_digest(folder / "offsets.npy") != meta["offsets_checksum"]:
-                raise ValueError("offsets.npy: checksum mismatch")
-            offsets = np.load(folder / "offsets.npy", allow_pickle=False)
-            if len(offsets) != meta["examples"] + 1 or offsets[-1] != meta["tokens"]:
-                raise ValueError("offsets do not match the metadata")
+            if file_digest(folder / "starts.npy") != meta["starts_checksum"]:
+                raise ValueError("starts.npy: checksum mismatch")
+            starts = np.load(folder / "starts.npy", allow_pickle=False)
+            if len(starts) != len(lengths) or len(starts) != meta["examples"] or lengths.sum() != meta["tokens"] \
+                    or (len(starts) and (starts.min() < 0 or (starts + lengths).max() > meta["tokens"])):
+                raise ValueError("the rows do not match the examples")
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as error:
             logger.warning("Frozen-prefix cache entry %s is corrupt (%s); rebuilding it.", folder, error)
             return None
         if check_only:
             return True
         flat = np.load(path, mmap_mode="r")
-        if meta["states_bytes"] <= self.memory_budget_mb * 2**20:
-            flat = torch.from_numpy(np.array(flat))
-            if meta["dtype"] == "bfloat16":
-                flat = flat.view(torch.bfloat16)
-        return BoundaryStates(flat, offsets, meta["dtype"])
+        return BoundaryStates(flat, torch.from_numpy(starts), lengths, DTYPES[meta["states_dtype"]])
 
     @torch.no_grad()
     @timing.compute("caching")
     def _compute(self, encoder, tokenized, boundaries: list[int], keys: dict[int, str], device) -> None:
-        examples = Examples(tokenized, encoder.tokenizer.pad_token_id or 0)
-        offsets = np.concatenate([[0], np.cumsum(examples.lengths)]).astype(np.int64)
-        storage_dtype = np.dtype(np.uint16 if self.dtype == "bfloat16" else self.dtype)
-        shape = (int(offsets[-1]), encoder.hidden_size)
+        examples = Examples(tokenized, encoder.tokenizer.pad_token_id or 0).to(device)
+        computed = self._computed_dtype(encoder, examples, boundaries, device)
+        stored = DTYPES.get(self.dtype) or computed
+        shape = (sum(examples.lengths), encoder.hidden_size)
         self.root.mkdir(parents=True, exist_ok=True)
         try:
             # The build runs where training is about to draw its dropout masks: it must leave every random
             # generator as it found it, or a run that builds an entry would train differently from one that reads it.
             with _random_state_kept(device), contextlib.ExitStack() as stack:  # every boundary's folder, or none
                 folders = {keys[b]: stack.enter_context(atomic_directory(self.root / keys[b])) for b in boundaries}
-                arrays = {b: _allocated_npy(folders[keys[b]] / "states.npy", storage_dtype, shape) for b in boundaries}
-                self._fill(encoder, examples, offsets, arrays, device)
+                arrays = {b: _allocated_npy(folders[keys[b]] / "states.npy", _numpy_dtype(stored), shape)
+                          for b in boundaries}
+                starts, measured = self._fill(encoder, examples, arrays, stored, device)
                 for b in boundaries:
                     arrays[b].flush()
-                    self._finish_entry(folders[keys[b]], b, encoder, len(examples), offsets)
+                    self._finish_entry(folders[keys[b]], b, encoder, starts, shape[0], stored, computed, measured)
         except OSError as error:
             if error.errno not in _DISK_FULL:
                 raise
-            needed = len(boundaries) * shape[0] * shape[1] * storage_dtype.itemsize
+            needed = len(boundaries) * shape[0] * shape[1] * torch.finfo(stored).bits // 8
             raise OSError(error.errno, _no_space_message(self.root, needed, boundaries)) from error
         total = sum((self.root / keys[b] / "states.npy").stat().st_size for b in boundaries) / 2**20
         logger.info("Cached boundaries %s of %s: %.1f MiB in %s", boundaries, encoder.name, total, self.root)
 
-    def _fill(self, encoder, examples: Examples, offsets: np.ndarray, arrays: dict[int, np.memmap], device) -> None:
-        """Run the frozen prefix over every example, writing each boundary's states into its (unpadded) rows."""
+    def _computed_dtype(self, encoder, examples: Examples, boundaries: list[int], device) -> torch.dtype:
+        """The dtype the frozen layers hand on: the weights' without autocast; under autocast, as one short example
+        shows (a LayerNorm at the end of a layer gives float32 under bfloat16 autocast on CPU and CUDA alike)."""
+        if self.autocast is None:
+            return next(encoder.parameters()).dtype
+        shortest = int(np.argmin(examples.lengths))
+        with _autocast(device, self.autocast):
+            states = encoder.boundary_states(examples.batch([shortest]), [min(boundaries)])
+        return states[min(boundaries)].dtype
+
+    def _fill(self, encoder, examples: Examples, arrays: dict[int, np.memmap], stored: torch.dtype,
+              device) -> tuple[np.ndarray, dict]:
+        """Run the frozen prefix over every example, in batches of similar lengths, under the run's autocast, and
+        write each boundary's unpadded states one batch after another (the file's rows are in this order, ``starts``
+        says where each example's begin). Returns ``starts`` and what the pass measured."""
         original_device = next(encoder.parameters()).device
         encoder.to(device)
         order = np.argsort(examples.lengths, kind="stable")  # similar lengths together: little padding
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        starts, cursor, forward_s = np.zeros(len(order), dtype=np.int64), 0, 0.0
         description = f"caching layers < {max(arrays)} ({len(examples):,} examples)"
         try:
             for indices in tqdm(batches, desc=description, disable=None if self.progress else True, leave=False):
-                batch = examples.collate([examples[i] for i in indices])
-                batch = {k: v.to(device) for k, v in batch.items()}
-                for b, states in encoder.boundary_states(batch, list(arrays)).items():
-                    states = states.to("cpu", DTYPES[self.dtype])
-                    if self.dtype == "bfloat16":
-                        states = states.view(torch.int16)
-                    for row, index in enumerate(indices):
-                        start, end = offsets[index], offsets[index + 1]
-                        arrays[b][start:end] = states[row, : end - start].numpy()
+                batch = examples.batch(indices)
+                sizes = examples.sizes_on_device[torch.as_tensor(indices, device=device)]
+                real = torch.arange(batch["input_ids"].shape[1], device=device) < sizes[:, None]
+                started = time.perf_counter()
+                with _autocast(device, self.autocast):
+                    states = encoder.boundary_states(batch, list(arrays))
+                packed = {b: s[real].to(stored).cpu() for b, s in states.items()}  # waits for the device: timed
+                forward_s += time.perf_counter() - started
+                lengths = np.asarray(examples.lengths)[indices]
+                starts[indices] = cursor + np.cumsum(lengths) - lengths
+                for b, rows in packed.items():
+                    arrays[b][cursor : cursor + len(rows)] = _as_numpy(rows)
+                cursor += int(lengths.sum())
         finally:
             encoder.to(original_device)
+        measured = {"device": device.type, "forward_s_per_token": forward_s / max(cursor, 1), "tokens": cursor}
+        return starts, measured
 
-    def _finish_entry(self, folder: Path, boundary: int, encoder, examples: int, offsets: np.ndarray) -> None:
-        np.save(folder / "offsets.npy", offsets)
+    def _finish_entry(self, folder: Path, boundary: int, encoder, starts: np.ndarray, tokens: int,
+                      stored: torch.dtype, computed: torch.dtype, measured: dict) -> None:
+        np.save(folder / "starts.npy", starts)
         path = folder / "states.npy"
         write_json(folder / "meta.json", {
-            "boundary": boundary, "dtype": self.dtype, "examples": examples, "tokens": int(offsets[-1]),
+            "boundary": boundary, "dtype": _dtype_name(stored), "states_dtype": _dtype_name(computed),
+            "autocast": _dtype_name(self.autocast), "examples": len(starts), "tokens": tokens,
             "hidden_size": encoder.hidden_size, "model": encoder.name, "states_bytes": path.stat().st_size,
-            "checksum": file_digest(path), "offsets_checksum": file_digest(folder / "offsets.npy"),
-            "format_version": _FORMAT_VERSION,
+            "checksum": file_digest(path), "starts_checksum": file_digest(folder / "starts.npy"),
+            "format_version": _FORMAT_VERSION, "pass": measured,
         })
+
+
+def _lengths(tokenized: datasets.Dataset) -> np.ndarray:
+    column = tokenized.with_format("arrow")["input_ids"]
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return np.asarray(column.value_lengths(), dtype=np.int64)
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return np.dtype(np.uint16) if dtype == torch.bfloat16 else torch.empty((), dtype=dtype).numpy().dtype
+
+
+def _as_numpy(rows: torch.Tensor) -> np.ndarray:
+    return rows.view(torch.int16).numpy().view(np.uint16) if rows.dtype == torch.bfloat16 else rows.numpy()
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """The run's autocast (none when ``dtype`` is None), as accelerate enters it around each forward."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def _random_state_kept(device: torch.device) -> contextlib.AbstractContextManager:

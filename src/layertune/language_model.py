@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pandas as pd
 import torch
@@ -25,6 +25,9 @@ from layertune.batching import Examples
 from layertune.errors import choices_hint
 from layertune.model_paths import PACKAGED_MODELS, resolve_model_path
 from layertune.tuning_methods import METHODS, TopK, TuningMethod, tuning_method
+
+if TYPE_CHECKING:
+    from layertune.training_config import TrainingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -363,21 +366,19 @@ class LanguageModel(nn.Module):
         """An empty list: one language model has nothing to combine (see `MultiEncoder.combination_parameters`)."""
         return []
 
-    def prepare_examples(self, corpus, *, max_length: int | None = None, cache_dir=None,
-                         frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
-                         device: torch.device | str = "cpu") -> tuple[dict[str, Examples], dict]:
-        """Tokenized examples of every split, with cached frozen-prefix states where that is exact and enabled; and
-        what ran (see `layertune.frozen_prefix.prepare_examples`)."""
-        return frozen_prefix.prepare_examples(self, corpus, max_length=max_length, cache_dir=cache_dir,
-                                              frozen_prefix_cache=frozen_prefix_cache, cache_dtype=cache_dtype,
-                                              device=device)
+    def prepare_examples(self, corpus, args: TrainingConfig | None = None, *, cache_dir=None, device: torch.device | str = "cpu",
+                         autocast: torch.dtype | None = None) -> tuple[dict[str, Examples], dict]:
+        """Tokenized examples of every split on ``device``, with cached frozen-prefix states where that is exact,
+        enabled and cheaper; and what ran (see `layertune.frozen_prefix.prepare_examples`)."""
+        return frozen_prefix.prepare_examples(self, corpus, args, cache_dir=cache_dir, device=device, autocast=autocast)
 
     def cache_features(self, corpus, boundaries: list[int], *, max_length: int | None = None, cache_dir=None,
-                       cache_dtype: str = "float32", device: torch.device | str = "cpu") -> dict:
+                       cache_dtype: str = "auto", device: torch.device | str = "cpu",
+                       autocast: torch.dtype | None = None) -> dict:
         """Tokenize every split and cache the states entering each of ``boundaries`` (see
         `layertune.frozen_prefix.cache_features`)."""
         return frozen_prefix.cache_features(self, corpus, boundaries, max_length=max_length, cache_dir=cache_dir,
-                                            cache_dtype=cache_dtype, device=device)
+                                            cache_dtype=cache_dtype, device=device, autocast=autocast)
 
     def check_max_length(self, max_length: int | None) -> None:
         """A ValueError if ``max_length`` is more than the model takes."""
@@ -443,13 +444,17 @@ class LanguageModel(nn.Module):
 
     @torch.no_grad()
     def boundary_states(self, batch: dict, boundaries: list[int]) -> dict[int, torch.Tensor]:
-        """Hidden states entering layer b for each b in ``boundaries`` (b = L: the final states), in one pass."""
+        """Hidden states entering layer b for each b in ``boundaries`` (b = L: the final states), in one pass that
+        runs no layer above the highest b."""
         captured: dict[int, torch.Tensor] = {}
+        highest = max(boundaries)
         handles = []
         for b in boundaries:
             if b < self.num_layers:
                 def capture(module, args, kwargs, b=b):
                     captured[b] = args[0] if args else kwargs["hidden_states"]
+                    if b == highest:
+                        raise _StatesCaptured  # nothing above is needed: stop the forward here
                 handles.append(self.layers[b].register_forward_pre_hook(capture, with_kwargs=True))
         # Each module's own mode back afterwards: `train(was_training)` would instead put a freshly loaded model
         # (eval mode inside a train-mode wrapper) into train mode, so a run that built a cache entry would leave
@@ -457,15 +462,19 @@ class LanguageModel(nn.Module):
         modes = {module: module.training for module in self.modules()}
         self.eval()
         try:
-            last = self.model(**self.model_inputs(batch)).last_hidden_state
+            captured[self.num_layers] = self.model(**self.model_inputs(batch)).last_hidden_state
+        except _StatesCaptured:
+            pass
         finally:
             for handle in handles:
                 handle.remove()
             for module, training in modes.items():
                 module.training = training
-        if self.num_layers in boundaries:
-            captured[self.num_layers] = last
-        return captured
+        return {b: captured[b] for b in boundaries}
+
+
+class _StatesCaptured(Exception):
+    """Raised by `LanguageModel.boundary_states`'s hook once the highest boundary's states are captured."""
 
 
 def _checked_method(method) -> TuningMethod:

@@ -19,7 +19,7 @@ left out of `optimizer_groups` (the encoders' rates) and handed to the trainer b
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
@@ -28,6 +28,9 @@ from torch.utils.data import Dataset
 from layertune.batching import Examples
 from layertune.errors import choices_hint
 from layertune.language_model import LanguageModel
+
+if TYPE_CHECKING:
+    from layertune.training_config import TrainingConfig
 
 CombineMethod = Literal["concat", "dme"]
 COMBINE_METHODS = ("concat", "dme")
@@ -62,7 +65,7 @@ class DynamicMetaEmbedding(nn.Module):
 
 
 class MultiExamples(Dataset):
-    """The same examples tokenized once per encoder; `collate` pads each encoder's part with its own pad id."""
+    """The same examples tokenized once per encoder; a batch holds each encoder's part under its prefix."""
 
     def __init__(self, parts: list[Examples], prefixes: list[str]) -> None:
         _check_aligned(parts)
@@ -73,18 +76,21 @@ class MultiExamples(Dataset):
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def __getitem__(self, index: int) -> list[dict]:
-        return [part[index] for part in self.parts]
-
-    def collate(self, examples: list[list[dict]]) -> dict:
+    def batch(self, indices) -> dict:
         batch = {}
-        for position, (part, prefix) in enumerate(zip(self.parts, self.prefixes)):
-            padded = part.collate([example[position] for example in examples])
+        for part, prefix in zip(self.parts, self.prefixes):
+            padded = part.batch(indices)
             labels = padded.pop("labels", None)  # identical in every part (checked in __init__)
             batch.update({f"{prefix}{key}": value for key, value in padded.items()})
         if labels is not None:
             batch["labels"] = labels
         return batch
+
+    __getitems__ = batch
+
+    @property
+    def host_batches_for(self) -> torch.device | None:
+        return next((part.host_batches_for for part in self.parts if part.host_batches_for is not None), None)
 
 
 def _check_aligned(parts: list[Examples]) -> None:
@@ -92,8 +98,8 @@ def _check_aligned(parts: list[Examples]) -> None:
     sizes = {len(part) for part in parts}
     if len(sizes) != 1:
         raise ValueError(f"The encoders' tokenized splits differ in size: {[len(part) for part in parts]}.")
-    labels = [torch.as_tensor([value.item() for value in part.columns.get("labels", [])]) for part in parts]
-    if any(not torch.equal(labels[0], other) for other in labels[1:]):
+    labels = [part.labels if part.labels is not None else part.tokens.get("labels") for part in parts]
+    if any(not torch.equal(labels[0].cpu(), other.cpu()) for other in labels[1:] if other is not None):
         raise ValueError("The encoders' tokenized splits hold different labels: their examples are not aligned.")
 
 
@@ -157,9 +163,8 @@ class MultiEncoder(nn.Module):
         self.last_attention = None if weights is None else weights.detach()
         return self.dropout(combined)
 
-    def prepare_examples(self, corpus, *, max_length: int | None = None, cache_dir=None,
-                         frozen_prefix_cache: bool | str = "auto", cache_dtype: str = "float32",
-                         device: torch.device | str = "cpu") -> tuple[dict[str, MultiExamples], dict]:
+    def prepare_examples(self, corpus, args: TrainingConfig | None = None, *, cache_dir=None, device: torch.device | str = "cpu",
+                         autocast: torch.dtype | None = None) -> tuple[dict[str, MultiExamples], dict]:
         """Each encoder prepares its own examples (tokenization and frozen-prefix cache); they are zipped per split.
 
         The returned info has ``used`` (any encoder uses the cache), ``reason``, and each encoder's own info
@@ -168,9 +173,8 @@ class MultiEncoder(nn.Module):
         parts, info = [], {}
         for prefix, lm in zip(self.prefixes, self.language_models):
             try:
-                splits, info[prefix[:-1]] = lm.prepare_examples(
-                    corpus, max_length=max_length, cache_dir=cache_dir, frozen_prefix_cache=frozen_prefix_cache,
-                    cache_dtype=cache_dtype, device=device)
+                splits, info[prefix[:-1]] = lm.prepare_examples(corpus, args, cache_dir=cache_dir, device=device,
+                                                                autocast=autocast)
             except ValueError as error:
                 raise ValueError(f"{prefix[:-1]} ({lm.name}): {error}") from None
             parts.append(splits)

@@ -91,8 +91,9 @@ from layertune.tuning_methods import TopK, TuningMethod
 NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 ENCODER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
-# Training keys that decide what the tokenize stage caches for every cell, and the seed (the seeds axis).
-STUDY_WIDE_TRAINING = {"max_length", "cache_dtype", "frozen_prefix_cache", "seed"}
+# Training keys that decide what the tokenize stage caches for every cell (mixed_precision: the autocast its pass
+# computes in), and the seed (the seeds axis).
+STUDY_WIDE_TRAINING = {"max_length", "cache_dtype", "frozen_prefix_cache", "mixed_precision", "seed"}
 
 
 class ParamsError(ValueError):

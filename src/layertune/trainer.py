@@ -23,7 +23,7 @@ from layertune.errors import describe_validation_error
 from layertune.heads import TaskModel
 from layertune.io import check_output_directory, output_directory, write_json
 from layertune.metrics import compute_metrics
-from layertune.training_config import TrainingConfig
+from layertune.training_config import TrainingConfig, autocast_dtype, resolve_mixed_precision
 
 logger = logging.getLogger(__name__)
 
@@ -127,11 +127,10 @@ class ModelTrainer:
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
         with accelerator.main_process_first():  # the main process fills the caches, the others then read them
+            # The cache pass computes as training will (its autocast), on the training device.
             splits, cache_info = task_model.encoder.prepare_examples(
-                self.corpus, max_length=args.max_length, cache_dir=self.cache_dir,
-                frozen_prefix_cache=args.frozen_prefix_cache, cache_dtype=args.cache_dtype,
-                device=accelerator.device,
-            )
+                self.corpus, args, cache_dir=self.cache_dir, device=accelerator.device,
+                autocast=autocast_dtype(accelerator.mixed_precision))
         train_loader, score_loaders = _loaders(splits, args, accelerator)
 
         task_model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by parameter device
@@ -348,18 +347,12 @@ def _accelerator(args: TrainingConfig) -> Accelerator:
     if args.batch_size % processes:
         raise ValueError(f"batch_size={args.batch_size} cannot be split between {processes} processes: use a "
                          f"multiple of {processes}.")
-    return Accelerator(mixed_precision=_mixed_precision(args.mixed_precision),
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    # non_blocking: batches gathered in pinned host memory (states beyond the GPU's budget) are copied ahead
+    return Accelerator(mixed_precision=resolve_mixed_precision(args.mixed_precision, device_type),
                        gradient_accumulation_steps=args.gradient_accumulation_steps,
-                       dataloader_config=DataLoaderConfiguration(split_batches=True),
+                       dataloader_config=DataLoaderConfiguration(split_batches=True, non_blocking=True),
                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-
-
-def _mixed_precision(setting: str) -> str:
-    if setting != "auto":
-        return setting
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "no"
 
 
 def _peak_memory_mb(device: torch.device) -> float:

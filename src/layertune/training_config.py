@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
 
 
 class TrainingConfig(BaseModel):
@@ -40,8 +40,15 @@ class TrainingConfig(BaseModel):
     max_grad_norm: float | None = Field(1.0, gt=0)
     seed: int = 42
     group_by_length: bool = False
-    frozen_prefix_cache: bool | Literal["auto"] = "auto"
-    cache_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    frozen_prefix_cache: bool | Literal["auto"] = Field(
+        "auto", description="train the top layers from cached states of the frozen ones: true (where exact), false, "
+        "or auto: where exact and estimated cheaper on this device, pass included (the run records why)")
+    cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="how cached states are stored; auto: as the frozen layers hand them on (exact); float16 "
+        "or bfloat16 halve float32 states at a rounding cost")
+    cache_memory_mb: PositiveFloat | None = Field(
+        None, description="at most this many MiB of cached states on the training device; null: what it has free "
+        "after the model and its training state (beyond it, states stay in host memory)")
     max_length: PositiveInt | None = Field(None, description="truncation length; default: the task's")
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
 
@@ -78,3 +85,22 @@ def cache_decision(frozen_prefix_layers: int | None, frozen_dropout: bool, setti
     if setting is True:
         raise ValueError(f"frozen_prefix_cache=True cannot be honoured: {reason}. Use 'auto' or False.")
     return False, reason
+
+
+def resolve_mixed_precision(setting: str, device_type: str) -> str:
+    """``mixed_precision`` as accelerate takes it: "auto" is bf16 on a GPU that has it, else fp16 on a GPU, else
+    "no" (autocast on the CPU is slower than float32 there). The cache pass computes under the same."""
+    if setting != "auto":
+        return setting
+    if device_type == "cuda":
+        import torch
+
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "no"
+
+
+def autocast_dtype(mixed_precision: str):
+    """The dtype autocast computes in for a resolved ``mixed_precision`` (None for "no")."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)

@@ -1,0 +1,158 @@
+"""Does the frozen-prefix cache pay for this run, on this device? Estimated before any state is computed.
+
+Without the cache a run computes the frozen prefix at every training step and every time it scores a split; with
+it, it reads the same states instead, after one pass that builds the entry (nothing to pay when the entry exists).
+Both are timed on a few of the run's own training batches, on its device and under its autocast: the prefix's
+forward (or, for an existing entry built on this kind of device, what its pass measured), and gathering states of
+that shape from where they would live (the device's memory when all of them fit its budget, else pinned host memory
+plus the copy). Scaled to the run's tokens:
+
+    uncached = forward/token x (padded training tokens x epochs + scored tokens)
+    cached   = pass + read/token x (the same tokens)       pass = forward/token x every split's tokens + writing
+
+The cache is used when ``cached <= MARGIN x uncached``: a near tie, where the estimate could be wrong either way,
+runs uncached. On a 2-core CPU reading costs ~1% of recomputing, and the pass (batches sorted by length, little
+padding) is repaid within the first epoch; on a GPU recomputing a few layers is cheap and reading from host memory
+is not, which is what this weighs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from layertune.batching import Examples
+    from layertune.training_config import TrainingConfig
+
+MARGIN = 0.9
+PROBE_BATCHES = 3  # the first is a warm-up (lazy initialisation, kernel choice), the others are timed
+WRITE_BYTES_PER_S = 1e9  # the pass writes its states to disk: assumed 1 GB/s (the page cache of a local disk)
+
+
+@dataclass(frozen=True)
+class CacheCosts:
+    """Seconds this run would spend on the frozen prefix, without and with the cache."""
+
+    forward_s_per_epoch: float  # the frozen prefix over one epoch's training batches
+    read_s_per_epoch: float     # reading those batches' states from the cache instead
+    uncached_s: float           # every epoch, and every scoring of dev and test, recomputing the prefix
+    cached_s: float             # the pass plus reading the same from the cache
+    pass_s: float               # building the missing entries (0: they exist)
+    epochs: int
+    states_at: str              # where the states would be read from
+
+    def decision(self) -> tuple[bool, str]:
+        used = self.cached_s <= MARGIN * self.uncached_s
+        return used, (
+            f"{'cached' if used else 'not cached'}, by estimate: the frozen layers cost {self.uncached_s:.3g} s "
+            f"recomputed ({self.forward_s_per_epoch:.3g} s an epoch, {self.epochs} epoch(s), scoring included) and "
+            f"{self.cached_s:.3g} s from the cache (pass {self.pass_s:.3g} s, reading {self.read_s_per_epoch:.3g} s "
+            f"an epoch from {self.states_at}); cached only when at most {MARGIN:g}x")
+
+    def record(self) -> dict:
+        return {key: round(value, 6) if isinstance(value, float) else value for key, value in asdict(self).items()}
+
+
+def estimate(lm, splits: dict[str, Examples], boundary: int, args: TrainingConfig, *, device: torch.device,
+             autocast: torch.dtype | None, built: list[dict | None], state_bytes: int, budget: int) -> CacheCosts:
+    """The costs of training ``lm`` from the states entering ``boundary`` or without them, on ``device``.
+
+    ``built``: per split (in ``splits``' order), what the pass of its existing entry measured, or None (missing);
+    ``state_bytes``: bytes of one token's states; ``budget``: bytes the states may take on ``device``."""
+    train = splits["train"]
+    batches = _probe_batches(train, args.batch_size)
+    padding = sum(len(b) * max(train.lengths[i] for i in b) for b in batches) / sum(train.lengths[i] for b in batches
+                                                                                   for i in b)
+    tokens = {split: sum(examples.lengths) for split, examples in splits.items()}
+    resident = sum(tokens.values()) * state_bytes <= budget
+    known = [record for record in built if record is not None and record["device"] == device.type]
+    if len(known) == len(built):  # every entry exists: its pass measured the prefix on this kind of device
+        forward = max(record["forward_s_per_token"] for record in known)
+    else:
+        forward = _time_forward(lm, train, batches, boundary, device, autocast)
+    read = _time_read(train, batches, lm.hidden_size, state_bytes, device, resident)
+    missing = sum(tokens[split] for split, record in zip(splits, built) if record is None)
+    pass_s = forward * missing + missing * state_bytes / WRITE_BYTES_PER_S
+    scorings = {"dev": args.epochs if args.eval_strategy == "epoch" else 1, "test": 1}
+    # Training batches are drawn at random (or grouped by length): padded as the probe's; scoring sorts by length.
+    per_run = tokens["train"] * padding * args.epochs + sum(tokens.get(s, 0) * n for s, n in scorings.items())
+    return CacheCosts(
+        forward_s_per_epoch=forward * tokens["train"] * padding, read_s_per_epoch=read * tokens["train"] * padding,
+        uncached_s=forward * per_run, cached_s=pass_s + read * per_run, pass_s=pass_s, epochs=args.epochs,
+        states_at=f"{device.type} memory" if resident or device.type == "cpu" else "pinned host memory")
+
+
+def _probe_batches(examples: Examples, batch_size: int) -> list[list[int]]:
+    """A few training-sized batches drawn at random, from a generator of their own (the run's are not touched)."""
+    order = np.random.default_rng(0).permutation(len(examples))
+    size = min(batch_size, len(examples))
+    return [order[i * size : (i + 1) * size].tolist() for i in range(min(PROBE_BATCHES, len(examples) // size))] \
+        or [order.tolist()]
+
+
+def _timed(batches: list, run, device: torch.device) -> float:
+    """Seconds per padded token of ``run(batch)`` over ``batches``, the first one left out as a warm-up."""
+    timed = batches[1:] or batches
+    run(batches[0])
+    _synchronize(device)
+    started = time.perf_counter()
+    padded = 0
+    for batch in timed:
+        padded += run(batch)
+    _synchronize(device)
+    return (time.perf_counter() - started) / max(padded, 1)
+
+
+def _time_forward(lm, examples: Examples, batches: list, boundary: int, device: torch.device,
+                  autocast: torch.dtype | None) -> float:
+    """Seconds per padded token of the frozen prefix's forward (eval mode, no gradient, the run's autocast)."""
+    from layertune.frozen_prefix import _autocast
+
+    original = next(lm.parameters()).device
+    lm.to(device)
+    examples = examples.to(device)
+
+    def forward(indices: list[int]) -> int:
+        batch = examples.batch(indices)
+        with _autocast(device, autocast):
+            lm.boundary_states(batch, [boundary])
+        return batch["input_ids"].numel()
+
+    try:
+        return _timed(batches, forward, device)
+    finally:
+        lm.to(original)
+
+
+def _time_read(examples: Examples, batches: list, hidden_size: int, state_bytes: int, device: torch.device,
+               resident: bool) -> float:
+    """Seconds per padded token of gathering cached states for ``batches``: from the device's memory, or from
+    pinned host memory and copied to the device."""
+    from layertune.frozen_prefix import BoundaryStates
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}.get(state_bytes // hidden_size, torch.float32)
+    lengths = np.asarray(examples.lengths)
+    where = device if resident or device.type == "cpu" else torch.device("cpu")
+    starts = torch.zeros(len(examples), dtype=torch.long)  # every example reads rows 0…: only the shape matters
+    states = BoundaryStates(torch.zeros(max(lengths.max(), 1), hidden_size, dtype=dtype), starts, lengths, dtype)
+    states = states.to(where) if where == device else states.pinned(device)
+
+    def read(indices: list[int]) -> int:
+        index = torch.as_tensor(indices, device=where)
+        width = int(lengths[indices].max())
+        positions = torch.arange(width, device=where)
+        rows = states.rows(index, positions, positions < torch.as_tensor(lengths[indices], device=where)[:, None])
+        rows.to(device, non_blocking=True)
+        return rows.shape[0] * rows.shape[1]
+
+    return _timed(batches, read, device)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
