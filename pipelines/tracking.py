@@ -176,13 +176,17 @@ def metric_records(metrics: Mapping[str, Any], step: int = 0, history: Iterable[
 
 
 def result_operations(summary: Mapping[str, Any], history: list[Mapping[str, Any]],
-                      model_path: str | None = None) -> list[Operation]:
-    """What a cell's results log: per-epoch history, final metrics, the model's path (a tag), and the summary and
-    history as JSON artifacts."""
-    return [Operation(metrics=metric_records(final_metrics(summary), history=history),
-                      tags={"model_path": model_path} if model_path else {}),
-            Operation(artifact="metrics.json", data=dict(summary)),
-            Operation(artifact="history.json", data=list(history))]
+                      model_path: str | None = None, run_info: Mapping[str, Any] | None = None) -> list[Operation]:
+    """What a cell's results log: per-epoch history, final metrics, the model's path and the frozen-prefix cache's
+    decision (tags), and the summary, history and run info (the decision's estimates) as JSON artifacts."""
+    tags = {"model_path": model_path} if model_path else {}
+    operations = [Operation(artifact="metrics.json", data=dict(summary)),
+                  Operation(artifact="history.json", data=list(history))]
+    if run_info:
+        cache = run_info["frozen_prefix_cache"]
+        tags.update({"frozen_prefix_cache.used": str(cache["used"]), "frozen_prefix_cache.reason": cache["reason"]})
+        operations.append(Operation(artifact="run_info.json", data=dict(run_info)))
+    return [Operation(metrics=metric_records(final_metrics(summary), history=history), tags=tags), *operations]
 
 
 # ---------------------------------------------------------------------------------------------------- a run
@@ -511,7 +515,8 @@ def _settle_runs(client, experiment_id: str, cells: Path) -> dict[str, str]:
         with _quiet_retries():
             if status == FINISHED:
                 cell = CellFolder(folder)
-                for operation in result_operations(cell.metrics(), cell.history(), str(folder / "model")):
+                for operation in result_operations(cell.metrics(), cell.history(), str(folder / "model"),
+                                                   cell.run_info()):
                     apply(client, run.info.run_id, operation)
                 client.set_tag(run.info.run_id, "layertune.settled", f"its process died; outputs found in {folder}")
             client.set_terminated(run.info.run_id, status=status)
@@ -660,7 +665,8 @@ def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 def log_result(run: CellRun, result, model_path: str | None = None) -> None:
     """What a cell's `TrainingResult` reports: per-epoch history, final metrics, the saved model's path (a tag), and
     the summary and history as JSON artifacts."""
-    run.log_operations(result_operations(result.summary(), result.history, model_path))
+    run.log_operations(result_operations(result.summary(), result.history, model_path,
+                                         {"frozen_prefix_cache": result.frozen_prefix_cache}))
 
 
 def cell_tags(stage: str | None = None, study: str | None = None, spec=None) -> dict[str, str]:

@@ -58,7 +58,8 @@ def result() -> TrainingResult:
                                                                        "eval_accuracy": 0.75}],
         best_epoch=2, best_metrics={"eval_accuracy": 0.75}, main_metric="accuracy", train_time_s=1.5,
         samples_per_s=10.0, peak_memory_mb=1.0, trainable_parameters=3, total_parameters=9,
-        frozen_prefix_cache={"used": True}, predictions={}, test_metrics={"test_accuracy": 0.7},
+        frozen_prefix_cache={"used": True, "reason": "cached, by estimate: …", "estimate": {"pass_s": 1.5}},
+        predictions={}, test_metrics={"test_accuracy": 0.7},
         drift=pd.DataFrame())
 
 
@@ -104,7 +105,11 @@ def test_hook_finishes_only_after_the_whole_run_with_history_metrics_and_artifac
     assert [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "eval_accuracy")] == [
         (1, 0.5), (2, 0.75)]
     assert found.data.metrics["best_eval_accuracy"] == 0.75 and found.data.metrics["test_accuracy"] == 0.7
-    assert sorted(a.path for a in client.list_artifacts(found.info.run_id)) == ["history.json", "metrics.json"]
+    assert sorted(a.path for a in client.list_artifacts(found.info.run_id)) == ["history.json", "metrics.json",
+                                                                                "run_info.json"]
+    # what the frozen-prefix cache decided, and why, is on the run
+    assert found.data.tags["frozen_prefix_cache.used"] == "True"
+    assert found.data.tags["frozen_prefix_cache.reason"].startswith("cached, by estimate")
     assert (store / "mlartifacts" / "layertune-e1").is_dir()  # artifacts beside the database, not in the cwd
 
 
@@ -209,7 +214,8 @@ def test_kept_runs_reach_mlflow_when_the_next_cell_of_the_study_starts(uri, tmp_
     assert kept.data.params["seed"] == "1" and kept.data.metrics["best_eval_accuracy"] == 0.75
     assert [(m.step, m.value) for m in client.get_metric_history(kept.info.run_id, "eval_accuracy")] == [
         (1, 0.5), (2, 0.75)]
-    assert sorted(a.path for a in client.list_artifacts(kept.info.run_id)) == ["history.json", "metrics.json"]
+    assert sorted(a.path for a in client.list_artifacts(kept.info.run_id)) == ["history.json", "metrics.json",
+                                                                               "run_info.json"]
     assert not journal.exists()
 
 

@@ -363,6 +363,11 @@ class CellFolder:
     def history(self) -> list[dict]:
         return json.loads((self.path / "history.json").read_text())
 
+    def run_info(self) -> dict:
+        """What ran: the frozen-prefix cache's decision, why, and the estimates behind it."""
+        path = self.path / "run_info.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
     def predictions(self) -> dict[str, dict[str, list]]:
         return json.loads((self.path / "predictions.json").read_text())
 
