@@ -140,21 +140,22 @@ def test_paired_settings_need_the_same_seeds():
 
 
 def differences_estimate(draws: Resamples, differences: np.ndarray) -> Estimate:
-    """One seed whose per-example paired differences from the reference are ``differences`` (the reference scores
-    0 everywhere: its estimate is all zeros)."""
-    return Estimate(np.array([differences.mean()]), (differences[draws.examples].mean(axis=1))[None, :],
-                    len(differences))
+    """Two seeds whose per-example paired differences from the reference are both ``differences`` (the reference
+    scores 0 everywhere: its estimate is all zeros)."""
+    resampled = differences[draws.examples].mean(axis=1)
+    return Estimate(np.full(2, differences.mean()), np.stack([resampled, resampled]), len(differences))
 
 
 def test_the_dev_examples_that_would_settle_it_do():
-    """One seed, so all of the width is the dev sample's (seeds will not help): the number of paired examples it
-    names, with the same per-example differences, decides; 85% of it does not."""
+    """Two seeds that agree on every example, so all of the width is the dev sample's and seeds will not help: the
+    number of paired examples it names, with the same mix of per-example differences, decides; 85% of it does
+    not."""
     def mix(n):  # the candidate is 4 points worse: it loses 11% of the examples the reference gets right, wins 7%
         worse, better = round(0.11 * n), round(0.07 * n)
         return np.random.default_rng(6).permutation(np.repeat([-1.0, 0.0, 1.0], [worse, n - worse - better, better]))
 
     def reference(draws):
-        return Estimate(np.zeros(1), np.zeros((1, draws.examples.shape[0])), draws.examples.shape[1])
+        return Estimate(np.zeros(2), np.zeros((2, draws.examples.shape[0])), draws.examples.shape[1])
 
     draws = Resamples.draw(400, 2000)
     candidate = differences_estimate(draws, mix(400))

@@ -220,8 +220,9 @@ class Settlement:
 
     @property
     def seeds_cannot_decide(self) -> bool:
-        """The dev examples alone leave the comparison undecided, however many seeds run."""
-        return self.dev_floor >= self.gap
+        """The dev examples alone leave the comparison undecided, however many seeds run (with one seed, the part
+        of the dev noise that seeds share cannot be measured: not claimed)."""
+        return self.seed_spread_measured and self.dev_floor >= self.gap
 
     @property
     def dev_share(self) -> float:
@@ -238,7 +239,8 @@ def shared_dev_fraction(samples: np.ndarray) -> float:
     if seeds < 2 or total <= 0:
         return 1.0
     within = float(samples.var(axis=1).mean())
-    shared = (seeds * total - within) / (seeds - 1)  # seeds² · total = seeds · within + seeds (seeds − 1) · shared
+    # seeds² · total = seeds · within + seeds · (seeds − 1) · shared
+    shared = (seeds * total - within) / (seeds - 1)
     return float(np.clip(shared / total, 0.0, 1.0))
 
 
@@ -272,9 +274,22 @@ class _Projection:
             return None
         return int(np.floor(self.examples * self.dev_part(seeds) ** 2 / room)) + 1
 
+    def seeds_for(self, gap: float, max_seeds: int, share: float = 1.0) -> int | None:
+        """The fewest seeds (up to ``max_seeds``) that bring the half-width below ``gap`` on the same dev examples;
+        with ``share`` < 1, that bring the seed part alone below that share of the gap's square."""
+        if self.spread is None:
+            return None
+        return next((n for n in range(self.seeds + 1, max_seeds + 1)
+                     if (self.seed_part(n) ** 2 < share * gap ** 2 if share < 1
+                         else np.hypot(self.dev_part(n), self.seed_part(n)) < gap)), None)
+
+
+SETTLE_MAX_SEEDS = 50  # seeds per setting beyond which a projection says "more than"
+
 
 def what_would_settle(candidate: Estimate, reference: Estimate, tolerance: float, confidence: float = 0.95,
-                      spread: SeedSpread | None = None, rows: int = 1, max_seeds: int = 50) -> Settlement:
+                      spread: SeedSpread | None = None, rows: int = 1,
+                      max_seeds: int = SETTLE_MAX_SEEDS) -> Settlement:
     """For `within_tolerance` (same arguments): what would decide it, if the observed difference holds. ``rows``:
     how many differences the pooled ``spread`` covers that would get the new seeds (each adds its degrees of
     freedom); seeds are searched up to ``max_seeds`` per setting."""
@@ -288,18 +303,15 @@ def what_would_settle(candidate: Estimate, reference: Estimate, tolerance: float
         gap, dev = -tolerance - mean, max(float(np.quantile(means, confidence)) - mean, 0.0)
     projection = _Projection(dev, shared_dev_fraction(difference.samples), difference.seeds, difference.examples,
                              spread, rows, confidence)
-    seeds = next((n for n in range(difference.seeds + 1, max_seeds + 1)
-                  if np.hypot(projection.dev_part(n), projection.seed_part(n)) < gap), None) \
-        if spread is not None and gap > 0 else None
+    seeds = projection.seeds_for(gap, max_seeds) if gap > 0 else None
     examples = projection.examples_for(difference.seeds, gap) if gap > 0 else None
     together = None
-    if seeds is None and examples is None and spread is not None and gap > 0:
-        enough = next((n for n in range(difference.seeds + 1, max_seeds + 1)
-                       if projection.seed_part(n) ** 2 < gap ** 2 / 2), None)
+    if seeds is None and examples is None and gap > 0:
+        enough = projection.seeds_for(gap, max_seeds, share=0.5)
         together = (enough, projection.examples_for(enough, gap)) if enough is not None else None
     return Settlement(mean, decides, gap, dev, projection.seed_part(difference.seeds),
-                      dev * float(np.sqrt(projection.shared)), difference.seeds, difference.examples, spread is not None,
-                      seeds, examples, together)
+                      dev * float(np.sqrt(projection.shared)), difference.seeds, difference.examples,
+                      spread is not None, seeds, examples, together)
 
 
 # ------------------------------------------------------------------------------------- valid under repeated looks
