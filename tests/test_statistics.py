@@ -207,3 +207,14 @@ def test_the_seeds_share_of_the_dev_variance_is_measured_from_their_resamples():
     samples = shared + rng.normal(0, np.sqrt(3), (4, 20000))
     assert shared_dev_fraction(samples) == pytest.approx(1 / 1.75, abs=0.03)
     assert shared_dev_fraction(samples[:1]) == 1.0  # one seed: cannot be told apart
+
+
+def test_a_difference_on_the_tolerance_names_no_number_and_a_far_one_no_absurd_one():
+    rng = np.random.default_rng(9)
+    noise = rng.normal(0, 0.01, (2, 500))
+    reference = Estimate(np.array([0.80, 0.81]), np.array([[0.80], [0.81]]) + noise, 872)
+    on_it = Estimate(reference.scores - 0.01, reference.samples - 0.01 + rng.normal(0, 0.01, (2, 500)), 872)
+    settle = what_would_settle(on_it, reference, 0.01)
+    assert settle.gap == 0 and settle.seeds is None and settle.examples is None and settle.together is None
+    just_off = Estimate(reference.scores - 0.0101, on_it.samples - 0.0001, 872)
+    assert what_would_settle(just_off, reference, 0.01).examples is None  # over 100 times today's dev set

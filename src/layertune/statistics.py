@@ -268,11 +268,13 @@ class _Projection:
         return grown.half_width(seeds, self.confidence)
 
     def examples_for(self, seeds: int, gap: float) -> int | None:
-        """The fewest dev examples that bring the half-width with ``seeds`` below ``gap``."""
+        """The fewest dev examples (up to ``SETTLE_MAX_EXAMPLES`` times today's) that bring the half-width with
+        ``seeds`` below ``gap``."""
         room = gap ** 2 - self.seed_part(seeds) ** 2
         if self.examples is None or room <= 0:
             return None
-        return int(np.floor(self.examples * self.dev_part(seeds) ** 2 / room)) + 1
+        needed = self.examples * self.dev_part(seeds) ** 2 / room
+        return int(np.floor(needed)) + 1 if needed < SETTLE_MAX_EXAMPLES * self.examples else None
 
     def seeds_for(self, gap: float, max_seeds: int, share: float = 1.0) -> int | None:
         """The fewest seeds (up to ``max_seeds``) that bring the half-width below ``gap`` on the same dev examples;
@@ -284,7 +286,8 @@ class _Projection:
                          else np.hypot(self.dev_part(n), self.seed_part(n)) < gap)), None)
 
 
-SETTLE_MAX_SEEDS = 50  # seeds per setting beyond which a projection says "more than"
+SETTLE_MAX_SEEDS = 50  # seeds per setting, and times today's dev examples, beyond which a projection says "more than"
+SETTLE_MAX_EXAMPLES = 100
 
 
 def what_would_settle(candidate: Estimate, reference: Estimate, tolerance: float, confidence: float = 0.95,
@@ -301,6 +304,7 @@ def what_would_settle(candidate: Estimate, reference: Estimate, tolerance: float
         gap, dev = mean + tolerance, max(mean - float(np.quantile(means, 1 - confidence)), 0.0)
     else:  # the upper bound must fall below it
         gap, dev = -tolerance - mean, max(float(np.quantile(means, confidence)) - mean, 0.0)
+    gap = gap if gap > 1e-9 else 0.0  # on the tolerance (up to float noise): no sample decides
     projection = _Projection(dev, shared_dev_fraction(difference.samples), difference.seeds, difference.examples,
                              spread, rows, confidence)
     seeds = projection.seeds_for(gap, max_seeds) if gap > 0 else None

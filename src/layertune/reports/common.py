@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from layertune.statistics import (
+    SETTLE_MAX_EXAMPLES,
     SETTLE_MAX_SEEDS,
     Estimate,
     Resamples,
@@ -257,6 +258,8 @@ def settle_section(settlements: Mapping[str, Settlement], setting_header: str, t
 
 
 def _seeds_text(settlement: Settlement) -> str:
+    if settlement.gap == 0:
+        return "none: the difference is the tolerance"
     if not settlement.seed_spread_measured:
         return "one seed: spread not measured"
     if settlement.seeds is not None:
@@ -265,9 +268,11 @@ def _seeds_text(settlement: Settlement) -> str:
 
 
 def _examples_text(settlement: Settlement) -> str:
-    if settlement.examples is None:
-        return "will not help" if settlement.examples_now is not None else "–"
-    return f"{settlement.examples:,} (now {settlement.examples_now:,})"
+    if settlement.examples is not None:
+        return f"{settlement.examples:,} (now {settlement.examples_now:,})"
+    if settlement.examples_now is None or settlement.gap == 0:
+        return "–"
+    return "will not help" if settlement.seed >= settlement.gap else f"more than {SETTLE_MAX_EXAMPLES} times today's"
 
 
 def settle_details(settlements: Mapping[str, Settlement]) -> dict:
