@@ -119,6 +119,7 @@ def student_t(quantile: float, df: int) -> float:
 
 @lru_cache(maxsize=4096)
 def normal(quantile: float) -> float:
+    """The standard normal distribution's ``quantile`` (cached, as `student_t`)."""
     from scipy.stats import norm
 
     return float(norm.ppf(quantile))
@@ -201,7 +202,8 @@ class Settlement:
     ``dev`` and ``seed``: the half-width's two parts now (``seed`` is 0 with one seed: not measured);
     ``dev_floor``: the dev part with unlimited seeds; ``seeds``: seeds per setting that would decide on the same dev
     examples (None: no number up to ``max_seeds`` would); ``examples``: paired dev examples that would decide with
-    the same seeds (None: the seed part alone is wider than the gap, or the dev set's size is not known);
+    the same seeds (None: the seed part alone is wider than the gap, more than ``SETTLE_MAX_EXAMPLES`` times
+    today's would be needed, or the dev set's size is not known); a gap of 0 (on the tolerance) names no number;
     ``together``: (seeds, examples) when neither alone would: enough seeds for half the gap's square, then the
     examples for the rest."""
 
