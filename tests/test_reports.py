@@ -70,19 +70,15 @@ class Cell:
                              "reference_l2": [2.0, 2.0]})
 
 
-@pytest.fixture(scope="module")
-def results(tiny_model_dirs):
-    """A 3-setting, 2-seed layer study on 400 dev examples: K = 0 clearly worse, 1 and 2 nearly the same."""
-    params = {"download": {"mirror": None}, "studies": {"s": {
-        "report": {"kind": "layers", "resamples": 300}, "tasks": ["sst2"],
-        "encoders": {"m": str(tiny_model_dirs["bert"])}, "tunable_layers": [0, 1, 2], "seeds": [1, 2]}}}
-    plan = plan_studies(params).studies["s"]
+def synthetic_results(study: dict, accuracy: dict) -> StudyResults:
+    """A study on 400 SST-2-like dev examples whose cells get each example right with the probability ``accuracy``
+    gives their setting (tunable layers or method)."""
+    plan = plan_studies({"download": {"mirror": None}, "studies": {"s": study}}).studies["s"]
     rng = np.random.default_rng(0)
     references = rng.integers(0, 2, 400).tolist()
     cells = {}
     for cell in plan.cells:
-        accuracy = {0: 0.6, 1: 0.85, 2: 0.86}[cell.tunable_layers]
-        predictions = [r if rng.random() < accuracy else 1 - r for r in references]
+        predictions = [r if rng.random() < accuracy[str(cell.setting[2])] else 1 - r for r in references]
         cells[cell.key] = Cell({"predictions": predictions, "references": references},
                                float(np.mean(np.equal(predictions, references))))
     dev = pd.DataFrame({"sentence": ["x"] * 400, "label": references})
@@ -93,6 +89,14 @@ def results(tiny_model_dirs):
                     metrics=("accuracy",), main_metric="accuracy", label_names=("negative", "positive"))
     corpora = {"sst2": lambda: corpus}
     return StudyResults(plan, score_cells(plan, cells, {"sst2": corpus}), cells, corpora)
+
+
+@pytest.fixture(scope="module")
+def results(tiny_model_dirs):
+    """A 3-setting, 2-seed layer study on 400 dev examples: K = 0 clearly worse, 1 and 2 nearly the same."""
+    return synthetic_results({"report": {"kind": "layers", "resamples": 300}, "tasks": ["sst2"],
+                              "encoders": {"m": str(tiny_model_dirs["bert"])}, "tunable_layers": [0, 1, 2],
+                              "seeds": [1, 2]}, {"0": 0.6, "1": 0.85, "2": 0.86})
 
 
 def test_layer_report_tables_rule_and_recommendation(results):
@@ -116,7 +120,52 @@ def test_metrics_hold_the_headline_and_details_the_rest(results):
     assert report.metrics == {"sst2": {"m": {key: details[key] for key in (
         "recommended_layers", "best_layers", "best_score", "mean")}}}
     assert set(details) - set(report.metrics["sst2"]["m"]) == {
-        "metric", "std", "ci_low", "ci_high", "seeds", "undecided_between", "tolerance", "within_tolerance"}
+        "metric", "std", "ci_low", "ci_high", "seeds", "undecided_between", "tolerance", "within_tolerance",
+        "what_would_settle"}
+
+
+def settled_as_reported(entry: dict, undecided: list) -> None:
+    """What would settle an undecided answer: one entry per undecided candidate, each naming a way to decide it or
+    saying that seeds will not help."""
+    settle = entry["what_would_settle"]
+    assert sorted(settle) == sorted(str(k) for k in undecided if entry["within_tolerance"][str(k)] == "undecided")
+    for numbers in settle.values():
+        assert numbers["decides"] in ("yes", "no") and numbers["gap"] > 0
+        assert numbers["dev_half_width"] ** 2 + numbers["seed_half_width"] ** 2 >= numbers["gap"] ** 2 * 0.99
+        assert (numbers["seeds_needed"] or numbers["examples_needed"] or numbers["together"]
+                or numbers["seeds_will_not_help"])
+        assert numbers["seeds_needed"] is None or numbers["seeds_needed"] > numbers["seeds_now"] == 2
+        assert numbers["examples_needed"] is None or numbers["examples_needed"] > numbers["examples_now"] == 400
+
+
+def test_an_undecided_answer_says_what_would_settle_it(results):
+    report = build_report(results)
+    entry = report.details["sst2"]["m"]
+    assert entry["recommended_layers"] is None  # 1 and 2 are 1 point apart on 400 examples and two seeds
+    settled_as_reported(entry, entry["undecided_between"])
+    assert "What would settle it, if the observed differences hold" in report.markdown
+    assert "| tunable layers | would be within tolerance? | gap (points) |" in report.markdown
+
+
+def test_a_decided_answer_has_nothing_to_settle(tiny_model_dirs):
+    report = build_report(synthetic_results(
+        {"report": {"kind": "layers", "resamples": 300, "tolerance": 0.05}, "tasks": ["sst2"],
+         "encoders": {"m": str(tiny_model_dirs["bert"])}, "tunable_layers": [0, 2], "seeds": [1, 2]},
+        {"0": 0.6, "2": 0.86}))
+    assert report.details["sst2"]["m"]["recommended_layers"] == 2
+    assert report.details["sst2"]["m"]["what_would_settle"] == {} and "What would settle it" not in report.markdown
+
+
+def test_the_methods_report_says_what_would_settle_its_answer(tiny_model_dirs):
+    report = build_report(synthetic_results(
+        {"report": {"kind": "methods", "resamples": 300}, "tasks": ["sst2"],
+         "encoders": {"m": str(tiny_model_dirs["bert"])}, "seeds": [1, 2],
+         "methods": {"head": {"tunable_layers": 0}, "top1": {"tunable_layers": 1}, "top2": {"tunable_layers": 2}}},
+        {"head": 0.6, "top1": 0.85, "top2": 0.86}))
+    entry = report.details["sst2"]["m"]
+    assert entry["cheapest_by_trainable_parameters"] is None
+    settled_as_reported(entry, entry["undecided_by_trainable_parameters"])
+    assert "| method | would be within tolerance? | gap (points) |" in report.markdown
 
 
 def test_metrics_are_byte_identical_between_builds(results, tmp_path):
@@ -168,6 +217,10 @@ def test_builds_on_two_machines_agree_within_the_tolerance_and_give_the_same_ans
         "sst2.m.recommended_layers: 1 expected, 0 built"]
     assert differences({"v": "better", "k": [0, 1]}, {"v": "no difference shown", "k": [0, 1], "x": None}) == [
         "v: 'better' expected, 'no difference shown' built", "x: not expected"]
+    # what would settle an answer is a projection, not a result: not compared, on either side
+    assert differences({"m": {"what_would_settle": {"1": {"seeds_needed": 5}}, "best": 1}},
+                       {"m": {"what_would_settle": {"1": {"seeds_needed": 6}}, "best": 1}}) == []
+    assert differences({"m": {"best": 1}}, {"m": {"what_would_settle": {}, "best": 1}}) == []
 
 
 def test_compare_names_each_report_that_is_missing_or_differs(tmp_path, capsys):

@@ -10,6 +10,8 @@ from layertune.statistics import (
     better_or_worse,
     differences_spread,
     interval,
+    shared_dev_fraction,
+    what_would_settle,
     within_tolerance,
 )
 
@@ -132,3 +134,87 @@ def test_paired_settings_need_the_same_seeds():
     draws = Resamples.draw(3)
     with pytest.raises(ValueError, match="same seeds"):
         estimate(draws, [[1, 0, 1]]).minus(estimate(draws, [[1, 0, 1], [1, 1, 1]]))
+
+
+# ----------------------------------------------------------------------------------------- what would settle it
+
+
+def differences_estimate(draws: Resamples, differences: np.ndarray) -> Estimate:
+    """Two seeds whose per-example paired differences from the reference are both ``differences`` (the reference
+    scores 0 everywhere: its estimate is all zeros)."""
+    resampled = differences[draws.examples].mean(axis=1)
+    return Estimate(np.full(2, differences.mean()), np.stack([resampled, resampled]), len(differences))
+
+
+def test_the_dev_examples_that_would_settle_it_do():
+    """Two seeds that agree on every example, so all of the width is the dev sample's and seeds will not help: the
+    number of paired examples it names, with the same mix of per-example differences, decides; 85% of it does
+    not."""
+    def mix(n):  # the candidate is 4 points worse: it loses 11% of the examples the reference gets right, wins 7%
+        worse, better = round(0.11 * n), round(0.07 * n)
+        return np.random.default_rng(6).permutation(np.repeat([-1.0, 0.0, 1.0], [worse, n - worse - better, better]))
+
+    def reference(draws):
+        return Estimate(np.zeros(2), np.zeros((2, draws.examples.shape[0])), draws.examples.shape[1])
+
+    draws = Resamples.draw(400, 2000)
+    candidate = differences_estimate(draws, mix(400))
+    assert within_tolerance(candidate, reference(draws), 0.02).verdict == "undecided"
+    settle = what_would_settle(candidate, reference(draws), 0.02)
+    assert settle.decides == "no" and settle.seed == 0 and settle.seeds is None and settle.seeds_cannot_decide
+    assert settle.dev_share == 1.0 and settle.examples > 400
+    for factor, verdict in ((1.15, "no"), (0.85, "undecided")):
+        bigger = mix(int(factor * settle.examples))
+        bigger_draws = Resamples.draw(len(bigger), 2000)
+        found = within_tolerance(differences_estimate(bigger_draws, bigger), reference(bigger_draws), 0.02)
+        assert found.verdict == verdict, (factor, found)
+
+
+def test_the_seeds_that_would_settle_it_follow_student_t_and_examples_cannot():
+    """No dev noise, two seeds 1 point apart around −1 (tolerance 2): t(0.95, 1) leaves it open; the seed part
+    t(0.95, n − 1) · 0.71 / √n first drops below the 1-point gap at n = 4 (2.35 · 0.71 / 2 = 0.83; at n = 3,
+    2.92 · 0.71 / 1.73 = 1.19). A bigger dev set cannot narrow a seed part of 3.2 points."""
+    scores = np.array([-0.005, -0.015])
+    candidate = Estimate(scores, np.repeat(scores[:, None], 100, axis=1), 872)
+    reference = Estimate(np.zeros(2), np.zeros((2, 100)), 872)
+    assert within_tolerance(candidate, reference, 0.02).verdict == "undecided"
+    settle = what_would_settle(candidate, reference, 0.02)
+    assert settle.decides == "yes" and settle.gap == pytest.approx(0.01)
+    assert settle.dev == 0 and settle.seed == pytest.approx(6.314 * 0.00707 / np.sqrt(2), rel=1e-3)
+    assert settle.seeds == 4 and settle.examples is None and settle.together is None
+    assert not settle.seeds_cannot_decide and settle.dev_share == 0.0
+
+
+def test_when_neither_alone_would_both_together_do():
+    """A dev part that seeds cannot remove and a seed part a bigger dev set cannot: the seeds for half the gap's
+    square, then the examples for the rest."""
+    rng = np.random.default_rng(7)
+    common = rng.normal(0, 0.004, 300)
+    candidate = Estimate(np.array([-0.005, -0.015]), np.stack([-0.005 + common, -0.015 + common]), 500)
+    reference = Estimate(np.zeros(2), np.zeros((2, 300)), 500)
+    settle = what_would_settle(candidate, reference, 0.015)
+    assert settle.seeds_cannot_decide and settle.seeds is None and settle.examples is None
+    seeds, examples = settle.together
+    assert seeds > 2 and examples > 500
+    assert settle.dev_floor == pytest.approx(settle.dev, rel=1e-6)  # the seeds share all of the dev noise
+
+
+def test_the_seeds_share_of_the_dev_variance_is_measured_from_their_resamples():
+    """Resampled differences = shared part (variance 1) + each seed's own (variance 3): of the variance of the mean
+    over 4 seeds, 1 / (1 + 3/4) is shared."""
+    rng = np.random.default_rng(8)
+    shared = rng.normal(0, 1, 20000)
+    samples = shared + rng.normal(0, np.sqrt(3), (4, 20000))
+    assert shared_dev_fraction(samples) == pytest.approx(1 / 1.75, abs=0.03)
+    assert shared_dev_fraction(samples[:1]) == 1.0  # one seed: cannot be told apart
+
+
+def test_a_difference_on_the_tolerance_names_no_number_and_a_far_one_no_absurd_one():
+    rng = np.random.default_rng(9)
+    noise = rng.normal(0, 0.01, (2, 500))
+    reference = Estimate(np.array([0.80, 0.81]), np.array([[0.80], [0.81]]) + noise, 872)
+    on_it = Estimate(reference.scores - 0.01, reference.samples - 0.01 + rng.normal(0, 0.01, (2, 500)), 872)
+    settle = what_would_settle(on_it, reference, 0.01)
+    assert settle.gap == 0 and settle.seeds is None and settle.examples is None and settle.together is None
+    just_off = Estimate(reference.scores - 0.0101, on_it.samples - 0.0001, 872)
+    assert what_would_settle(just_off, reference, 0.01).examples is None  # over 100 times today's dev set

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -48,16 +49,17 @@ class Resamples:
         resample."""
         samples = np.stack([resampled_scores(metrics, predictions, references, self.examples)[key]
                             for predictions in predictions_by_seed])
-        return Estimate(np.asarray(scores, dtype=float), samples)
+        return Estimate(np.asarray(scores, dtype=float), samples, self.examples.shape[1])
 
 
 @dataclass(frozen=True)
 class Estimate:
     """A score averaged over seeds: ``scores`` (seeds,) on the whole dev set, ``samples`` (seeds, resamples) on
-    each bootstrap resample of it."""
+    each bootstrap resample of it; ``examples``: how many dev examples were resampled (None: not known)."""
 
     scores: np.ndarray
     samples: np.ndarray
+    examples: int | None = None
 
     @property
     def mean(self) -> float:
@@ -71,7 +73,7 @@ class Estimate:
         """The paired difference: seed by seed (same position in the seed list), resample by resample."""
         if self.scores.shape != other.scores.shape:
             raise ValueError(f"paired settings need the same seeds: {self.seeds} against {other.seeds}")
-        return Estimate(self.scores - other.scores, self.samples - other.samples)
+        return Estimate(self.scores - other.scores, self.samples - other.samples, self.examples)
 
     def bounds(self, low: float, high: float, spread: SeedSpread | None = None) -> tuple[float, float]:
         """The ``low`` and ``high`` quantile bounds of the mean: the dev part from the bootstrap, the seed part from
@@ -104,9 +106,23 @@ class SeedSpread:
 
     def half_width(self, seeds: int, quantile: float) -> float:
         """How far the mean of ``seeds`` scores may lie from the truth, at this one-sided ``quantile``."""
-        from scipy.stats import t
+        return student_t(quantile, self.df) * self.sd / float(np.sqrt(seeds))
 
-        return float(t.ppf(quantile, self.df) * self.sd / np.sqrt(seeds))
+
+@lru_cache(maxsize=4096)
+def student_t(quantile: float, df: int) -> float:
+    """Student t's ``quantile`` with ``df`` degrees of freedom (cached: a sequential study asks the same few often)."""
+    from scipy.stats import t
+
+    return float(t.ppf(quantile, df))
+
+
+@lru_cache(maxsize=4096)
+def normal(quantile: float) -> float:
+    """The standard normal distribution's ``quantile`` (cached, as `student_t`)."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(quantile))
 
 
 def interval(estimate: Estimate, confidence: float = 0.95, spread: SeedSpread | None = None) -> tuple[float, float]:
@@ -163,3 +179,231 @@ def better_or_worse(candidate: Estimate, reference: Estimate, confidence: float 
     low, high = interval(difference, confidence, spread)
     verdict: Verdict = "yes" if low > 0 else "no" if high < 0 else "undecided"
     return Comparison(difference.mean, low, high, verdict)
+
+
+# ---------------------------------------------------------------------------------- what would settle a comparison
+#
+# An undecided comparison's one-sided half-width is hypot(dev, seed) (`Estimate.bounds`), and it is wider than the
+# gap between the observed difference and the tolerance. The two parts shrink differently:
+# - seed = t(confidence, df) · sd / √seeds: more seeds shrink it (and add degrees of freedom to the pooled spread);
+#   a bigger dev set would shrink sd a little too, which the projection ignores (it errs on the side of more).
+# - dev: the bootstrap spread of the mean over seeds of the per-example differences. Its variance is
+#   shared + own / seeds, where *shared* is what the seeds' resampled differences have in common (the same examples
+#   are easy or hard for every seed: more seeds cannot remove it) and *own* what differs from seed to seed; both
+#   scale as 1 / dev examples. With one seed the two cannot be told apart and all of it counts as shared.
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What would decide an undecided `within_tolerance` comparison, if the observed difference holds.
+
+    ``decides``: the verdict it would reach (``yes`` if the observed shortfall is below the tolerance, else ``no``);
+    ``gap``: how far the observed difference lies from the tolerance: the one-sided half-width must fall below it;
+    ``dev`` and ``seed``: the half-width's two parts now (``seed`` is 0 with one seed: not measured);
+    ``dev_floor``: the dev part with unlimited seeds; ``seeds``: seeds per setting that would decide on the same dev
+    examples (None: no number up to ``max_seeds`` would); ``examples``: paired dev examples that would decide with
+    the same seeds (None: the seed part alone is wider than the gap, more than ``SETTLE_MAX_EXAMPLES`` times
+    today's would be needed, or the dev set's size is not known); a gap of 0 (on the tolerance) names no number;
+    ``together``: (seeds, examples) when neither alone would: enough seeds for half the gap's square, then the
+    examples for the rest."""
+
+    difference: float
+    decides: Verdict
+    gap: float
+    dev: float
+    seed: float
+    dev_floor: float
+    seeds_now: int
+    examples_now: int | None
+    seed_spread_measured: bool
+    seeds: int | None
+    examples: int | None
+    together: tuple[int, int] | None
+
+    @property
+    def seeds_cannot_decide(self) -> bool:
+        """The dev examples alone leave the comparison undecided, however many seeds run (with one seed, the part
+        of the dev noise that seeds share cannot be measured: not claimed)."""
+        return self.seed_spread_measured and self.dev_floor >= self.gap
+
+    @property
+    def dev_share(self) -> float:
+        """The dev examples' share of the half-width's square (the rest is the seeds')."""
+        total = self.dev ** 2 + self.seed ** 2
+        return self.dev ** 2 / total if total > 0 else 0.0
+
+
+def shared_dev_fraction(samples: np.ndarray) -> float:
+    """Of the bootstrap variance of the mean over seeds (``samples``: seeds × resamples), the fraction the seeds
+    share (their resamples' mean covariance), which more seeds cannot remove; 1 with one seed (not measurable)."""
+    seeds = samples.shape[0]
+    total = float(samples.mean(axis=0).var())
+    if seeds < 2 or total <= 0:
+        return 1.0
+    within = float(samples.var(axis=1).mean())
+    # seeds² · total = seeds · within + seeds · (seeds − 1) · shared
+    shared = (seeds * total - within) / (seeds - 1)
+    return float(np.clip(shared / total, 0.0, 1.0))
+
+
+@dataclass(frozen=True)
+class _Projection:
+    """The one-sided half-width of a paired difference with other numbers of seeds and dev examples."""
+
+    dev: float
+    shared: float
+    seeds: int
+    examples: int | None
+    spread: SeedSpread | None
+    rows: int
+    confidence: float
+
+    def dev_part(self, seeds: int, examples: int | None = None) -> float:
+        per_seed = self.shared + (1 - self.shared) * self.seeds / seeds
+        scale = 1.0 if examples is None or self.examples is None else self.examples / examples
+        return self.dev * float(np.sqrt(per_seed * scale))
+
+    def seed_part(self, seeds: int) -> float:
+        if self.spread is None:
+            return 0.0
+        grown = SeedSpread(self.spread.sd, self.spread.df + self.rows * (seeds - self.seeds))
+        return grown.half_width(seeds, self.confidence)
+
+    def examples_for(self, seeds: int, gap: float) -> int | None:
+        """The fewest dev examples (up to ``SETTLE_MAX_EXAMPLES`` times today's) that bring the half-width with
+        ``seeds`` below ``gap``."""
+        room = gap ** 2 - self.seed_part(seeds) ** 2
+        if self.examples is None or room <= 0:
+            return None
+        needed = self.examples * self.dev_part(seeds) ** 2 / room
+        return int(np.floor(needed)) + 1 if needed < SETTLE_MAX_EXAMPLES * self.examples else None
+
+    def seeds_for(self, gap: float, max_seeds: int, share: float = 1.0) -> int | None:
+        """The fewest seeds (up to ``max_seeds``) that bring the half-width below ``gap`` on the same dev examples;
+        with ``share`` < 1, that bring the seed part alone below that share of the gap's square."""
+        if self.spread is None:
+            return None
+        return next((n for n in range(self.seeds + 1, max_seeds + 1)
+                     if (self.seed_part(n) ** 2 < share * gap ** 2 if share < 1
+                         else np.hypot(self.dev_part(n), self.seed_part(n)) < gap)), None)
+
+
+SETTLE_MAX_SEEDS = 50  # seeds per setting, and times today's dev examples, beyond which a projection says "more than"
+SETTLE_MAX_EXAMPLES = 100
+
+
+def what_would_settle(candidate: Estimate, reference: Estimate, tolerance: float, confidence: float = 0.95,
+                      spread: SeedSpread | None = None, rows: int = 1,
+                      max_seeds: int = SETTLE_MAX_SEEDS) -> Settlement:
+    """For `within_tolerance` (same arguments): what would decide it, if the observed difference holds. ``rows``:
+    how many differences the pooled ``spread`` covers that would get the new seeds (each adds its degrees of
+    freedom); seeds are searched up to ``max_seeds`` per setting."""
+    difference = candidate.minus(reference)
+    spread = spread if spread is not None else SeedSpread.pooled([difference])
+    mean, means = difference.mean, difference.samples.mean(axis=0)
+    decides: Verdict = "yes" if mean > -tolerance else "no"
+    if decides == "yes":  # the lower bound must rise above −tolerance
+        gap, dev = mean + tolerance, max(mean - float(np.quantile(means, 1 - confidence)), 0.0)
+    else:  # the upper bound must fall below it
+        gap, dev = -tolerance - mean, max(float(np.quantile(means, confidence)) - mean, 0.0)
+    gap = gap if gap > 1e-9 else 0.0  # on the tolerance (up to float noise): no sample decides
+    projection = _Projection(dev, shared_dev_fraction(difference.samples), difference.seeds, difference.examples,
+                             spread, rows, confidence)
+    seeds = projection.seeds_for(gap, max_seeds) if gap > 0 else None
+    examples = projection.examples_for(difference.seeds, gap) if gap > 0 else None
+    together = None
+    if seeds is None and examples is None and gap > 0:
+        enough = projection.seeds_for(gap, max_seeds, share=0.5)
+        together = (enough, projection.examples_for(enough, gap)) if enough is not None else None
+    return Settlement(mean, decides, gap, dev, projection.seed_part(difference.seeds),
+                      dev * float(np.sqrt(projection.shared)), difference.seeds, difference.examples,
+                      spread is not None, seeds, examples, together)
+
+
+# ------------------------------------------------------------------------------------- valid under repeated looks
+#
+# A sequential study looks at its settings after every round of seeds and stops the ones shown worse. Looking again
+# and again at a 95% test would claim wrongly more often than 5% (each look is another chance); the rule below spends
+# a one-sided error budget ``alpha`` over a fixed maximum number of looks, ``level(look)`` at each, summing to
+# ``alpha``: by the union bound, the chance that a claim about a setting is ever wrong is at most ``alpha``, however
+# the looks depend on each other and whenever the study stops.
+
+SPENDING = ("obrien-fleming", "pocock", "bonferroni")
+
+
+@dataclass(frozen=True)
+class Looks:
+    """At most ``maximum`` looks, and ``alpha`` (one-sided) spent over them by ``spending``: ``bonferroni`` equally,
+    ``pocock`` and ``obrien-fleming`` by Lan and DeMets' functions of the fraction of looks done (O'Brien-Fleming
+    spends almost nothing early, keeping most of ``alpha`` for the last looks)."""
+
+    maximum: int
+    alpha: float = 0.05
+    spending: str = "obrien-fleming"
+
+    def __post_init__(self):
+        if not isinstance(self.maximum, int) or self.maximum < 1:
+            raise ValueError(f"looks: maximum must be a whole number of at least 1; got {self.maximum!r}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"looks: alpha must be between 0 and 1; got {self.alpha!r}")
+        if self.spending not in SPENDING:
+            raise ValueError(f"looks: unknown spending {self.spending!r}; choose one of {', '.join(SPENDING)}")
+
+    def spent(self, fraction: float) -> float:
+        """The error spent once ``fraction`` of the looks are done (0 at 0, ``alpha`` at 1)."""
+        from scipy.stats import norm
+
+        if fraction <= 0:
+            return 0.0
+        if self.spending == "obrien-fleming":
+            return float(2 * norm.sf(norm.isf(self.alpha / 2) / np.sqrt(fraction)))
+        if self.spending == "pocock":
+            return float(self.alpha * np.log1p((np.e - 1) * fraction))
+        return self.alpha * fraction
+
+    def level(self, look: int) -> float:
+        """The one-sided error of look ``look`` (1, 2, … ``maximum``)."""
+        if not 1 <= look <= self.maximum:
+            raise ValueError(f"look {look} is out of range: looks are 1 to {self.maximum}")
+        return self.spent(look / self.maximum) - self.spent((look - 1) / self.maximum)
+
+
+def _first_seeds(estimate: Estimate, seeds: int) -> Estimate:
+    return Estimate(estimate.scores[:seeds], estimate.samples[:seeds], estimate.examples)
+
+
+def sequential_bound(candidate: Estimate, rival: Estimate, level: float, spread: SeedSpread) -> tuple[float, float]:
+    """The one-sided ``level`` bounds of candidate − rival, paired on the seeds both have (the first ones): the dev
+    part a normal quantile times the bootstrap standard deviation (a thousand resamples cannot place a 1e-4 quantile),
+    the seed part Student t with ``spread`` (a setting's seed spread: a difference of two has √2 times it)."""
+    seeds = min(candidate.seeds, rival.seeds)
+    difference = _first_seeds(candidate, seeds).minus(_first_seeds(rival, seeds))
+    dev = normal(1 - level) * float(difference.samples.mean(axis=0).std())
+    seed = SeedSpread(spread.sd * np.sqrt(2), spread.df).half_width(seeds, 1 - level)
+    half = float(np.hypot(dev, seed))
+    return difference.mean - half, difference.mean + half
+
+
+def sequential_look(estimates: dict[Any, Estimate], tolerance: float, looks: Looks, look: int,
+                    claims: dict[Any, Verdict] | None = None) -> dict[Any, Verdict]:
+    """The claims after look ``look`` (see docs/pipeline.md, "Deciding in rounds"): earlier ``yes`` and ``no`` stand;
+    a setting still open is ``yes`` (not worse than the best by more than ``tolerance``) when its lower bound against
+    *every* other setting is above −tolerance, at ``looks.level(look)``, and ``no`` (worse by more: stop it) when its
+    upper bound against *some* other setting is below −tolerance, at that level divided by the number of other
+    settings. Before two seeds measure a seed spread, nothing is claimed."""
+    claims = dict(claims or {})
+    level = looks.level(look)
+    spread = SeedSpread.pooled(list(estimates.values()))
+    rivals = len(estimates) - 1
+    for key, estimate in estimates.items():
+        if claims.get(key, "undecided") != "undecided" or spread is None or rivals == 0:
+            claims.setdefault(key, "undecided")
+            continue
+        others = [other for name, other in estimates.items() if name != key]
+        if all(sequential_bound(estimate, other, level, spread)[0] > -tolerance for other in others):
+            claims[key] = "yes"
+        elif any(sequential_bound(estimate, other, level / rivals, spread)[1] < -tolerance for other in others):
+            claims[key] = "no"
+        else:
+            claims[key] = "undecided"
+    return claims

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from layertune.statistics import Estimate, Resamples, SeedSpread, interval
+from layertune.statistics import (
+    SETTLE_MAX_EXAMPLES,
+    SETTLE_MAX_SEEDS,
+    Estimate,
+    Resamples,
+    SeedSpread,
+    Settlement,
+    interval,
+    what_would_settle,
+)
 from layertune.study import CombinedEncoder, StudyPlan, layers_order
 
 if TYPE_CHECKING:
@@ -215,6 +224,65 @@ def dataset_lines(results: StudyResults) -> list[str]:
         metric = f"Scored by {corpus.main_metric}" + ("" if dataset.metric else " (the task type's default)") + "."
         lines.append(f"- `{task}`: {where}. " + " ".join([*found, metric]) + "\n")
     return lines
+
+
+# ------------------------------------------------------------------------------------------- what would settle it
+
+
+def settle_undecided(comparisons: Mapping[str, tuple[Setting, str]], best: Setting, tolerance: float,
+                     confidence: float, spread: SeedSpread | None) -> dict[str, Settlement]:
+    """For each undecided comparison of a question the data cannot answer (``{name: (setting, verdict)}``), what
+    would decide it (`layertune.statistics.what_would_settle`); the undecided settings and the best would all get
+    the new seeds, so each adds its degrees of freedom to the pooled spread."""
+    undecided = {name: setting for name, (setting, verdict) in comparisons.items() if verdict == "undecided"}
+    return {name: what_would_settle(setting.estimate, best.estimate, tolerance, confidence, spread, len(undecided))
+            for name, setting in undecided.items()}
+
+
+def settle_section(settlements: Mapping[str, Settlement], setting_header: str, tolerance: float) -> str:
+    """A table per undecided question: each comparison's gap to the tolerance, its half-width's two parts, and the
+    seeds or paired dev examples that would decide it; then where seeds will not help."""
+    rows = [[name, "yes" if s.decides == "yes" else "no, worse", points(s.gap),
+             f"{points(s.dev)} / {points(s.seed)}", _seeds_text(s), _examples_text(s),
+             f"{s.together[0]} seeds, {s.together[1]:,} examples" if s.together else "–"]
+            for name, s in settlements.items()]
+    hopeless = [name for name, s in settlements.items() if s.seeds_cannot_decide]
+    return (f"What would settle it, if the observed differences hold (the same test and {100 * tolerance:g}-point "
+            "tolerance; seeds: for the best and each setting in doubt, on the same dev examples; examples: a larger "
+            "paired dev set on which every setting is scored, with the same seeds):\n\n"
+            + markdown_table([setting_header, "would be within tolerance?", "gap (points)",
+                              "half-width: dev examples / seeds (points)", "seeds per setting", "dev examples",
+                              "both"], rows, "llrrrrr")
+            + ("\n" + f"More seeds will not help for {', '.join(hopeless)}: the dev examples alone leave it wider than "
+               "the gap, however many seeds run.\n" if hopeless else ""))
+
+
+def _seeds_text(settlement: Settlement) -> str:
+    if settlement.gap == 0:
+        return "none: the difference is the tolerance"
+    if not settlement.seed_spread_measured:
+        return "one seed: spread not measured"
+    if settlement.seeds is not None:
+        return f"{settlement.seeds} ({settlement.seeds - settlement.seeds_now} more)"
+    return "will not help" if settlement.seeds_cannot_decide else f"more than {SETTLE_MAX_SEEDS}"
+
+
+def _examples_text(settlement: Settlement) -> str:
+    if settlement.examples is not None:
+        return f"{settlement.examples:,} (now {settlement.examples_now:,})"
+    if settlement.examples_now is None or settlement.gap == 0:
+        return "–"
+    return "will not help" if settlement.seed >= settlement.gap else f"more than {SETTLE_MAX_EXAMPLES} times today's"
+
+
+def settle_details(settlements: Mapping[str, Settlement]) -> dict:
+    """``{name: {decides, gap, dev_half_width, seed_half_width, dev_floor, seeds_now, seeds_needed, examples_now,
+    examples_needed, together, seeds_will_not_help}}`` in metric units."""
+    return {name: {"decides": s.decides, "gap": round_metric(s.gap), "dev_half_width": round_metric(s.dev),
+                   "seed_half_width": round_metric(s.seed), "dev_floor": round_metric(s.dev_floor),
+                   "seeds_now": s.seeds_now, "seeds_needed": s.seeds, "examples_now": s.examples_now,
+                   "examples_needed": s.examples, "together": list(s.together) if s.together else None,
+                   "seeds_will_not_help": s.seeds_cannot_decide} for name, s in settlements.items()}
 
 
 # ---------------------------------------------------------------------------------------------------- figures

@@ -11,7 +11,7 @@ report names the candidates instead of a winner.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -31,11 +31,21 @@ from layertune.reports.common import (
     score_text,
     settings,
     settings_table,
+    settle_details,
+    settle_section,
+    settle_undecided,
     setup_text,
     signed_points,
     time_figure,
 )
-from layertune.statistics import Comparison, SeedSpread, differences_spread, first_good_enough, within_tolerance
+from layertune.statistics import (
+    Comparison,
+    SeedSpread,
+    Settlement,
+    differences_spread,
+    first_good_enough,
+    within_tolerance,
+)
 from layertune.study import layers_order
 
 VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
@@ -44,7 +54,8 @@ VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
 @dataclass
 class Recommendation:
     """The answer for one task and encoder: the best setting, every setting against it, and the recommendation
-    (``recommended`` is None where the data cannot decide; ``candidates`` then lists the layer counts in question)."""
+    (``recommended`` is None where the data cannot decide; ``candidates`` then lists the layer counts in question,
+    and ``settle`` what would decide each undecided one)."""
 
     task: str
     encoder: str
@@ -52,6 +63,7 @@ class Recommendation:
     comparisons: dict[str, Comparison]
     recommended: int | str | None
     candidates: list[int | str]
+    settle: dict[str, Settlement] = field(default_factory=dict)
 
 
 def recommend(group: list[Setting], tolerance: float, confidence: float) -> Recommendation:
@@ -63,7 +75,10 @@ def recommend(group: list[Setting], tolerance: float, confidence: float) -> Reco
     comparisons = {str(s.tunable_layers): _against(s, best, tolerance, confidence, spread) for s in ordered}
     recommended, candidates = first_good_enough([(s.tunable_layers, comparisons[str(s.tunable_layers)].verdict)
                                                  for s in ordered])
-    return Recommendation(best.task, best.encoder, best, comparisons, recommended, candidates)
+    in_doubt = {str(s.tunable_layers): (s, comparisons[str(s.tunable_layers)].verdict) for s in ordered
+                if s.tunable_layers in candidates}
+    settle = settle_undecided(in_doubt, best, tolerance, confidence, spread)
+    return Recommendation(best.task, best.encoder, best, comparisons, recommended, candidates, settle)
 
 
 def _against(setting: Setting, best: Setting, tolerance: float, confidence: float,
@@ -119,6 +134,8 @@ def task_section(results: StudyResults, found: list[Setting], chosen: list[Recom
                                   "vs best (points)", "within tolerance?", "training time (s)"], rows, "lrrrlr"),
                   f"Recommended number of tunable layers: {answer_text(recommendation)} "
                   f"(best: {recommendation.best.tunable_layers}, {points(recommendation.best.mean)}).\n"]
+        if recommendation.settle:
+            lines.append(settle_section(recommendation.settle, "tunable layers", results.options.tolerance))
     return "\n".join(lines)
 
 
@@ -128,7 +145,7 @@ HEADLINE = ("recommended_layers", "best_layers", "best_score", "mean")
 
 def report_details(found: list[Setting], chosen: list[Recommendation], tolerance: float) -> dict:
     """``{task: {encoder: {metric, mean: {K: …}, std, ci_low, ci_high, best_layers, best_score, recommended_layers,
-    undecided_between, within_tolerance, …}}}``."""
+    undecided_between, within_tolerance, what_would_settle, …}}}``."""
     details: dict = {}
     for setting in found:
         entry = details.setdefault(setting.task, {}).setdefault(setting.encoder, {
@@ -140,7 +157,8 @@ def report_details(found: list[Setting], chosen: list[Recommendation], tolerance
         details[recommendation.task][recommendation.encoder].update(
             best_layers=recommendation.best.tunable_layers, best_score=round_metric(recommendation.best.mean),
             recommended_layers=recommendation.recommended, undecided_between=recommendation.candidates,
-            tolerance=tolerance, within_tolerance={k: c.verdict for k, c in recommendation.comparisons.items()})
+            tolerance=tolerance, within_tolerance={k: c.verdict for k, c in recommendation.comparisons.items()},
+            what_would_settle=settle_details(recommendation.settle))
     return details
 
 

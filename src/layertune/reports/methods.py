@@ -10,7 +10,7 @@ enough nor shown worse, the data cannot decide, and the report names the candida
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -26,11 +26,14 @@ from layertune.reports.common import (
     round_metric,
     score_text,
     settings,
+    settle_details,
+    settle_section,
+    settle_undecided,
     setup_text,
     signed_points,
     theme,
 )
-from layertune.statistics import Comparison, differences_spread, first_good_enough, within_tolerance
+from layertune.statistics import Comparison, Settlement, differences_spread, first_good_enough, within_tolerance
 
 VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
 COSTS = {"trainable_parameters": "trainable parameters", "train_time_s": "training time"}
@@ -54,7 +57,9 @@ class MethodRow:
 
 @dataclass
 class MethodAnswer:
-    """Per cost: the cheapest good-enough method, or None with the candidates the data cannot separate."""
+    """Per cost: the cheapest good-enough method, or None with the candidates the data cannot separate; ``settle``:
+    what would decide each undecided candidate by trainable parameters (by training time the candidates vary from
+    run to run)."""
 
     task: str
     encoder: str
@@ -62,6 +67,7 @@ class MethodAnswer:
     rows: list[MethodRow]
     cheapest: dict[str, str | None]
     candidates: dict[str, list[str]]
+    settle: dict[str, Settlement] = field(default_factory=dict)
 
 
 def cheapest(rows: list[MethodRow], cost: str) -> tuple[str | None, list[str]]:
@@ -89,9 +95,12 @@ def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
                                   float(scores.loc[keys, "train_time_s"].mean()),
                                   float(scores.loc[keys, "peak_memory_mb"].mean()), comparison))
         chosen = {cost: cheapest(rows, cost) for cost in COSTS}
+        in_doubt = {row.name: (row.setting, row.comparison.verdict) for row in rows
+                    if row.name in chosen["trainable_parameters"][1]}
         out.append(MethodAnswer(task, encoder, next(r for r in rows if r.setting is best), rows,
                                 {cost: found[0] for cost, found in chosen.items()},
-                                {cost: found[1] for cost, found in chosen.items()}))
+                                {cost: found[1] for cost, found in chosen.items()},
+                                settle_undecided(in_doubt, best, options.tolerance, options.confidence, spread)))
     return out
 
 
@@ -136,6 +145,8 @@ def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
                   f"Cheapest method within tolerance, by trainable parameters: {answer_text(answer, 'trainable_parameters')}"
                   f"; by training time: {answer_text(answer, 'train_time_s')} (best: {answer.best.name}, "
                   f"{points(answer.best.setting.mean)}).\n"]
+        if answer.settle:
+            lines.append(settle_section(answer.settle, "method", results.options.tolerance))
     return "\n".join(lines)
 
 
@@ -148,7 +159,8 @@ def report_details(chosen: list[MethodAnswer], tolerance: float) -> dict:
             "metric": answer.best.setting.metric, "seeds": len(answer.best.setting.scores), "tolerance": tolerance,
             "best_method": answer.best.name, "best_score": round_metric(answer.best.setting.mean),
             "cheapest_by_trainable_parameters": answer.cheapest["trainable_parameters"],
-            "undecided_by_trainable_parameters": answer.candidates["trainable_parameters"]}
+            "undecided_by_trainable_parameters": answer.candidates["trainable_parameters"],
+            "what_would_settle": settle_details(answer.settle)}
         for key in ("mean", "std", "ci_low", "ci_high", "trainable_parameters", "within_tolerance"):
             entry[key] = {}
         for row in answer.rows:

@@ -1,0 +1,71 @@
+"""A study decided in rounds: which settings get the next seeds, and the claims after each round, replayed from the
+record of the rounds.
+
+Round 1 trains every setting on the study's first seeds; after each round the sequential rule
+(`layertune.statistics.sequential_look`, one look per round) claims settings within the tolerance of the best (yes)
+or worse by more (no); the next round gives the next seeds to every setting not shown worse, until the answer is
+decided or the looks are spent. A driver records each `Round` it starts; a rebuild replays the record with
+`replay` and reaches the same claims, look by look, from the same cells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from layertune.statistics import Estimate, Looks, Verdict, sequential_look
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round: the seeds it trained, and the settings that got them."""
+
+    seeds: tuple[int, ...]
+    settings: tuple[str, ...]
+
+
+def seeds_by_setting(rounds: Sequence[Round]) -> dict[str, list[int]]:
+    """Each setting's seeds after ``rounds``, in the order they were trained (pairing takes the first ones)."""
+    found: dict[str, list[int]] = {}
+    for done in rounds:
+        for setting in done.settings:
+            found.setdefault(setting, []).extend(done.seeds)
+    return found
+
+
+def replay(rounds: Sequence[Round], estimate: Callable[[str, Sequence[int]], Estimate], tolerance: float,
+           looks: Looks) -> list[dict[str, Verdict]]:
+    """The claims after each of ``rounds``: look r sees each setting's cells of rounds 1 to r (``estimate``: a
+    setting's estimate from the cells of these seeds)."""
+    if len(rounds) > looks.maximum:
+        raise ValueError(f"{len(rounds)} rounds recorded, more than the {looks.maximum} looks the rule allows")
+    claims: dict[str, Verdict] = {}
+    history = []
+    for look in range(1, len(rounds) + 1):
+        seeds = seeds_by_setting(rounds[:look])
+        claims = sequential_look({setting: estimate(setting, used) for setting, used in seeds.items()}, tolerance,
+                                 looks, look, claims)
+        history.append(claims)
+    return history
+
+
+def answer(claims: dict[str, Verdict], order: Sequence[str]) -> str | None:
+    """The cheapest setting in ``order`` shown within the tolerance, once every cheaper one is shown worse; None
+    while a cheaper one is open."""
+    first = next((setting for setting in order if claims.get(setting, "undecided") != "no"), None)
+    return first if first is not None and claims.get(first) == "yes" else None
+
+
+def next_round(rounds: Sequence[Round], claims: dict[str, Verdict], order: Sequence[str], looks: Looks,
+               seeds_per_round: int) -> Round | None:
+    """The round after ``rounds``: the next ``seeds_per_round`` seeds (after the largest used) for every setting not
+    shown worse; None when the answer is decided or every look is spent."""
+    if seeds_per_round < 1:
+        raise ValueError(f"seeds per round must be at least 1; got {seeds_per_round}")
+    if not rounds:
+        raise ValueError("no round recorded: the first round, every setting on the study's seeds, comes first")
+    if len(rounds) >= looks.maximum or answer(claims, order) is not None:
+        return None
+    start = max(seed for done in rounds for seed in done.seeds) + 1
+    contenders = tuple(setting for setting in order if claims.get(setting, "undecided") != "no")
+    return Round(tuple(range(start, start + seeds_per_round)), contenders)

@@ -1,0 +1,151 @@
+"""The sequential rule (layertune.statistics: Looks, sequential_look) on synthetic cells with known accuracies:
+claims stay right at least 95% of the time when the same question is looked at after every round, where a plain
+95% test at every look does not, and how often and after how many rounds it decides."""
+
+import numpy as np
+import pytest
+
+from layertune.statistics import Estimate, Looks, Resamples, sequential_look
+
+TOLERANCE = 0.01
+DEV_EXAMPLES, RESAMPLES, SEEDS_PER_ROUND, ROUNDS = 1000, 200, 2, 4
+
+
+def resample_weights() -> np.ndarray:
+    """(resamples, examples): how often each dev example is in each bootstrap resample, over the dev set's size; a
+    cell's resampled accuracies are these weights times its per-example correctness."""
+    draws = Resamples.draw(DEV_EXAMPLES, RESAMPLES).examples
+    return np.stack([np.bincount(row, minlength=DEV_EXAMPLES) for row in draws]) / DEV_EXAMPLES
+
+
+def simulate(accuracies: dict[str, float], looks_at, repetitions: int = 300, seed_sd: float = 0.01,
+             shared: float = 0.95, random_seed: int = 0) -> list[list[tuple[str, str, int]]]:
+    """Per repetition (a fresh dev set, fresh seeds): the claims (setting, verdict, round) of a study that trains
+    ``SEEDS_PER_ROUND`` seeds of every setting not stopped per round, for at most ``ROUNDS`` rounds, and calls
+    ``looks_at(estimates, look, claims)`` after each. A cell of a setting of true accuracy p draws its own accuracy
+    p + N(0, seed_sd) and gets an example right by the example's difficulty (shared by every cell, so differences
+    are paired) with probability ``shared``, else by its own coin: its expected accuracy is exactly p."""
+    rng = np.random.default_rng(random_seed)
+    weights = resample_weights()
+    outcomes = []
+    for _ in range(repetitions):
+        difficulty = rng.random(DEV_EXAMPLES)
+        scores = {name: [] for name in accuracies}
+        samples = {name: [] for name in accuracies}
+        claims: dict = {}
+        decided = []
+        for look in range(1, ROUNDS + 1):
+            for name, accuracy in accuracies.items():
+                if claims.get(name) == "no":  # stopped
+                    continue
+                for _ in range(SEEDS_PER_ROUND):
+                    p = accuracy + rng.normal(0, seed_sd)
+                    correct = np.where(rng.random(DEV_EXAMPLES) < shared, difficulty < p,
+                                       rng.random(DEV_EXAMPLES) < p).astype(float)
+                    scores[name].append(correct.mean())
+                    samples[name].append(weights @ correct)
+            estimates = {name: Estimate(np.array(scores[name]), np.array(samples[name]), DEV_EXAMPLES)
+                         for name in accuracies}
+            new = looks_at(estimates, look, claims)
+            decided += [(name, new[name], look) for name in accuracies
+                        if claims.get(name, "undecided") == "undecided" and new[name] != "undecided"]
+            claims = new
+            if "undecided" not in claims.values():
+                break
+        outcomes.append(decided)
+    return outcomes
+
+
+def wrong_rate(outcomes, accuracies: dict[str, float], name: str) -> float:
+    """How often a claim about ``name`` was wrong: yes while it is worse than the best by more than the
+    tolerance, no while it is not."""
+    within = max(accuracies.values()) - accuracies[name] <= TOLERANCE + 1e-12
+    wrong = [any(setting == name and verdict == ("no" if within else "yes") for setting, verdict, _ in decided)
+             for decided in outcomes]
+    return float(np.mean(wrong))
+
+
+def decisions(outcomes, name: str) -> tuple[float, float]:
+    """How often ``name`` was decided, and after how many rounds on average."""
+    rounds = [look for decided in outcomes for setting, _, look in decided if setting == name]
+    return len(rounds) / len(outcomes), float(np.mean(rounds)) if rounds else float("nan")
+
+
+def spent_over_looks(looks: Looks):
+    return lambda estimates, look, claims: sequential_look(estimates, TOLERANCE, looks, look, claims)
+
+
+def plain_95_at_every_look(estimates, look, claims):
+    return sequential_look(estimates, TOLERANCE, Looks(1), 1, claims)
+
+
+@pytest.mark.parametrize(("accuracies", "candidate"), [
+    ({"best": 0.80, "just_worse": 0.789}, "just_worse"),  # yes is wrong: worse by 1.1 points
+    ({"best": 0.80, "at_tolerance": 0.79}, "at_tolerance"),  # no is wrong: worse by exactly the tolerance
+], ids=["just-over-the-tolerance", "at-the-tolerance"])
+def test_a_wrong_claim_stays_below_alpha_over_four_looks(accuracies, candidate):
+    """The hardest cases: a true difference on the tolerance's edge, looked at after every round (seed-to-seed
+    spread as wide as the tolerance). With O'Brien-Fleming spending, claims are wrong at most 5% of the time."""
+    outcomes = simulate(accuracies, spent_over_looks(Looks(ROUNDS, 0.05, "obrien-fleming")))
+    wrong = wrong_rate(outcomes, accuracies, candidate)
+    print(f"\n{candidate}: wrong claims {wrong:.1%} over {ROUNDS} looks; decided (share, mean round): "
+          + ", ".join(f"{name} {decisions(outcomes, name)}" for name in accuracies))
+    assert wrong <= 0.05
+    assert wrong_rate(outcomes, accuracies, "best") == 0.0
+
+
+def test_a_plain_95_percent_test_at_every_look_claims_wrongly_more_often():
+    """Why the looks are accounted for: the same data, each look tested at 95% as if it were the only one."""
+    accuracies = {"best": 0.80, "just_worse": 0.789}
+    plain = wrong_rate(simulate(accuracies, plain_95_at_every_look), accuracies, "just_worse")
+    print(f"\njust_worse: wrong claims {plain:.1%} at 95% after every look")
+    assert plain > 0.05
+
+
+@pytest.mark.parametrize("spending", ["obrien-fleming", "pocock", "bonferroni"])
+def test_it_stops_a_clearly_worse_setting_early_and_finds_the_good_ones(spending):
+    """Seed-to-seed spread of 0.3 points, a tolerance of 1: how often and after how many rounds each is decided."""
+    accuracies = {"best": 0.80, "close": 0.797, "worse": 0.75}
+    outcomes = simulate(accuracies, spent_over_looks(Looks(ROUNDS, 0.05, spending)), repetitions=100, seed_sd=0.003)
+    stopped, stopped_after = decisions(outcomes, "worse")
+    found, found_after = decisions(outcomes, "close")
+    print(f"\n{spending}: worse stopped in {stopped:.0%} after {stopped_after:.1f} rounds; close shown within the "
+          f"tolerance in {found:.0%} after {found_after:.1f} rounds")
+    assert all(wrong_rate(outcomes, accuracies, name) == 0.0 for name in accuracies)
+    assert stopped == 1.0 and stopped_after <= 2.5
+    assert found >= 0.25  # the close one is 0.3 points from the best: often, not always, shown within 1 in 4 rounds
+
+
+def test_the_looks_spend_exactly_alpha():
+    for spending in ("obrien-fleming", "pocock", "bonferroni"):
+        looks = Looks(5, 0.05, spending)
+        levels = [looks.level(look) for look in range(1, 6)]
+        assert sum(levels) == pytest.approx(0.05) and all(level > 0 for level in levels)
+    obf = [Looks(4).level(look) for look in range(1, 5)]
+    assert obf == sorted(obf) and obf[0] < 1e-3  # almost nothing spent on the first look
+    assert Looks(1).level(1) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ((0,), "maximum must be a whole number of at least 1; got 0"),
+    ((3, 1.5), "alpha must be between 0 and 1; got 1.5"),
+    ((3, 0.05, "haybittle"), "unknown spending 'haybittle'; choose one of obrien-fleming, pocock, bonferroni"),
+])
+def test_bad_looks_are_refused_naming_the_value(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        Looks(*arguments)
+    with pytest.raises(ValueError, match="look 5 is out of range: looks are 1 to 4"):
+        Looks(4).level(5)
+
+
+def constant(score: float, seeds: int) -> Estimate:
+    return Estimate(np.full(seeds, score) + np.linspace(0, 0.001, seeds), np.full((seeds, 50), score), 100)
+
+
+def test_claims_stand_and_nothing_is_claimed_before_a_seed_spread_is_measured():
+    one_seed = {"a": constant(0.8, 1), "b": constant(0.5, 1)}
+    assert sequential_look(one_seed, TOLERANCE, Looks(2), 1) == {"a": "undecided", "b": "undecided"}
+    two_seeds = {"a": constant(0.8, 2), "b": constant(0.5, 2)}
+    assert sequential_look(two_seeds, TOLERANCE, Looks(2), 2) == {"a": "yes", "b": "no"}
+    # an earlier claim is not revisited, even where the new data would say otherwise
+    assert sequential_look(two_seeds, TOLERANCE, Looks(2), 2, {"b": "yes"})["b"] == "yes"
