@@ -8,10 +8,29 @@ os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from layertune.testing import TINY_CONFIGS, make_tiny_model  # noqa: E402
 
 ARCHITECTURES = list(TINY_CONFIGS)
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """Where the library trains in these tests, as `ModelTrainer` decides: CUDA on a machine that has it (the GPU
+    check, benchmarks/gpu_check.sh, runs this suite there), the CPU otherwise (CI). Tests compare on the model's
+    device (`outputs`), never assuming the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def device_of(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def outputs(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """``model(batch)`` computed where the model is (training may have moved it to a GPU), returned on the CPU."""
+    with torch.no_grad():
+        return model({key: value.to(device_of(model)) for key, value in batch.items()}).cpu()
 
 
 @pytest.fixture(scope="session")

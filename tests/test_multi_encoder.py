@@ -10,7 +10,7 @@ from layertune.batching import Examples
 from layertune.multi_encoder import MultiEncoder, MultiExamples
 from layertune.testing import make_tiny_model
 from layertune.trainer import TrainingConfig
-from tests.conftest import toy_sentiment_corpus
+from tests.conftest import device_of, outputs, toy_sentiment_corpus
 
 FAST = dict(epochs=1, batch_size=8, learning_rate=1e-3, seed=3)
 SENTENCES = ["a great movie", "the quokka was awful", "guess who left ."]
@@ -100,12 +100,12 @@ def test_save_and_load_predict_identically(encoder_dirs, tmp_path, combine_metho
     ModelTrainer(model, toy_sentiment_corpus(16, 8, regression=True), cache_dir=tmp_path).train(progress=False,
                                                                                                 **FAST)
     model.save(tmp_path / "saved")
-    loaded = TextRegressor.from_pretrained(tmp_path / "saved")
+    loaded = TextRegressor.from_pretrained(tmp_path / "saved").to(device_of(model))  # compared where trained
     assert loaded.encoder.settings() == model.encoder.settings()
     assert loaded.encoder.language_models[1].model.config.hidden_dropout_prob == 0.3
     model.eval()
     batch = model.encoder.tokenize(SENTENCES)
-    torch.testing.assert_close(loaded(batch), model(batch), atol=0, rtol=0)
+    torch.testing.assert_close(outputs(loaded, batch), outputs(model, batch), atol=0, rtol=0)
     if combine_method == "dme":
         assert loaded.predict_with_attention(SENTENCES) == model.predict_with_attention(SENTENCES)
 

@@ -6,7 +6,7 @@ import transformers
 
 from layertune import LanguageModel, ModelTrainer, TaskModel, TextClassifier, TextRegressor
 from layertune.metrics import compute_metrics
-from tests.conftest import ARCHITECTURES, toy_sentiment_corpus
+from tests.conftest import ARCHITECTURES, device_of, outputs, toy_sentiment_corpus
 
 FAST = dict(epochs=2, batch_size=8, learning_rate=1e-3, seed=3)
 
@@ -73,12 +73,12 @@ def test_outputs_written_and_reloaded_model_predicts_identically(tiny_bert, toy_
     assert metrics["eval_accuracy"] == result.best_metrics["eval_accuracy"]
     assert len(json.loads((tmp_path / "run" / "history.json").read_text())) == FAST["epochs"]
     sentences = ["the movie was great", "a film so awful", "story"]
-    reloaded = TaskModel.from_pretrained(tmp_path / "run" / "model")
+    reloaded = TaskModel.from_pretrained(tmp_path / "run" / "model").to(device_of(model))  # compared where trained
     assert isinstance(reloaded, TextClassifier) and reloaded.encoder.tunable_layers == 2
     model.eval()
     assert reloaded.predict(sentences) == model.predict(sentences)
     batch = model.encoder.tokenize(sentences)
-    torch.testing.assert_close(reloaded(batch), model(batch), atol=0, rtol=0)
+    torch.testing.assert_close(outputs(reloaded, batch), outputs(model, batch), atol=0, rtol=0)
 
 
 def test_best_epoch_weights_are_restored(tiny_bert, toy_corpus, tmp_path):

@@ -32,7 +32,7 @@ from layertune.frozen_prefix import FrozenPrefixCache
 from layertune.tokenization import tokenize_corpus
 from layertune.training_config import cache_decision
 from layertune.tuning_methods import METHODS, tuning_method
-from tests.conftest import ARCHITECTURES, toy_sentiment_corpus
+from tests.conftest import ARCHITECTURES, device_of, outputs, toy_sentiment_corpus
 from tests.test_cli import data_folder
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -61,8 +61,7 @@ def layer_of(lm: LanguageModel, name: str) -> int:
 
 def logits(model: TaskModel, texts=TEXTS) -> torch.Tensor:
     model.eval()
-    with torch.no_grad():
-        return model(model.encoder.tokenize(texts))
+    return outputs(model, model.encoder.tokenize(texts))
 
 
 # ------------------------------------------------------------------------------------------ what trains
@@ -224,7 +223,7 @@ def test_a_saved_model_stores_what_it_trained_and_reloads_to_the_same_prediction
     assert config["weights"]["base"]["frozen_xxh3"]  # the frozen rest: the base model's, by name and content hash
     assert not (tmp_path / "model" / "encoder" / "tokenizer.json").exists()
 
-    loaded = TaskModel.from_pretrained(tmp_path / "model")
+    loaded = TaskModel.from_pretrained(tmp_path / "model").to(device_of(model))  # compared where it trained
     assert loaded.encoder.method == tuning_method(method) and trainable(loaded) == trainable(model)
     assert torch.equal(logits(loaded), logits(model))
     assert loaded.predict(TEXTS) == model.predict(TEXTS)
@@ -247,13 +246,13 @@ def test_merged_weights_predict_the_same_without_peft_and_save_as_a_top_k_model(
     if tunable_layers == 2:  # the top two layers in plain weights, and the head; the rest is the base model's
         parts = merged.parameter_parts()
         assert {parts[name] for name in stored} == {"layer.2", "layer.3", "head"}
-    reloaded = TaskModel.from_pretrained(tmp_path / "merged")
+    reloaded = TaskModel.from_pretrained(tmp_path / "merged").to(device_of(merged))
     assert torch.equal(logits(reloaded), logits(merged))
 
     # Plain Hugging Face weights: transformers alone loads the merged encoder and computes the same states.
     merged.encoder.model.save_pretrained(tmp_path / "hf")
-    plain = transformers.AutoModel.from_pretrained(tmp_path / "hf").eval()
-    batch = merged.encoder.tokenize(TEXTS)
+    plain = transformers.AutoModel.from_pretrained(tmp_path / "hf").eval().to(device_of(merged))
+    batch = {k: v.to(device_of(merged)) for k, v in merged.encoder.tokenize(TEXTS).items()}
     with torch.no_grad():
         torch.testing.assert_close(plain(**batch).last_hidden_state, merged.encoder.model(**batch).last_hidden_state)
 
@@ -318,7 +317,8 @@ def test_a_cell_spec_checks_its_method_with_the_key_named():
 
 def test_train_cell_takes_a_method_by_name_or_with_settings(tiny_bert, tmp_path, capsys):
     common = ["train-cell", "--path", data_folder(tmp_path), "--model", str(tiny_bert), "--tunable-layers", "2",
-              "--epochs", "1", "--batch-size", "8", "--cache-dir", str(tmp_path / "cache")]
+              "--epochs", "1", "--batch-size", "8", "--cache-dir", str(tmp_path / "cache"),
+              "--frozen-prefix-cache", "true"]  # LoRA on the top 2 reads the cache ("auto" weighs whether it pays)
     assert main([*common, "--method", "{name: lora, r: 2, target_modules: [query, value]}",
                  "--output-dir", str(tmp_path / "cell")]) == 0
     summary = json.loads(capsys.readouterr().out)
