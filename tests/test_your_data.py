@@ -93,6 +93,19 @@ def test_string_labels_integer_labels_with_names_and_an_inferred_task_type_note(
     assert error.value.argument == "label_names"
 
 
+def test_one_text_column_may_be_given_as_a_string(tmp_path, tiny):
+    """``text: review`` is the column ``[review]``, in the library's spec and in a study's task entry."""
+    assert DatasetSpec(path="x.csv", text="review").text == ["review"]
+    path = tmp_path / "two_texts.csv"
+    pd.DataFrame({"title": [f"title {i}" for i in range(40)], "review": [f"review {i}" for i in range(40)],
+                  "sentiment": ["positive", "negative"] * 20}).to_csv(path, index=False)
+    plan = plan_studies(params_with({"reviews": {"path": str(path), "label": "sentiment", "text": "review"}},
+                                    model=tiny))
+    corpus = plan.prepare["mine"].corpora["reviews"]
+    assert corpus.text == ["review"]
+    assert corpus.load().text_columns == ("review",)
+
+
 # -------------------------------------------------------------------------------------- checked at plan time
 
 
