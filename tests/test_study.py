@@ -215,6 +215,31 @@ def test_cells_are_the_grid_named_like_dvc(params):
     assert cell.spec.combine.method == "dme" and cell.spec.training.seed == 1
 
 
+def test_the_default_studies_keep_the_keys_dvc_lock_records(params):
+    """Keys name dvc.lock's stages, cell folders, report rows and MLflow runs: the default studies keep theirs."""
+    locked = set(yaml.safe_load((ROOT / "dvc.lock").read_text())["stages"])
+    stages = {dvc_stage(cell) for cell in plan_studies(params).cells()}
+    assert stages and stages <= locked, sorted(stages - locked)
+
+
+def test_two_cells_with_one_key_are_refused_naming_both(params):
+    """'-' joins a key's parts and may appear in names: tasks a and a-b with encoders b-c and c would both name
+    a-b-c-0-1, and one cell would overwrite the other."""
+    model = "sentence-transformers/all-MiniLM-L6-v2"
+    layers = edited(params, "studies.ablation.tasks", {"a": {"task": "sst2"}, "a-b": {"task": "stsb"}})
+    layers = edited(layers, "studies.ablation.encoders", {"b-c": model, "c": model})
+    assert ("studies.ablation: cells (task a, encoder b-c, tunable layers 0) and (task a-b, encoder c, tunable "
+            "layers 0) would both be named a-b-c-0-1" in error_of(layers))
+    methods = edited(params, "studies.methods.encoders", {"b": model, "b-lora": model})
+    methods = edited(methods, "studies.methods.methods", {"lora-top2": {"method": "lora", "tunable_layers": 2},
+                                                          "top2": {"tunable_layers": 2}})
+    message = error_of(methods)
+    assert ("studies.methods: cells (task sst2, encoder b, method lora-top2) and (task sst2, encoder b-lora, method "
+            "top2) would both be named sst2-b-lora-top2-1" in message and "rename one of them" in message)
+    assert "(got {" not in message  # the whole study is not repeated after the message
+    validate_params(edited(layers, "studies.ablation.encoders", {"b_c": model, "c": model}))  # distinct keys pass
+
+
 def test_per_tunable_layers_overrides_reach_only_their_cells(params):
     cells = plan_studies(params).studies["ner"].cells
     rates = {(c.tunable_layers, c.seed): c.spec.training.head_learning_rate for c in cells}
