@@ -418,6 +418,28 @@ def test_a_methods_study_keys_its_cells_by_method_and_shares_top_k_states(params
     assert "method: ${studies.methods.methods}" in block and "${item.task}-${item.encoder}-${item.method}.json" in block
 
 
+@pytest.mark.parametrize(("method", "key", "message"), [
+    ({"name": "lora", "target_modules": ["nonexistent"]}, "target_modules",
+     "'nonexistent' is not a linear module of encoder 'all-MiniLM-L6-v2' (sentence-transformers/all-MiniLM-L6-v2)'s "
+     "layers (give a name within a layer, or its last part). Valid choices: dense, key, query, value, "
+     "attention.self.query"),
+    ({"name": "ia3", "feedforward_modules": ["query"]}, "feedforward_modules",
+     "'query' is not among the target modules of encoder 'all-MiniLM-L6-v2' (sentence-transformers/all-MiniLM-L6-v2) "
+     "('key', 'value', 'output.dense')"),
+    ({"name": "lora", "r": 100000}, "r", "100000 is above the smaller side of target module 'attention.self.query' "
+     "of encoder 'all-MiniLM-L6-v2' (sentence-transformers/all-MiniLM-L6-v2)'s layers (384 x 384): a rank-r update of "
+     "that weight has rank at most 384. Give r <= 384."),
+])
+def test_tuning_method_settings_are_checked_against_the_models_structure_at_plan_time(params, method, key, message):
+    """Before any cell trains (they failed in their own train stage, after other cells had trained), from the
+    model's config alone, naming the params key."""
+    changed = edited(params, "studies.methods.methods.lora-top2.method", method)
+    assert f"studies.methods.methods.lora-top2.method.{key}: {message}" in error_of(changed)
+    shared = edited(params, "studies.ablation.encoder", {"method": method})
+    shared = edited(shared, "studies.ablation.tunable_layers", [1, "all"])
+    assert f"studies.ablation.encoder.method.{key}: " in error_of(shared)
+
+
 def test_the_cheapest_method_within_tolerance_or_cannot_decide():
     from layertune.reports.methods import MethodRow, cheapest
     from layertune.statistics import Comparison

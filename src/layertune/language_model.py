@@ -41,7 +41,7 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
     return model.get_submodule(name)
 
 
-def _layer_stack(model: nn.Module, path: str | None) -> tuple[str, int]:
+def layer_stack(model: nn.Module, path: str | None) -> tuple[str, int]:
     """The layer stack's name and length: the one at the dotted ``path``, or the generic guess."""
     if path is None:
         return _find_layer_stack(model)
@@ -133,6 +133,7 @@ class LanguageModel(nn.Module):
         config = _load_config(path, trust_remote_code, revision)
         if hidden_dropout_prob is not None:
             _set_hidden_dropout(config, hidden_dropout_prob)
+        self.method.check_model(config, layers, self.name)  # target modules, rank: before any weight is read
         self.model, loading = transformers.AutoModel.from_pretrained(
             path, config=config, trust_remote_code=trust_remote_code, revision=revision, output_loading_info=True
         )
@@ -209,7 +210,7 @@ class LanguageModel(nn.Module):
 
     def _init_structure(self) -> None:
         # Submodules are remembered by name: keeping them as attributes would register them twice.
-        self._stack_name, self.num_layers = _layer_stack(self.model, self.layers_path)
+        self._stack_name, self.num_layers = layer_stack(self.model, self.layers_path)
         self._embeddings_name = _embeddings_name(self.model)
         self._has_pooler = getattr(self.model, "pooler", None) is not None
         accepted = inspect.signature(self.model.forward).parameters
