@@ -148,6 +148,19 @@ def test_bad_data_is_named_at_plan_time(tmp_path, tiny):
     assert unseen.startswith("studies.mine.tasks.reviews: ") and "label(s) 'neutral' never occur" in unseen
 
 
+def test_a_tab_separated_file_named_csv_is_said_to_be_one(tmp_path, tiny):
+    """It gave pandas' ParserError ("Expected 1 fields in line 3, saw 2"), or one column named 'review\tsentiment'."""
+    path = tmp_path / "reviews.csv"
+    rows = [(f"a film{', really' * (i % 3)} number {i}", ("negative", "positive")[i % 2]) for i in range(40)]
+    pd.DataFrame(rows, columns=["review", "sentiment"]).to_csv(path, sep="\t", index=False)
+    error = plan_error(params_with({"reviews": {"path": str(path), "label": "sentiment"}}, model=tiny))
+    assert error == (f"studies.mine.tasks.reviews: {path} looks separated by tabs, not commas (its header "
+                     "'review\\tsentiment'), and a .csv file is read as separated by commas: rename it to "
+                     "reviews.tsv, or save it with commas.")
+    path.rename(tmp_path / "reviews.tsv")
+    plan_studies(params_with({"reviews": {"path": str(tmp_path / "reviews.tsv"), "label": "sentiment"}}, model=tiny))
+
+
 def test_task_lists_and_names(tmp_path, tiny):
     error = plan_error(params_with(["sst2", {"reviews": {"path": "x.csv"}}], model=tiny))
     assert "studies.mine.tasks: " in error and "tasks[1]: a list of tasks holds built-in task names" in error
