@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from layertune.cell import EncoderSpec, Spec
 from layertune.errors import describe_validation_error
-from layertune.model_paths import model_config, model_layers, model_max_length
+from layertune.model_paths import model_config, model_layers, model_max_length, require_safe_weights
 from layertune.study import ENCODER_NAME, ENCODER_TAGS, ParamsError, StudySpec, name_problem
 from layertune.tuning_methods import METHODS
 
@@ -59,6 +59,7 @@ class StudyParams(Spec):
                     where = f"studies.{study_name}.encoders.{member}"
                     revision = (single if "revision" in single.model_fields_set else study.encoder).revision
                     limit = model_layers(single.model, where=where, revision=revision)
+                    require_safe_weights(single.model, where)
                     for key, k in _layer_keys(study):
                         if k != "all" and k > limit:
                             raise ParamsError(

@@ -351,10 +351,13 @@ def train_cell(spec: CellSpec, output_dir: str | Path | None = None, *, corpus: 
     """
     from layertune.distributed import is_main_process
     from layertune.io import check_output_directory
+    from layertune.model_paths import require_safe_weights
     from layertune.trainer import ModelTrainer
 
     if output_dir is not None:
         check_output_directory(output_dir, overwrite=overwrite)
+    for encoder in spec.encoders:  # before the data loads (LanguageModel checks again, for its own callers)
+        require_safe_weights(encoder.model)
     corpus = corpus if corpus is not None else spec.corpus.load(data_mirror)
     model = spec.build_model(corpus)
     trainer = ModelTrainer(model, corpus, cache_dir=cache_dir)

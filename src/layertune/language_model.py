@@ -23,7 +23,7 @@ from torch import nn
 from layertune import frozen_prefix
 from layertune.batching import Examples
 from layertune.errors import choices_hint
-from layertune.model_paths import PACKAGED_MODELS, resolve_model_path
+from layertune.model_paths import PACKAGED_MODELS, require_safe_weights, resolve_model_path
 from layertune.tuning_methods import METHODS, TopK, TuningMethod, tuning_method
 
 logger = logging.getLogger(__name__)
@@ -134,8 +134,10 @@ class LanguageModel(nn.Module):
         if hidden_dropout_prob is not None:
             _set_hidden_dropout(config, hidden_dropout_prob)
         self.method.check_model(config, layers, self.name)  # target modules, rank: before any weight is read
+        require_safe_weights(path)
         self.model, loading = transformers.AutoModel.from_pretrained(
-            path, config=config, trust_remote_code=trust_remote_code, revision=revision, output_loading_info=True
+            path, config=config, trust_remote_code=trust_remote_code, revision=revision, output_loading_info=True,
+            use_safetensors=True,
         )
         self.initialized = set(loading["missing_keys"])  # not in the checkpoint: newly (randomly) initialized
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(
@@ -513,9 +515,11 @@ def _load_config(path: str, trust_remote_code: bool, revision: str | None) -> tr
 def _base_model(name: str, config, trust_remote_code: bool, revision: str | None):
     """The pretrained weights and tokenizer of ``name``, under ``config`` (the saved one: dropout and all)."""
     path = resolve_model_path(name)
+    require_safe_weights(path, f"base model {name!r}")
     try:
         model, loading = transformers.AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
-                                                                revision=revision, output_loading_info=True)
+                                                                revision=revision, output_loading_info=True,
+                                                                use_safetensors=True)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
                                                                revision=revision)
     except OSError as error:
