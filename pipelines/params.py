@@ -93,7 +93,10 @@ def _check_methods(study_name: str, study: StudySpec) -> None:
                 try:
                     spec.method.check_model(config, spec.layers, f"encoder {member!r} ({spec.model})")
                 except ValueError as error:
-                    raise ParamsError(f"studies.{study_name}.{key}.{str(error).removeprefix('method.')}") from None
+                    message = str(error)
+                    where = f"{key}.{message.removeprefix('method.')}" if message.startswith("method.") \
+                        else f"encoders.{member}: {message}"  # the model itself (its `layers` path, say)
+                    raise ParamsError(f"studies.{study_name}.{where}") from None
 
 
 def _method_key(study: StudySpec, member: str, method_name: str | None) -> str:
