@@ -1,6 +1,6 @@
 """Parameters checked before a stage runs anything, so that a bad one ends `kedro run` with one message naming it (a
-command-line error) rather than a failed node or dataset and Kedro's traceback: params.yaml for the plan stage,
-``--params study=…,cell=…`` against the plan for the stages after it."""
+command-line error) rather than a failed node or dataset and Kedro's traceback: params.yaml and the data it names
+for the plan stage, ``--params study=…,cell=…`` against the plan for the stages after it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kedro.framework.hooks import hook_impl
 
 from layertune.errors import choices_hint
 from layertune.study import ParamsError
-from pipelines.params import validate_params
+from pipelines.plans import plan_studies
 
 PLAN_NODE = "plan_studies"
 # The plan files a stage reads for one study (and cell): the catalog's paths name them by `--params`.
@@ -26,14 +26,16 @@ class InvalidParams(click.ClickException):
 
 
 class ParamsCheckHook:
-    """Checks params.yaml when a run includes the plan node (the node checks it again, for runs outside Kedro's
-    command line, with the same message), and the study and cell a later stage is given."""
+    """Checks params.yaml when a run includes the plan node: all of the plan's checks (the parameters, each study's
+    local data, its hub datasets' revisions), so that a bad one ends the run before any node, as one ``Error:``
+    line, not a failed node with Kedro's traceback and its advice to resume; the node plans again (for runs outside
+    Kedro's command line, with the same message). Also the study and cell a later stage is given."""
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
         if any(node.name == PLAN_NODE for node in pipeline.nodes):
             try:
-                validate_params(catalog.load("parameters"))
+                plan_studies(catalog.load("parameters"))
             except ParamsError as error:
                 raise InvalidParams(str(error)) from None
         elif inputs := [name for name in STUDY_INPUTS if name in pipeline.inputs()]:

@@ -1,5 +1,6 @@
 """params.yaml: its schema (a ``download`` section and the ``studies``, each a `layertune.study.StudySpec`) and the
-one check of it, which names every bad key by its dotted path and asks no model more than its small config files."""
+one check of it, which names every bad key by its dotted path and asks no model more than its small config files
+(a study with LoRA or IA3 builds each model's structure from them, without weights, to check the method's modules)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from layertune.cell import Spec
+from layertune.cell import EncoderSpec, Spec
 from layertune.errors import describe_validation_error
-from layertune.model_paths import model_layers, model_max_length
+from layertune.model_paths import model_config, model_layers, model_max_length, require_safe_weights
 from layertune.study import ENCODER_NAME, ENCODER_TAGS, ParamsError, StudySpec, name_problem
 from layertune.tuning_methods import METHODS
 
@@ -58,6 +59,7 @@ class StudyParams(Spec):
                     where = f"studies.{study_name}.encoders.{member}"
                     revision = (single if "revision" in single.model_fields_set else study.encoder).revision
                     limit = model_layers(single.model, where=where, revision=revision)
+                    require_safe_weights(single.model, where)
                     for key, k in _layer_keys(study):
                         if k != "all" and k > limit:
                             raise ParamsError(
@@ -70,7 +72,41 @@ class StudyParams(Spec):
                             f"studies.{study_name}.training.max_length: {study.training.max_length} is longer than "
                             f"encoder {member!r} ({single.model}) takes: at most {longest} tokens (its config's "
                             "max_position_embeddings and its tokenizer's model_max_length).")
+            _check_methods(study_name, study)
         return self
+
+
+def _check_methods(study_name: str, study: StudySpec) -> None:
+    """Each tuning method's settings (target modules, rank) against every model it tunes, on the model's structure
+    built from its config (no weights), so that a bad one fails here and not in its train stage, after other cells
+    trained."""
+    checked = set()
+    for encoder in study.encoders:
+        for method_name, k in study.grid_settings:
+            for (member, single), spec in zip(study.members(encoder), study.encoder_specs(encoder, k, method_name)):
+                key = _method_key(study, member, method_name)
+                if (key, member) in checked:
+                    continue
+                checked.add((key, member))
+                config = model_config(spec.model, where=f"studies.{study_name}.encoders.{member}",
+                                      revision=spec.revision)
+                try:
+                    spec.method.check_model(config, spec.layers, f"encoder {member!r} ({spec.model})")
+                except ValueError as error:
+                    message = str(error)
+                    where = f"{key}.{message.removeprefix('method.')}" if message.startswith("method.") \
+                        else f"encoders.{member}: {message}"  # the model itself (its `layers` path, say)
+                    raise ParamsError(f"studies.{study_name}.{where}") from None
+
+
+def _method_key(study: StudySpec, member: str, method_name: str | None) -> str:
+    """Where the method of ``member``'s cells is set: the methods axis, the encoder's entry, or the study's
+    encoder settings."""
+    if method_name is not None:
+        return f"methods.{method_name}.method"
+    entry = study.encoders[member]
+    return f"encoders.{member}.method" if isinstance(entry, EncoderSpec) and "method" in entry.model_fields_set \
+        else "encoder.method"
 
 
 def _layer_keys(study: StudySpec) -> list[tuple[str, int | str]]:

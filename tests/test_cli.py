@@ -104,3 +104,36 @@ def test_the_current_or_home_folder_is_refused_at_once_even_with_overwrite(tmp_p
     err = one_line_error(capsys)
     assert f"Output folder {where!r} is " in err and "would replace the folder and delete everything in it" in err
     assert [p.name for p in work.iterdir()] == ["mine.txt"] and [p.name for p in work.parent.iterdir()] == ["work"]
+
+
+def test_a_model_with_only_pickled_weights_is_refused_in_one_line_before_any_unpickling(tiny_bert, tmp_path, capsys,
+                                                                                          monkeypatch):
+    """pytorch_model.bin alone gave train-cell a 42-line traceback; layertune never unpickles: one line, the fix."""
+    import shutil
+
+    import safetensors.torch
+    import torch
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_bert, pickled)
+    torch.save(safetensors.torch.load_file(pickled / "model.safetensors"), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("a pickle was loaded"))
+    assert main(["train-cell", "--path", data_folder(tmp_path, 8, 4), "--model", str(pickled), "--tunable-layers",
+                 "1", "--output-dir", str(tmp_path / "cell"), "--cache-dir", str(tmp_path / "cache")]) == 2
+    error = one_line_error(capsys)
+    assert (f"'{pickled}' holds its weights only as pickle (pytorch_model.bin), and layertune never unpickles"
+            in error and f"AutoModel.from_pretrained('{pickled}').save_pretrained('{pickled}')" in error)
+    assert not (tmp_path / "cell").exists()
+    from layertune import LanguageModel
+
+    with pytest.raises(ValueError, match="holds its weights only as pickle"):
+        LanguageModel(pickled, 1)  # the library's own callers too
+    from pipelines.params import validate_params
+    from layertune.study import ParamsError
+
+    params = {"download": {"mirror": None}, "studies": {"s": {"report": {"kind": "layers"}, "tasks": ["sst2"],
+                                                              "encoders": {"mine": str(pickled)},
+                                                              "tunable_layers": [1], "seeds": [1]}}}
+    with pytest.raises(ParamsError, match=r"studies.s.encoders.mine: .* holds its weights only as pickle"):
+        validate_params(params)  # at plan time, before any cell

@@ -425,9 +425,22 @@ def test_a_list_valued_column_is_named_with_its_type(tmp_path, column, role):
 def test_a_class_with_one_example_cannot_be_carved_into_dev(tmp_path):
     rows = [(f"text {i}", "pos" if i % 2 else "neg") for i in range(20)] + [("odd one", "neutral")]
     data = _split_files(tmp_path / "data", train=rows)
-    expected = rf"{tmp_path / 'data' / 'train.csv'}: class 'neutral' \(1 example\) cannot be split between train and"
+    expected = rf"{tmp_path / 'data' / 'train.csv'}: class 'neutral' has 1 example, and a dev split carved from train"
     with pytest.raises(ValueError, match=expected):
         load_corpus(data)
+
+
+def test_many_classes_of_one_example_are_counted_in_one_short_line(tmp_path):
+    """300 classes in 300 rows (a label column that is an id, say) gave a 7,254-character message."""
+    data = _split_files(tmp_path / "data", train=[(f"text {i}", f"class{i:03}") for i in range(300)])
+    with pytest.raises(ValueError) as error:
+        load_corpus(data)
+    message = str(error.value)
+    assert len(message) < 600 and "\n" not in message, message
+    assert ("300 classes have 1 example ('class000', 'class001', 'class002', 'class003', 'class004' and 295 more), "
+            "and a dev split carved from train (stratified by class) needs 2 examples of each class. Every class has "
+            "1 (300 in 300 rows): is the label column the label?") in message
+    assert "splits: {train: <file>, dev: <file>}" in message
 
 
 def test_a_carved_dev_holds_every_class(tmp_path):

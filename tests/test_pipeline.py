@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipelines.plans import dvc_stage
 from tests.projects import make_dvc_project, make_project, project_env, run, study
@@ -159,6 +160,25 @@ def test_a_bad_parameter_stops_the_plan_with_one_message_naming_its_key(tmp_path
     assert ("Error: params.yaml is invalid:\n  studies.layers.seeds[1]: Input should be greater than or equal to 0 "
             "(got -1)\n") in done.stderr
     assert not (project / "data" / "00_plan").exists()  # checked before any node ran
+
+
+def test_bad_local_data_stops_the_plan_with_one_error_line(tmp_path):
+    """The plan's check of a study's local data (a label column that is not there) ends `kedro run --pipelines plan`
+    as a bad parameter does: exit 2, one `Error:` line naming the key, no failed node, traceback or resume advice."""
+    params = copy.deepcopy(PARAMS)
+    project = make_project(tmp_path, params)
+    (project / "reviews.csv").write_text("review,sentiment\n" + "".join(f"film {i},{'ab'[i % 2]}\n" for i in range(20)))
+    params["studies"]["layers"]["tasks"] = {"reviews": {"path": "reviews.csv", "label": "stars"}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "plan"], cwd=project, text=True,
+                          env={**os.environ, **project_env(project)}, capture_output=True)
+    output = done.stderr + done.stdout
+    assert done.returncode == 2, output
+    assert "Error: studies.layers.tasks.reviews.label: column 'stars' not in " in done.stderr
+    assert [line for line in output.splitlines() if "Error" in line] == [done.stderr.strip().splitlines()[-1]]
+    for noise in ("Traceback", "failed", "resume", "--from-nodes"):
+        assert noise not in output, output
+    assert not (project / "data" / "00_plan").exists()
 
 
 def test_an_unknown_study_or_cell_is_one_message_naming_the_planned_ones(built):

@@ -268,3 +268,53 @@ def test_the_expected_ci_reports_are_those_of_the_ci_profile():
             settings = spec.methods if spec.methods is not None else map(str, spec.tunable_layers)
             assert all(sorted(entry["mean"]) == sorted(settings) for task in metrics
                        for entry in metrics[task].values())
+
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def test_user_strings_are_shown_in_reports_never_run(tiny_model_dirs, tmp_path):
+    """A label name, a file name or a dev sentence lands in reports/<study>.md as text: escaped for HTML and for
+    Markdown, never as markup (an image tag, a link, a broken table)."""
+    from layertune.reports.encoders import _short
+    from layertune.reports.ner import baselines_text
+
+    folder = tmp_path / "my_data"
+    folder.mkdir()
+    rows = [(f"film {i}", HOSTILE if i % 2 else "fine|pipe") for i in range(40)]
+    pd.DataFrame(rows, columns=["review", "sentiment"]).to_csv(folder / "reviews.csv", index=False)
+    params = {"download": {"mirror": None}, "studies": {"s": {
+        "report": {"kind": "layers", "resamples": 50}, "tasks": {"reviews": {"path": str(folder / "reviews.csv"),
+                                                                          "label": "sentiment"}},
+        "encoders": {"m": str(tiny_model_dirs["bert"])}, "tunable_layers": [0, 1], "seeds": [1]}}}
+    plan = plan_studies(params).studies["s"]
+    corpus = plan.spec.corpus_spec("reviews").load()
+    references = corpus.dev["label"]
+    cells = {cell.key: Cell({"predictions": references, "references": references}, 1.0) for cell in plan.cells}
+    report = build_report(StudyResults(plan, score_cells(plan, cells, {"reviews": corpus}), cells,
+                                       {"reviews": lambda: corpus}))
+    classes = next(line for line in report.markdown.splitlines() if "classes:" in line)
+    assert "2 classes: &lt;img src=x onerror=alert(1)&gt;, fine\\|pipe." in classes
+    assert "<img" not in report.markdown
+    shown = str(folder / "reviews.csv").replace("_", "\\_")  # as named, not as emphasis
+    assert f"local files {shown}." in report.markdown
+    assert _short(f"{HOSTILE} a | b") == "&lt;img src=x onerror=alert(1)&gt; a \\| b"
+    baselines = {"majority_tag": {"tag": HOSTILE, "f1": 0.0, "accuracy": 0.5},
+                 "word_majority_tag": {"f1": 0.1, "precision": 0.1, "recall": 0.1}}
+    assert "the majority tag (&lt;img src=x onerror=alert(1)&gt;)" in baselines_text(baselines)
+
+
+def test_ordinary_names_and_sentences_render_as_before():
+    """What the committed reports show (model ids, labels, SST-2 sentences) passes unchanged: they stay
+    byte-identical."""
+    from pathlib import Path
+
+    from layertune.reports.common import literal
+
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    shown = [cell.strip() for line in (reports / "multi_encoder.md").read_text().splitlines()
+             if line.endswith(" |") and " | positive | " in line or " | negative | " in line
+             for cell in line.strip("|").split(" | ")[:3]]  # the dme attention table: sentence, gold, predicted
+    models = ["sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/paraphrase-MiniLM-L3-v2"]
+    assert len(shown) > 10 and all(literal(text) == text for text in [*shown, *models])
+    assert literal("O", code=True) == "`O`" and literal("0.1") == "0.1"

@@ -215,6 +215,31 @@ def test_cells_are_the_grid_named_like_dvc(params):
     assert cell.spec.combine.method == "dme" and cell.spec.training.seed == 1
 
 
+def test_the_default_studies_keep_the_keys_dvc_lock_records(params):
+    """Keys name dvc.lock's stages, cell folders, report rows and MLflow runs: the default studies keep theirs."""
+    locked = set(yaml.safe_load((ROOT / "dvc.lock").read_text())["stages"])
+    stages = {dvc_stage(cell) for cell in plan_studies(params).cells()}
+    assert stages and stages <= locked, sorted(stages - locked)
+
+
+def test_two_cells_with_one_key_are_refused_naming_both(params):
+    """'-' joins a key's parts and may appear in names: tasks a and a-b with encoders b-c and c would both name
+    a-b-c-0-1, and one cell would overwrite the other."""
+    model = "sentence-transformers/all-MiniLM-L6-v2"
+    layers = edited(params, "studies.ablation.tasks", {"a": {"task": "sst2"}, "a-b": {"task": "stsb"}})
+    layers = edited(layers, "studies.ablation.encoders", {"b-c": model, "c": model})
+    assert ("studies.ablation: cells (task a, encoder b-c, tunable layers 0) and (task a-b, encoder c, tunable "
+            "layers 0) would both be named a-b-c-0-1" in error_of(layers))
+    methods = edited(params, "studies.methods.encoders", {"b": model, "b-lora": model})
+    methods = edited(methods, "studies.methods.methods", {"lora-top2": {"method": "lora", "tunable_layers": 2},
+                                                          "top2": {"tunable_layers": 2}})
+    message = error_of(methods)
+    assert ("studies.methods: cells (task sst2, encoder b, method lora-top2) and (task sst2, encoder b-lora, method "
+            "top2) would both be named sst2-b-lora-top2-1" in message and "rename one of them" in message)
+    assert "(got {" not in message  # the whole study is not repeated after the message
+    validate_params(edited(layers, "studies.ablation.encoders", {"b_c": model, "c": model}))  # distinct keys pass
+
+
 def test_per_tunable_layers_overrides_reach_only_their_cells(params):
     cells = plan_studies(params).studies["ner"].cells
     rates = {(c.tunable_layers, c.seed): c.spec.training.head_learning_rate for c in cells}
@@ -391,6 +416,28 @@ def test_a_methods_study_keys_its_cells_by_method_and_shares_top_k_states(params
     assert grid_axes(params)["methods"] == "methods" and grid_axes(params)["ablation"] == "tunable_layers"
     block = train_blocks({"methods": "methods"})
     assert "method: ${studies.methods.methods}" in block and "${item.task}-${item.encoder}-${item.method}.json" in block
+
+
+@pytest.mark.parametrize(("method", "key", "message"), [
+    ({"name": "lora", "target_modules": ["nonexistent"]}, "target_modules",
+     "'nonexistent' is not a linear module of encoder 'all-MiniLM-L6-v2' (sentence-transformers/all-MiniLM-L6-v2)'s "
+     "layers (give a name within a layer, or its last part). Valid choices: dense, key, query, value, "
+     "attention.self.query"),
+    ({"name": "ia3", "feedforward_modules": ["query"]}, "feedforward_modules",
+     "'query' is not among the target modules of encoder 'all-MiniLM-L6-v2' (sentence-transformers/all-MiniLM-L6-v2) "
+     "('key', 'value', 'output.dense')"),
+    ({"name": "lora", "r": 100000}, "r", "100000 is above the smaller side of target module 'attention.self.query' "
+     "of encoder 'all-MiniLM-L6-v2' (sentence-transformers/all-MiniLM-L6-v2)'s layers (384 x 384): a rank-r update of "
+     "that weight has rank at most 384. Give r <= 384."),
+])
+def test_tuning_method_settings_are_checked_against_the_models_structure_at_plan_time(params, method, key, message):
+    """Before any cell trains (they failed in their own train stage, after other cells had trained), from the
+    model's config alone, naming the params key."""
+    changed = edited(params, "studies.methods.methods.lora-top2.method", method)
+    assert f"studies.methods.methods.lora-top2.method.{key}: {message}" in error_of(changed)
+    shared = edited(params, "studies.ablation.encoder", {"method": method})
+    shared = edited(shared, "studies.ablation.tunable_layers", [1, "all"])
+    assert f"studies.ablation.encoder.method.{key}: " in error_of(shared)
 
 
 def test_the_cheapest_method_within_tolerance_or_cannot_decide():

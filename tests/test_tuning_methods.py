@@ -284,13 +284,39 @@ def test_bad_settings_fail_before_the_model_loads_naming_the_key(no_loading, arg
     assert message in str(error.value)
 
 
-def test_unknown_or_missing_target_modules_name_the_key_and_the_modules_there_are(tiny_model_dirs):
+def test_method_settings_that_do_not_fit_the_model_fail_before_its_weights_load(tiny_model_dirs, no_loading):
+    """Target modules, IA3's feed-forward modules and LoRA's rank, checked on the model's structure from its config
+    (tiny bert: 32 wide, feed-forward 64): the same error the plan gives, before any weight is read."""
+    bert = tiny_model_dirs["bert"]
     with pytest.raises(ValueError, match=r"method.target_modules: 'qury' is not a linear module of .*layers .* Did you "
                                          r"mean 'query'\? Valid choices: .*attention.self.query"):
-        LanguageModel(tiny_model_dirs["bert"], 2, method=Lora(target_modules=["query", "qury"]))
+        LanguageModel(bert, 2, method=Lora(target_modules=["query", "qury"]))
     with pytest.raises(ValueError, match=r"method.target_modules: peft has no default lora modules for model type "
                                          r"'distilbert' .* Valid choices: .*q_lin"):
         LanguageModel(tiny_model_dirs["distilbert"], 2, method="lora")
+    with pytest.raises(ValueError, match=r"method.r: 33 is above the smaller side of target module "
+                                         r"'attention.self.query' .*\(32 x 32\).* Give r <= 32."):
+        LanguageModel(bert, 2, method=Lora(r=33))
+    with pytest.raises(ValueError, match=r"method.r: 40 .* target module 'intermediate.dense' .*\(32 x 64\)"):
+        LanguageModel(bert, 2, method=Lora(r=40, target_modules=["intermediate.dense"]))
+    with pytest.raises(ValueError, match=r"method.feedforward_modules: 'query' is not among the target modules of "
+                                         r".* \('key', 'value', 'output.dense'\)"):
+        LanguageModel(bert, 2, method=IA3(feedforward_modules=["query"]))
+    config = json.loads((bert / "config.json").read_text())  # the config alone: no weights, no model folder
+    Lora(r=32).check_model(config)  # the smaller side itself is a valid rank
+    IA3(feedforward_modules=["output.dense"]).check_model(config)
+    with pytest.raises(ValueError, match="method.target_modules: 'nonexistent' is not a linear module of the model"):
+        Lora(target_modules=["nonexistent"]).check_model(config)
+
+
+def test_a_model_whose_code_ships_with_it_is_checked_when_it_loads(tiny_model_dirs):
+    """Its structure cannot be built without running its code: the plan-time check passes it on, runs nothing."""
+    config = {**json.loads((tiny_model_dirs["bert"] / "config.json").read_text()), "model_type": "my-own-bert",
+              "auto_map": {"AutoModel": "modeling.MyBert"}}
+    Lora(target_modules=["nonexistent"]).check_model(config)
+
+
+def test_a_method_that_needs_the_layers_count_is_refused_once_it_is_known(tiny_model_dirs):
     with pytest.raises(ValueError, match="tunable_layers=0 with method 'bitfit'"):
         LanguageModel(tiny_model_dirs["bert"], frozen_layers=4, method="bitfit")
 

@@ -93,6 +93,19 @@ def test_string_labels_integer_labels_with_names_and_an_inferred_task_type_note(
     assert error.value.argument == "label_names"
 
 
+def test_one_text_column_may_be_given_as_a_string(tmp_path, tiny):
+    """``text: review`` is the column ``[review]``, in the library's spec and in a study's task entry."""
+    assert DatasetSpec(path="x.csv", text="review").text == ["review"]
+    path = tmp_path / "two_texts.csv"
+    pd.DataFrame({"title": [f"title {i}" for i in range(40)], "review": [f"review {i}" for i in range(40)],
+                  "sentiment": ["positive", "negative"] * 20}).to_csv(path, index=False)
+    plan = plan_studies(params_with({"reviews": {"path": str(path), "label": "sentiment", "text": "review"}},
+                                    model=tiny))
+    corpus = plan.prepare["mine"].corpora["reviews"]
+    assert corpus.text == ["review"]
+    assert corpus.load().text_columns == ("review",)
+
+
 # -------------------------------------------------------------------------------------- checked at plan time
 
 
@@ -133,6 +146,19 @@ def test_bad_data_is_named_at_plan_time(tmp_path, tiny):
     train = [(f"film {i}", ("negative", "positive")[i % 2]) for i in range(10)]
     unseen = error_for(files={"train.csv": train, "dev.csv": [("a film", "neutral"), ("b film", "positive")]})
     assert unseen.startswith("studies.mine.tasks.reviews: ") and "label(s) 'neutral' never occur" in unseen
+
+
+def test_a_tab_separated_file_named_csv_is_said_to_be_one(tmp_path, tiny):
+    """It gave pandas' ParserError ("Expected 1 fields in line 3, saw 2"), or one column named 'review\tsentiment'."""
+    path = tmp_path / "reviews.csv"
+    rows = [(f"a film{', really' * (i % 3)} number {i}", ("negative", "positive")[i % 2]) for i in range(40)]
+    pd.DataFrame(rows, columns=["review", "sentiment"]).to_csv(path, sep="\t", index=False)
+    error = plan_error(params_with({"reviews": {"path": str(path), "label": "sentiment"}}, model=tiny))
+    assert error == (f"studies.mine.tasks.reviews: {path} looks separated by tabs, not commas (its header "
+                     "'review\\tsentiment'), and a .csv file is read as separated by commas: rename it to "
+                     "reviews.tsv, or save it with commas.")
+    path.rename(tmp_path / "reviews.tsv")
+    plan_studies(params_with({"reviews": {"path": str(tmp_path / "reviews.tsv"), "label": "sentiment"}}, model=tiny))
 
 
 def test_task_lists_and_names(tmp_path, tiny):

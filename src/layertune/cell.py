@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from layertune.corpus import TaskType
 from layertune.training_config import TrainingConfig
@@ -69,8 +78,9 @@ class DatasetSpec(Spec):
     hub: str | None = Field(None, description="a Hugging Face dataset id (owner/name)")
     config: str | None = Field(None, description="the hub dataset's configuration")
     revision: str | None = Field(None, description="the hub dataset's commit, branch or tag (a study pins a commit)")
-    text: list[str] | None = Field(None, min_length=1, max_length=2, description="the text column, or two for "
-                                                                                 "sentence pairs; null: inferred")
+    text: list[str] | None = Field(None, min_length=1, max_length=2, description="the text column (text: review "
+                                                                                 "or [review]), or two for sentence "
+                                                                                 "pairs; null: inferred")
     label: str | None = Field(None, description="the label column; null: label (or labels, score, target, class)")
     task_type: TaskType | None = Field(None, description="classification, regression or token_classification; null:"
                                                          " inferred from the labels")
@@ -82,6 +92,12 @@ class DatasetSpec(Spec):
         None, description="which file under path (or hub split) is train, dev and test; null: by name")
     dev_fraction: float | None = Field(None, gt=0, lt=1, description="share of train carved off as dev when there is "
                                                                      "no dev split; null: 0.1")
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _one_column(cls, text: object) -> object:
+        """``text: review`` is the one column ``[review]`` (as `load_corpus`'s ``text_columns`` takes a string)."""
+        return [text] if isinstance(text, str) else text
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetSpec:
@@ -335,10 +351,13 @@ def train_cell(spec: CellSpec, output_dir: str | Path | None = None, *, corpus: 
     """
     from layertune.distributed import is_main_process
     from layertune.io import check_output_directory
+    from layertune.model_paths import require_safe_weights
     from layertune.trainer import ModelTrainer
 
     if output_dir is not None:
         check_output_directory(output_dir, overwrite=overwrite)
+    for encoder in spec.encoders:  # before the data loads (LanguageModel checks again, for its own callers)
+        require_safe_weights(encoder.model)
     corpus = corpus if corpus is not None else spec.corpus.load(data_mirror)
     model = spec.build_model(corpus)
     trainer = ModelTrainer(model, corpus, cache_dir=cache_dir)

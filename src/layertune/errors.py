@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,7 +51,9 @@ def describe_validation_error(error: ValidationError, prefix: tuple = (),
             message = "unknown key." + (choices_hint(location[-1], known_keys(location[:-1])) if known_keys else "")
         elif item["type"] == "missing":
             message = "required key is missing"
-        elif key:
+        elif key and not (item["type"] == "value_error" and isinstance(item["input"], Mapping)):
+            # A section's own check (a model validator) names what is wrong in it; the whole section, repeated
+            # after it, would only bury the message.
             message = f"{message} (got {item['input']!r})"
         messages = problems.setdefault(key, [])
         if message not in messages:

@@ -23,7 +23,7 @@ from torch import nn
 from layertune import frozen_prefix
 from layertune.batching import Examples
 from layertune.errors import choices_hint
-from layertune.model_paths import PACKAGED_MODELS, resolve_model_path
+from layertune.model_paths import PACKAGED_MODELS, require_safe_weights, resolve_model_path
 from layertune.tuning_methods import METHODS, TopK, TuningMethod, tuning_method
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
     return model.get_submodule(name)
 
 
-def _layer_stack(model: nn.Module, path: str | None) -> tuple[str, int]:
+def layer_stack(model: nn.Module, path: str | None) -> tuple[str, int]:
     """The layer stack's name and length: the one at the dotted ``path``, or the generic guess."""
     if path is None:
         return _find_layer_stack(model)
@@ -136,8 +136,11 @@ class LanguageModel(nn.Module):
         config = _load_config(path, trust_remote_code, revision)
         if hidden_dropout_prob is not None:
             _set_hidden_dropout(config, hidden_dropout_prob)
+        self.method.check_model(config, layers, self.name)  # target modules, rank: before any weight is read
+        require_safe_weights(path)
         self.model, loading = transformers.AutoModel.from_pretrained(
-            path, config=config, trust_remote_code=trust_remote_code, revision=revision, output_loading_info=True
+            path, config=config, trust_remote_code=trust_remote_code, revision=revision, output_loading_info=True,
+            use_safetensors=True,
         )
         self.initialized = set(loading["missing_keys"])  # not in the checkpoint: newly (randomly) initialized
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(
@@ -212,7 +215,7 @@ class LanguageModel(nn.Module):
 
     def _init_structure(self) -> None:
         # Submodules are remembered by name: keeping them as attributes would register them twice.
-        self._stack_name, self.num_layers = _layer_stack(self.model, self.layers_path)
+        self._stack_name, self.num_layers = layer_stack(self.model, self.layers_path)
         self._embeddings_name = _embeddings_name(self.model)
         self._has_pooler = getattr(self.model, "pooler", None) is not None
         accepted = inspect.signature(self.model.forward).parameters
@@ -521,9 +524,11 @@ def _load_config(path: str, trust_remote_code: bool, revision: str | None) -> tr
 def _base_model(name: str, config, trust_remote_code: bool, revision: str | None):
     """The pretrained weights and tokenizer of ``name``, under ``config`` (the saved one: dropout and all)."""
     path = resolve_model_path(name)
+    require_safe_weights(path, f"base model {name!r}")
     try:
         model, loading = transformers.AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
-                                                                revision=revision, output_loading_info=True)
+                                                                revision=revision, output_loading_info=True,
+                                                                use_safetensors=True)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
                                                                revision=revision)
     except OSError as error:

@@ -145,6 +145,26 @@ def _read_json(path: Path, where: str) -> dict:
         raise ModelConfigError(f"{where}: {path} is not valid JSON ({error})") from None
 
 
+# Weights saved with pickle (torch.save): loading one runs whatever code it names.
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+
+
+def require_safe_weights(name: str, where: str = "model") -> None:
+    """A `ModelConfigError` if ``name``'s folder (local, packaged or mirrored) holds its weights only in pickle files
+    (``pytorch_model.bin``): layertune reads weights from safetensors files alone, never unpickles. Hub models are
+    read as safetensors by `LanguageModel` too; a folder with no weights at all is not judged here."""
+    folder = Path(resolve_model_path(name))
+    if not folder.is_dir() or any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(path.name for pattern in PICKLED_WEIGHTS for path in folder.glob(pattern))
+    if pickled:
+        raise ModelConfigError(
+            f"{where}: {str(folder)!r} holds its weights only as pickle ({', '.join(pickled)}), and "
+            "layertune never unpickles (loading a pickle can run any code in it). Convert it once, if you trust the "
+            "file: python -c \"import transformers as t; t.AutoModel.from_pretrained('"
+            f"{folder}').save_pretrained('{folder}')\" writes model.safetensors beside it.")
+
+
 def model_layers(name: str, where: str = "model", revision: str | None = None) -> int:
     """How many transformer layers ``name`` has, from its config (see `model_config`)."""
     config = model_config(name, where, revision)

@@ -122,6 +122,12 @@ def _unique(values: list, what: str) -> list:
     return values
 
 
+def cell_key(*values: object) -> str:
+    """A cell's key (task, encoder, tunable layers or method, seed) or a setting's (less the seed): the values
+    joined by '-', as DVC's matrix names a stage. `StudySpec` refuses a grid where two cells would share one."""
+    return "-".join(str(v) for v in values)
+
+
 def layers_order(values: Iterable[TunableLayers]) -> list[TunableLayers]:
     """0, 1, 2, … then 'all': the row order of an ablation table."""
     return sorted(set(values), key=lambda k: (k == "all", k if k != "all" else 0))
@@ -310,7 +316,22 @@ class StudySpec(Spec):
                                  "(in training): the tokenized features and cached states are shared by its cells")
         for k in self.layer_values:
             self.training_for(k, seed=0)  # a bad override fails here, naming its key
+        self._check_distinct_keys()
         return self
+
+    def _check_distinct_keys(self) -> None:
+        """Names may hold '-', the keys' separator: tasks a and a-b with encoders b-c and c would both name a cell
+        a-b-c-0-1, and one cell's folder, stage and run would silently be the other's."""
+        settings: dict[str, str] = {}
+        third = "tunable layers" if self.methods is None else "method"
+        for task, encoder, (method, k) in itertools.product(self.tasks, self.encoders, self.grid_settings):
+            key = cell_key(task, encoder, k if method is None else method)
+            described = f"(task {task}, encoder {encoder}, {third} {k if method is None else method})"
+            if key in settings:
+                raise ValueError(f"cells {settings[key]} and {described} would both be named {key}-{self.seeds[0]} "
+                                 f"(a cell's key joins its task, encoder, {third} and seed with '-'); rename one of "
+                                 "them")
+            settings[key] = described
 
     # -------------------------------------------------------------------------------------------------- cells
 
@@ -380,7 +401,7 @@ class StudyCell(Spec):
     @property
     def key(self) -> str:
         """The name DVC's matrix gives this cell (its values joined by '-', in the matrix's order)."""
-        return "-".join(str(v) for v in (*self.setting, self.seed))
+        return cell_key(*self.setting, self.seed)
 
     @property
     def path(self) -> str:
@@ -390,7 +411,7 @@ class StudyCell(Spec):
     @property
     def setting_key(self) -> str:
         """``<task>-<encoder>-<tunable_layers>``: the key less the seed, shared by the cells of one setting."""
-        return "-".join(str(v) for v in self.setting)
+        return cell_key(*self.setting)
 
     @property
     def setting(self) -> tuple[str, str, TunableLayers | str]:

@@ -36,6 +36,7 @@ from layertune.errors import choices_hint
 
 if TYPE_CHECKING:
     from torch import nn
+    from transformers import PretrainedConfig
 
     from layertune.language_model import LanguageModel
 
@@ -57,6 +58,14 @@ class _MethodSpec(BaseModel):
                 f"tunable_layers=0 with method {self.name!r}: {self.name} adapts the tuned layers, and 0 tunes none. "
                 f"Use tunable_layers >= 1 or 'all' with {self.name}, or method 'top_k' with tunable_layers=0 to "
                 "train the head alone.")
+
+    def check_model(self, config: PretrainedConfig | dict, layers: str | None = None, name: str = "the model"
+                    ) -> None:
+        """A ValueError naming ``method.<key>`` if a setting does not fit the model of ``config`` (its
+        `PretrainedConfig`, or its config.json as a dict; ``layers``: the dotted path of its layer stack, None:
+        guessed), checked on the model's structure alone: no weights are read. Top-K and BitFit fit every model. A
+        model whose code ships with it (a model type transformers does not know) is not built here: its settings
+        are checked when it loads."""
 
     def apply(self, lm: LanguageModel) -> Any:
         """Set what trains in ``lm`` (its ``tunable_layers`` and pooling given); return the peft tuner that holds
@@ -97,9 +106,21 @@ class _PeftMethod(_MethodSpec):
         None, min_length=1, description="the linear modules to adapt, by name within a layer (e.g. query, value, or "
                                         "attention.self.query); null: peft's default for the architecture")
 
+    def check_model(self, config: PretrainedConfig | dict, layers: str | None = None, name: str = "the model"
+                    ) -> None:
+        config = _known_config(config)
+        if config is not None:
+            self.modules(_empty_layer(config, layers), config.model_type, name)
+
+    def modules(self, layer: nn.Module, model_type: str, name: str) -> dict[str, list[str]]:
+        """The modules this method adapts in ``layer`` (one transformer layer of a model of ``model_type``), by
+        name within the layer, per setting (``{"target_modules": [...]}``): the given ones checked, or peft's
+        defaults. A setting that does not fit is a ValueError naming ``method.<key>`` and the valid values."""
+        raise NotImplementedError
+
     def peft_config(self, lm: LanguageModel):
-        """peft's config of this method for ``lm``: its target modules checked (or peft's defaults), restricted to
-        the tuned layers (``layers_to_transform``, ``layers_pattern`` = the layer stack's path)."""
+        """peft's config of this method for ``lm``: `modules` of its tuned layers, restricted to them
+        (``layers_to_transform``, ``layers_pattern`` = the layer stack's path)."""
         raise NotImplementedError
 
     def apply(self, lm: LanguageModel):
@@ -111,20 +132,23 @@ class _PeftMethod(_MethodSpec):
         # merge_and_unload.
         return PEFT_TYPE_TO_TUNER_MAPPING[config.peft_type](lm.model, config, "default")
 
-    def _modules(self, lm: LanguageModel, key: str, given: list[str] | None, defaults: dict) -> list[str]:
-        """``given`` checked against the tuned layers' linear modules, or peft's default for the model type."""
-        linear = _linear_modules(lm.layers[lm.tuned_layer_indices[0]])
-        choices = sorted({name.rpartition(".")[2] for name in linear}) + linear
+    def _tuned_modules(self, lm: LanguageModel) -> dict[str, list[str]]:
+        return self.modules(lm.layers[lm.tuned_layer_indices[0]], lm.model.config.model_type, lm.name)
+
+    def _checked(self, layer: nn.Module, model_type: str, name: str, key: str, given: list[str] | None,
+                 defaults: dict) -> list[str]:
+        """``given`` checked against the layer's linear modules, or peft's default for the model type."""
+        linear = list(_linear_modules(layer))
+        choices = sorted({module.rpartition(".")[2] for module in linear}) + linear
         if given is None:
-            model_type = lm.model.config.model_type
             if model_type not in defaults:
                 raise ValueError(f"method.{key}: peft has no default {self.name} modules for model type "
-                                 f"{model_type!r} ({lm.name}); name them, e.g. {{name: {self.name}, {key}: [...]}}."
+                                 f"{model_type!r} ({name}); name them, e.g. {{name: {self.name}, {key}: [...]}}."
                                  f"{choices_hint('', choices)}")
             return list(defaults[model_type])
         for target in given:
-            if not any(name == target or name.endswith(f".{target}") for name in linear):
-                raise ValueError(f"method.{key}: {target!r} is not a linear module of {lm.name}'s layers (give a "
+            if not any(_names(module, target) for module in linear):
+                raise ValueError(f"method.{key}: {target!r} is not a linear module of {name}'s layers (give a "
                                  f"name within a layer, or its last part).{choices_hint(target, choices)}")
         return list(given)
 
@@ -138,14 +162,27 @@ class Lora(_PeftMethod):
     alpha: PositiveFloat = Field(16.0, description="scale: the update is multiplied by alpha / r")
     dropout: float = Field(0.1, ge=0, lt=1, description="dropout on the adapter's input")
 
-    def peft_config(self, lm: LanguageModel):
-        from peft import LoraConfig
+    def modules(self, layer: nn.Module, model_type: str, name: str) -> dict[str, list[str]]:
         from peft.utils.constants import (
             TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS,
         )
 
+        targets = self._checked(layer, model_type, name, "target_modules", self.target_modules, DEFAULTS)
+        for module, linear in _linear_modules(layer).items():
+            side = min(linear.in_features, linear.out_features)
+            if any(_names(module, target) for target in targets) and self.r > side:
+                # A rank above the smaller side adds parameters, never expressiveness (r: 100000 on 384-wide layers
+                # made 153.6 M trainable parameters of a 17.4 M model).
+                raise ValueError(f"method.r: {self.r} is above the smaller side of target module {module!r} of "
+                                 f"{name}'s layers ({linear.in_features} x {linear.out_features}): a rank-r update "
+                                 f"of that weight has rank at most {side}. Give r <= {side}.")
+        return {"target_modules": targets}
+
+    def peft_config(self, lm: LanguageModel):
+        from peft import LoraConfig
+
         return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
-                          target_modules=self._modules(lm, "target_modules", self.target_modules, DEFAULTS),
+                          target_modules=self._tuned_modules(lm)["target_modules"],
                           layers_to_transform=lm.tuned_layer_indices, layers_pattern=re.escape(lm.layers_name))
 
 
@@ -166,23 +203,33 @@ class IA3(_PeftMethod):
                              "feed-forward modules are target modules whose input IA3 rescales")
         return self
 
-    def peft_config(self, lm: LanguageModel):
-        from peft import IA3Config
+    def modules(self, layer: nn.Module, model_type: str, name: str) -> dict[str, list[str]]:
         from peft.utils import constants
 
-        targets = self._modules(lm, "target_modules", self.target_modules,
+        targets = self._checked(layer, model_type, name, "target_modules", self.target_modules,
                                 constants.TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING)
         defaults = constants.TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING
         if self.feedforward_modules is None and self.target_modules is not None:
             # Modules of the user's own choosing: the feed-forward ones are peft's default ones among them.
-            feedforward = [m for m in defaults.get(lm.model.config.model_type, []) if m in targets]
+            feedforward = [m for m in defaults.get(model_type, []) if m in targets]
         else:
-            feedforward = self._modules(lm, "feedforward_modules", self.feedforward_modules, defaults)
+            feedforward = self._checked(layer, model_type, name, "feedforward_modules", self.feedforward_modules,
+                                        defaults)
         if extra := [m for m in feedforward if m not in targets]:
-            raise ValueError(f"method.feedforward_modules: {extra} are not among the target modules {targets}: name "
-                             "them in target_modules too")
+            raise ValueError(f"method.feedforward_modules: {', '.join(map(repr, extra))} "
+                             f"{'is' if len(extra) == 1 else 'are'} not among the target modules of {name} "
+                             f"({', '.join(map(repr, targets))}): feed-forward modules are target "
+                             "modules whose input IA3 rescales; name them in target_modules too, or choose among "
+                             "those.")
+        return {"target_modules": targets, "feedforward_modules": feedforward}
+
+    def peft_config(self, lm: LanguageModel):
+        from peft import IA3Config
+
+        modules = self._tuned_modules(lm)
         # IA3Config has no layers_to_transform: the tuned layers' modules are named in full instead.
-        return IA3Config(target_modules=_module_keys(lm, targets), feedforward_modules=_module_keys(lm, feedforward))
+        return IA3Config(target_modules=_module_keys(lm, modules["target_modules"]),
+                         feedforward_modules=_module_keys(lm, modules["feedforward_modules"]))
 
 
 class BitFit(_MethodSpec):
@@ -237,13 +284,45 @@ def _module_keys(lm: LanguageModel, names: list[str]) -> list[str]:
     keys = []
     for index in lm.tuned_layer_indices:
         for name in _linear_modules(lm.layers[index]):
-            if any(name == wanted or name.endswith(f".{wanted}") for wanted in names):
+            if any(_names(name, wanted) for wanted in names):
                 keys.append(f"{lm.layers_name}.{index}.{name}")
     return keys
 
 
-def _linear_modules(layer: nn.Module) -> list[str]:
-    """Names, within one layer, of its linear modules (what LoRA and IA3 can adapt)."""
+def _names(module: str, wanted: str) -> bool:
+    """Whether ``wanted`` names the module ``module`` of a layer: in full, or by its last parts (as peft matches)."""
+    return module == wanted or module.endswith(f".{wanted}")
+
+
+def _linear_modules(layer: nn.Module) -> dict[str, nn.Linear]:
+    """One layer's linear modules (what LoRA and IA3 can adapt), by name within the layer."""
     from torch import nn
 
-    return [name for name, module in layer.named_modules() if isinstance(module, nn.Linear)]
+    return {name: module for name, module in layer.named_modules() if isinstance(module, nn.Linear)}
+
+
+def _known_config(config: PretrainedConfig | dict) -> PretrainedConfig | None:
+    """``config`` as a transformers config, or None for a model type transformers does not know (its code ships
+    with the model, and nothing here runs it)."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    model_type = config.get("model_type") if isinstance(config, dict) else config.model_type
+    if model_type not in CONFIG_MAPPING:
+        return None
+    if isinstance(config, dict):
+        return AutoConfig.for_model(**config)  # model_type and the rest of config.json, as from_pretrained reads it
+    return config
+
+
+def _empty_layer(config: PretrainedConfig, layers: str | None) -> nn.Module:
+    """The top transformer layer of the model ``config`` describes, built without weights (on torch's meta device:
+    shapes only, no memory, nothing read), so that settings are checked before anything is loaded."""
+    import torch
+    import transformers
+
+    from layertune.language_model import layer_stack
+
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    stack, _ = layer_stack(model, layers)
+    return model.get_submodule(stack)[-1]

@@ -128,3 +128,21 @@ def _check_text_file(path: Path) -> None:
     rows = [line for line in text.splitlines() if line.strip()]
     if path.suffix.lower() in (".csv", ".tsv") and len(rows) < 2:
         raise ValueError(f"{path} has a header ({rows[0]}) but no rows.")
+    _check_separator(path, rows[0])
+
+
+# Per file type: the separator its name promises, and the other one (each with its plural) a misnamed file has.
+_SEPARATORS = {".csv": ((",", "commas"), ("\t", "tabs")), ".tsv": (("\t", "tabs"), (",", "commas"))}
+
+
+def _check_separator(path: Path, header: str) -> None:
+    """A header split by the other separator (a TSV named .csv) would be read as one column, or fail inside
+    pandas: said here, with the fix."""
+    suffix = path.suffix.lower()
+    if suffix not in _SEPARATORS:
+        return
+    (named, nameds), (other, others) = _SEPARATORS[suffix]
+    if other in header and named not in header:
+        rename = path.with_suffix(".tsv" if suffix == ".csv" else ".csv").name
+        raise ValueError(f"{path} looks separated by {others}, not {nameds} (its header {header!r}), and a {suffix} "
+                         f"file is read as separated by {nameds}: rename it to {rename}, or save it with {nameds}.")

@@ -57,11 +57,7 @@ def _carve_dev(train: datasets.Dataset, dev_size: int | None, seed: int, label_n
     if stratify:
         counts = np.bincount(np.asarray(train["label"]), minlength=len(label_names))
         if single := [name for name, count in zip(label_names, counts) if count == 1]:
-            shown = ("class " if len(single) == 1 else "classes ") + ", ".join(f"{n!r} (1 example)" for n in single)
-            raise ValueError(
-                f"{where}: {shown} cannot be split between train and the dev split carved from it (stratified by "
-                "class, each class needs at least 2 examples). Add examples, drop the class, or give a dev file: "
-                "data_files={'train': ..., 'dev': ...}.")
+            raise ValueError(f"{where}: {_single_classes(single, len(label_names), len(train))}")
         size = max(size, int((counts > 0).sum()))  # a stratified dev holds at least one example of every class
     if size >= len(train):
         raise ValueError(f"{where}: cannot carve a dev split of {size:,} from a train split of {len(train):,} "
@@ -75,6 +71,20 @@ def _carve_dev(train: datasets.Dataset, dev_size: int | None, seed: int, label_n
     note = (f"No validation split: dev is {size:,} examples carved from train ({how}seed {seed}); "
             f"train keeps the other {len(parts['train']):,}.")
     return parts["train"], parts["test"], note
+
+
+def _single_classes(single: list[str], classes: int, rows: int, shown: int = 5) -> str:
+    """Why classes of one example stop a stratified carve, and the fixes; many classes are counted, not listed (300
+    of them made a 7,000-character line)."""
+    fix = ("add examples, drop {}, or give a dev file (a task entry's splits: {{train: <file>, dev: <file>}}; "
+           "load_corpus: data_files={{'train': ..., 'dev': ...}}).")
+    carve = "a dev split carved from train (stratified by class) needs 2 examples of each class"
+    if len(single) == 1:
+        return f"class {single[0]!r} has 1 example, and {carve}: " + fix.format("the class")
+    names = ", ".join(map(repr, single[:shown])) + (f" and {len(single) - shown} more" if len(single) > shown else "")
+    every = f" Every class has 1 ({classes} in {rows} rows): is the label column the label? If so, " \
+        if len(single) == classes else " "
+    return f"{len(single)} classes have 1 example ({names}), and {carve}.{every}" + fix.format("those classes")
 
 
 def _subsample(ds: datasets.Dataset, size: int | None, *, seed: int, balanced: bool,

@@ -9,6 +9,7 @@ are shared by every setting of a task, so differences between settings are paire
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -141,6 +142,21 @@ def display(task: str) -> str:
     return DISPLAY_NAMES.get(task, task)
 
 
+# Markdown's inline markup (emphasis, code, links and images, strikethrough), its escape and a table's cell border.
+_MARKDOWN = str.maketrans({c: f"\\{c}" for c in "\\`*_[]|~"})
+
+
+def literal(value: object, code: bool = False) -> str:
+    """``value`` (a label, a model or file name, a dev sentence: anything from the user or the data) as literal text
+    in a report's Markdown and in the HTML rendered from it: HTML's special characters as entities, Markdown's
+    markup characters escaped, line breaks as spaces, so that ``<img src=x onerror=alert(1)>`` is shown, never run.
+    ``code``: as a code span where nothing needed escaping (a code span shows escapes as typed). Names of tasks,
+    encoders and methods need none of this (their pattern admits no such character)."""
+    text = " ".join(str(value).splitlines())
+    escaped = html.escape(text, quote=False).translate(_MARKDOWN)
+    return f"`{text}`" if code and escaped == text else escaped
+
+
 def points(value: float) -> str:
     return "–" if value is None or math.isnan(value) else f"{100 * value:.1f}"
 
@@ -184,7 +200,7 @@ def setup_text(results: StudyResults) -> str:
     data = spec.data
     sizes = (f"{data.train_size:,} training examples" if data.train_size else "all training examples") + ", " + (
         f"{data.dev_size:,} dev examples" if data.dev_size else "the full dev set") + f" (subsample seed {data.seed})"
-    encoders = "; ".join(f"`{name}`: " + " + ".join(single.model for _, single in spec.members(name))
+    encoders = "; ".join(f"`{name}`: " + " + ".join(literal(single.model) for _, single in spec.members(name))
                          + (f" ({entry.combine.method})" if isinstance(entry, CombinedEncoder) else "")
                          for name, entry in spec.encoders.items())
     training = spec.training
@@ -218,9 +234,10 @@ def dataset_lines(results: StudyResults) -> list[str]:
         if dataset.task is not None:
             continue
         corpus = results.corpora[task]()
-        where = f"Hugging Face dataset {dataset.hub}" + (f" ({dataset.config})" if dataset.config else "") + \
-            f" at commit {dataset.revision}" if dataset.hub else f"local files {dataset.path}"
-        found = [note for note in corpus.notes if not note.startswith(("Loaded from", "Read from"))]
+        where = f"Hugging Face dataset {literal(dataset.hub)}" + (
+            f" ({literal(dataset.config)})" if dataset.config else "") + f" at commit {literal(dataset.revision)}" \
+            if dataset.hub else f"local files {literal(dataset.path)}"
+        found = [literal(note) for note in corpus.notes if not note.startswith(("Loaded from", "Read from"))]
         metric = f"Scored by {corpus.main_metric}" + ("" if dataset.metric else " (the task type's default)") + "."
         lines.append(f"- `{task}`: {where}. " + " ".join([*found, metric]) + "\n")
     return lines

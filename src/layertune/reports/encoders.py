@@ -15,6 +15,7 @@ from layertune.reports.common import (
     Setting,
     StudyResults,
     display,
+    literal,
     markdown_table,
     round_metric,
     score_text,
@@ -60,7 +61,8 @@ def system_table(results: StudyResults, group: list[Setting], reference: Setting
         versus = "reference" if comparison is None else (
             f"{signed_points(comparison.difference)} [{signed_points(comparison.low)}, "
             f"{signed_points(comparison.high)}]: {VERDICTS[comparison.verdict]}")
-        models = " + ".join(single.model.split("/")[-1] for _, single in results.plan.spec.members(setting.encoder))
+        models = " + ".join(literal(single.model.split("/")[-1])
+                            for _, single in results.plan.spec.members(setting.encoder))
         rows.append([setting.encoder, models, score_text(setting), versus,
                      f"{int(scores.loc[cells[0], 'trainable_parameters']):,}",
                      f"{scores.loc[cells, 'train_time_s'].mean():.1f}"])
@@ -88,7 +90,7 @@ def attention_table(results: StudyResults, task: str, encoder: str, tunable_laye
     predictions, weights = results.cells[cell.key].model().predict_with_attention(texts)
     names = [name for name, _ in results.plan.spec.members(encoder)]
     gold = [corpus.label_names[label] if corpus.label_names else f"{label:.2f}" for label in dev["label"]]
-    rows = [[_short(text), label, prediction if isinstance(prediction, str) else f"{prediction:.2f}",
+    rows = [[_short(text), literal(label), literal(prediction) if isinstance(prediction, str) else f"{prediction:.2f}",
              *[f"{w:.2f}" for w in row]] for text, label, prediction, row in zip(texts, gold, predictions, weights)]
     return (f"dme attention of `{encoder}` on the first {len(rows)} dev examples (seed {cell.seed}, "
             f"{tunable_layers} tunable layers; each row sums to 1):\n\n"
@@ -96,9 +98,8 @@ def attention_table(results: StudyResults, task: str, encoder: str, tunable_laye
 
 
 def _short(text, width: int = 70) -> str:
-    text = " / ".join(text) if isinstance(text, tuple) else str(text)
-    text = text.replace("|", "\\|").strip()
-    return text if len(text) <= width else text[: width - 1] + "…"
+    text = (" / ".join(text) if isinstance(text, tuple) else str(text)).strip()
+    return literal(text if len(text) <= width else text[: width - 1] + "…")
 
 
 def encoders_figure(table):

@@ -21,6 +21,7 @@ from layertune.reports.common import (
     Setting,
     StudyResults,
     display,
+    literal,
     markdown_table,
     points,
     round_metric,
@@ -108,7 +109,7 @@ def method_text(results: StudyResults, name: str) -> str:
     """``lora (r 8, alpha 16, dropout 0.1) on the top 2 layers``."""
     setting = results.plan.spec.methods[name]
     method = setting.method
-    options = ", ".join(f"{k} {v}" for k, v in method.model_dump(exclude={"name"}).items() if v is not None)
+    options = ", ".join(f"{k} {literal(v)}" for k, v in method.model_dump(exclude={"name"}).items() if v is not None)
     layers = "all layers" if setting.tunable_layers == "all" else (
         "no layer (the head alone)" if setting.tunable_layers == 0 else "the top layer" if setting.tunable_layers == 1
         else f"the top {setting.tunable_layers} layers")

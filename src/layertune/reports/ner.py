@@ -17,6 +17,7 @@ from layertune.reports.common import (
     StudyResults,
     display,
     in_layers_order,
+    literal,
     markdown_table,
     points,
     round_metric,
@@ -87,7 +88,7 @@ def selected_drift(results: StudyResults, task: str, encoder: str) -> pd.DataFra
 
 def baselines_text(baselines: dict) -> str:
     majority, lexical = baselines["majority_tag"], baselines["word_majority_tag"]
-    return (f"Baselines without a model: the majority tag (`{majority['tag']}`) everywhere scores F1 "
+    return (f"Baselines without a model: the majority tag ({literal(majority['tag'], code=True)}) everywhere scores F1 "
             f"**{points(majority['f1'])}** (it finds no entity; token accuracy {points(majority['accuracy'])}); each "
             f"word's most frequent training tag scores F1 **{points(lexical['f1'])}** (precision "
             f"{points(lexical['precision'])}, recall {points(lexical['recall'])}).\n")
