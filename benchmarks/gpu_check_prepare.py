@@ -24,8 +24,9 @@ LIMIT_MB = 64
 # What the GPU machine lacks, without their dependencies that it has (numpy, pandas, pyarrow, huggingface-hub,
 # requests, fsspec, tqdm, filelock, pyyaml): `pip install --no-deps` there takes exactly these.
 WHEELS = ["datasets", "dill", "multiprocess", "xxhash", "pydantic", "pydantic-core", "annotated-types",
-          "typing-inspection", "typing-extensions", "seqeval", "psutil", "aiohttp", "aiosignal", "aiohappyeyeballs",
+          "typing-inspection", "typing-extensions", "psutil", "aiohttp", "aiosignal", "aiohappyeyeballs",
           "frozenlist", "multidict", "yarl", "propcache", "attrs"]
+SOURCE_ONLY = ["seqeval>=1.2"]  # pure Python, published as a source archive only: built into a wheel here
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -50,6 +51,8 @@ def wheels(folder: Path) -> None:
                     "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
                     "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "--platform", "any",
                     "-d", str(folder), *WHEELS], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(folder), *SOURCE_ONLY],
+                   check=True)
 
 
 def model(source: Path, target: Path) -> None:

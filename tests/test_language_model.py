@@ -216,3 +216,13 @@ def test_a_layers_path_that_is_no_stack_names_the_path_and_the_stacks(wrapped_be
 def test_settings_name_layers_only_when_given(tiny_bert):
     assert "layers" not in LanguageModel(tiny_bert, tunable_layers=1).settings()
     assert LanguageModel(tiny_bert, tunable_layers=1, layers="encoder.layer").settings()["layers"] == "encoder.layer"
+
+
+def test_a_half_precision_checkpoint_loads_in_float32(tiny_bert, tmp_path):
+    """transformers 5 keeps a checkpoint's dtype; weights that train need float32 (autocast does the rest)."""
+    transformers.AutoModel.from_pretrained(tiny_bert, dtype=torch.float16).save_pretrained(tmp_path / "half")
+    transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(tmp_path / "half")
+    lm = LanguageModel(tmp_path / "half", tunable_layers=1)
+    assert {p.dtype for p in lm.parameters()} == {torch.float32}
+    reference = LanguageModel(tiny_bert, tunable_layers=1)
+    torch.testing.assert_close(lm.layers[0].output.dense.weight, reference.layers[0].output.dense.weight.half().float())

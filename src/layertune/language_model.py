@@ -138,9 +138,11 @@ class LanguageModel(nn.Module):
             _set_hidden_dropout(config, hidden_dropout_prob)
         self.method.check_model(config, layers, self.name)  # target modules, rank: before any weight is read
         require_safe_weights(path)
+        # float32 whatever the checkpoint's dtype (transformers 5 keeps a float16 or bfloat16 checkpoint's): weights
+        # that train need float32 for AdamW's small steps; lower precision is autocast's business, per operation.
         self.model, loading = transformers.AutoModel.from_pretrained(
             path, config=config, trust_remote_code=trust_remote_code, revision=revision, output_loading_info=True,
-            use_safetensors=True,
+            use_safetensors=True, dtype=torch.float32,
         )
         self.initialized = set(loading["missing_keys"])  # not in the checkpoint: newly (randomly) initialized
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(
@@ -528,7 +530,7 @@ def _base_model(name: str, config, trust_remote_code: bool, revision: str | None
     try:
         model, loading = transformers.AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
                                                                 revision=revision, output_loading_info=True,
-                                                                use_safetensors=True)
+                                                                use_safetensors=True, dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
                                                                revision=revision)
     except OSError as error:
