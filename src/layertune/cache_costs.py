@@ -139,7 +139,7 @@ def _time_read(examples: Examples, batches: list, hidden_size: int, state_bytes:
     lengths = np.asarray(examples.lengths)
     where = device if resident or device.type == "cpu" else torch.device("cpu")
     starts = torch.zeros(len(examples), dtype=torch.long)  # every example reads rows 0…: only the shape matters
-    states = BoundaryStates(torch.zeros(max(lengths.max(), 1), hidden_size, dtype=dtype), starts, lengths, dtype)
+    states = BoundaryStates(torch.zeros(lengths.max() + 1, hidden_size, dtype=dtype), starts, lengths, dtype)
     states = states.to(where) if where == device else states.pinned(device)
 
     def read(indices: list[int]) -> int:

@@ -172,8 +172,9 @@ class BoundaryStates:
     """Every example's hidden states entering one layer: one flat (tokens, hidden) array of all examples' rows, where
     each example's rows start, and the dtype the model computes them in (stored smaller, they are cast back).
 
-    ``flat`` is a tensor (in RAM or on a GPU) or a memory map of the entry's file; ``target`` is the device that
-    trains from them (a GPU whose memory they did not fit keeps them in pinned host memory)."""
+    ``flat`` is a memory map of the entry's file, or a tensor (in RAM or on a GPU) that ends in one row of zeros,
+    which the padding of a batch reads; ``target`` is the device that trains from them (a GPU whose memory they did
+    not fit keeps them in pinned host memory)."""
 
     def __init__(self, flat: torch.Tensor | np.memmap, starts: torch.Tensor, lengths: np.ndarray,
                  dtype: torch.dtype, target: torch.device | None = None) -> None:
@@ -199,22 +200,31 @@ class BoundaryStates:
 
     def rows(self, indices: torch.Tensor, positions: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """The states of the examples at ``indices`` as a (batch, positions, hidden) grid, zero where not ``real``."""
-        index = torch.where(real, self.starts[indices, None] + positions, 0)
         if isinstance(self.flat, np.ndarray):  # memory-mapped: copy just these rows off the disk
+            index = torch.where(real, self.starts[indices, None] + positions, 0)
             values = _as_tensor(np.asarray(self.flat[index.numpy()]))
-        else:
-            values = self.flat[index]
-        return torch.where(real[..., None], values.to(self.dtype), 0)
+            return torch.where(real[..., None], values.to(self.dtype), 0)
+        # One gather, the padding reading the zero row at the end: no second pass over the batch to mask it.
+        index = torch.where(real, self.starts[indices, None] + positions, len(self.flat) - 1)
+        return torch.index_select(self.flat, 0, index.view(-1)).view(*index.shape, -1).to(self.dtype)
 
     def to(self, device: torch.device | str) -> BoundaryStates:
         """The states held in ``device``'s memory (read into RAM first when memory-mapped)."""
-        flat = self.flat if isinstance(self.flat, torch.Tensor) else _as_tensor(np.array(self.flat))
+        flat = self.flat if isinstance(self.flat, torch.Tensor) else _with_zero_row(self.flat)
         return BoundaryStates(flat.to(device), self.starts.to(device), self.lengths, self.dtype, torch.device(device))
 
     def pinned(self, target: torch.device) -> BoundaryStates:
         """The states in pinned host memory, for batches copied to ``target`` without blocking."""
         flat = self.to("cpu").flat.pin_memory()
         return BoundaryStates(flat, self.starts.cpu(), self.lengths, self.dtype, target)
+
+
+def _with_zero_row(mapped: np.memmap) -> torch.Tensor:
+    """A memory-mapped entry read into RAM, one row of zeros after its rows (what padding reads)."""
+    flat = np.empty((mapped.shape[0] + 1, mapped.shape[1]), dtype=mapped.dtype)
+    flat[:-1] = mapped
+    flat[-1] = 0
+    return _as_tensor(flat)
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:
