@@ -301,7 +301,11 @@ class CellSpec(Spec):
         language_models = [spec.build() for spec in self.encoders]
         encoder = language_models[0] if self.combine is None else MultiEncoder(
             language_models, self.combine.method, self.combine.dropout, self.combine.projection_size)
-        return build_model(encoder, corpus, **self.head.model_dump())
+        model = build_model(encoder, corpus, **self.head.model_dump())
+        # Drawn under the seed just set, so `train` keeps them: a cell's numbers stay what they were before models
+        # drew their new parts from the seed when training begins.
+        model.new_parts_seed = self.training.seed
+        return model
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from layertune import persistence
+from layertune import initialization, persistence
 from layertune.batching import IGNORE_INDEX
 from layertune.encoder import Encoder, TokenEncoder, require
 from layertune.errors import choices_hint
@@ -51,6 +51,10 @@ class TaskModel(nn.Module):
                 nn.Dropout(head_dropout), nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(head_dropout),
                 nn.Linear(hidden, num_outputs),
             )
+        # Where the new parts' weights come from (see `begin_training`): the seed they were drawn from (None: the
+        # global generator's state when built), and whether the model has trained or was loaded (they are its own).
+        self.new_parts_seed: int | None = None
+        self.trained = False
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.head(self.encoder(batch))
@@ -78,6 +82,17 @@ class TaskModel(nn.Module):
         """Parameters that are not the encoder's: these get the head learning rate."""
         # A MultiEncoder's combination layer (dme projections + attention) is new and task-specific like the head.
         return list(self.head.parameters()) + self.encoder.combination_parameters()
+
+    def begin_training(self, seed: int) -> None:
+        """Before the first training (`ModelTrainer.train` calls this right after seeding): draw every new part,
+        not from a checkpoint, from ``seed`` (`layertune.initialization`), unless they were drawn from it already.
+        Built weights otherwise depend on what the process drew before; drawn from the seed, the same call trains
+        alike in any process. From then on the weights are the model's own: a later `train` continues from them,
+        as it does for a model loaded with `from_pretrained`."""
+        if not self.trained and self.new_parts_seed != seed:
+            initialization.draw_new_parts(self, seed)
+            self.new_parts_seed = seed
+        self.trained = True
 
     # ----------------------------------------------------------------------------------------------------------
 

@@ -124,6 +124,7 @@ class ModelTrainer:
         task_model = self.model  # `model` below may be wrapped for data-parallel training; this never is
         accelerator = _accelerator(args)
         transformers.set_seed(args.seed)
+        task_model.begin_training(args.seed)  # new, untrained parts drawn from the seed, whatever was drawn before
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
         with accelerator.main_process_first():  # the main process fills the caches, the others then read them
