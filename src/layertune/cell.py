@@ -208,7 +208,9 @@ class CorpusSpec(DatasetSpec, SampleSpec):
 class EncoderSettings(Spec):
     """Every argument of `LanguageModel` besides the model and its tunable layers."""
 
-    pooling: Literal["cls", "mean", "pooler"] = "cls"
+    pooling: Literal["cls", "mean", "pooler"] | None = Field(
+        None, description="cls, mean or pooler; null: the model's own (a sentence-transformers pooling config), else "
+                          "cls")
     hidden_dropout_prob: float | None = Field(None, ge=0, lt=1, description="null: the checkpoint's")
     freeze_embeddings: bool = False
     frozen_dropout: bool = False

@@ -124,7 +124,6 @@ class ModelTrainer:
         task_model = self.model  # `model` below may be wrapped for data-parallel training; this never is
         accelerator = _accelerator(args)
         transformers.set_seed(args.seed)
-        task_model.begin_training(args.seed)  # new, untrained parts drawn from the seed, whatever was drawn before
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
         with accelerator.main_process_first():  # the main process fills the caches, the others then read them
@@ -135,6 +134,8 @@ class ModelTrainer:
             )
         train_loader, score_loaders = _loaders(splits, args, accelerator)
 
+        # Once nothing is left to refuse: the new, untrained parts drawn from the seed, whatever the process drew before.
+        task_model.begin_training(args.seed)
         task_model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by parameter device
         self.optimizer = _adamw(parameter_groups, fused=accelerator.mixed_precision != "fp16")
         scheduler = _linear_schedule(self.optimizer, args, batches_per_epoch=len(train_loader))
