@@ -47,8 +47,6 @@ def test_ia3_starts_at_ones_and_dme_is_drawn_from_the_seed(tiny_model_dirs):
         lms = [LanguageModel(tiny_model_dirs["bert"], tunable_layers=1, method=IA3(), pooling="mean"),
                LanguageModel(tiny_model_dirs["roberta"], tunable_layers=1)]
         model = TextClassifier(MultiEncoder(lms, "dme"), 2)
-        with torch.no_grad():  # as if the process had trained something that shares these modules' state
-            next(p for n, p in model.named_parameters() if "ia3_l" in n).mul_(3.0)
         model.begin_training(11)
         return model.state_dict()
 
@@ -57,6 +55,14 @@ def test_ia3_starts_at_ones_and_dme_is_drawn_from_the_seed(tiny_model_dirs):
     ia3 = [v for n, v in first.items() if "ia3_l" in n]
     assert ia3 and all(torch.equal(v, torch.ones_like(v)) for v in ia3)
     assert any(n.startswith("encoder.combine.") for n in first)
+    assert not torch.equal(first["head.1.weight"], build_dme_head(tiny_model_dirs, 0))  # drawn anew, not as built
+
+
+def build_dme_head(tiny_model_dirs, global_seed):
+    torch.manual_seed(global_seed)
+    lms = [LanguageModel(tiny_model_dirs["bert"], tunable_layers=1, method=IA3(), pooling="mean"),
+           LanguageModel(tiny_model_dirs["roberta"], tunable_layers=1)]
+    return TextClassifier(MultiEncoder(lms, "dme"), 2).head[1].weight
 
 
 def test_a_trained_or_loaded_model_keeps_its_weights(tiny_bert, toy_corpus, tmp_path):
@@ -71,6 +77,23 @@ def test_a_trained_or_loaded_model_keeps_its_weights(tiny_bert, toy_corpus, tmp_
     loaded = TextClassifier.from_pretrained(tmp_path / "saved")
     loaded.begin_training(3)
     assert all(torch.equal(trained[n], v) for n, v in loaded.state_dict().items())
+
+
+def test_a_refused_train_leaves_the_parts_untrained_and_changed_parts_are_kept(tiny_bert, toy_corpus, tmp_path):
+    """A `train` refused before its first step has trained nothing: the next, with another seed, draws from that
+    seed as a fresh process would. Parts changed after building (a loop of one's own) are the model's own."""
+    model, fresh = classifier(tiny_bert, 0), classifier(tiny_bert, 1)
+    with pytest.raises(ValueError, match="max_length"):
+        ModelTrainer(model, toy_corpus, cache_dir=tmp_path).train(seed=1, max_length=10**6, progress=False)
+    assert not model.trained and model.new_parts_seed == 1
+    model.begin_training(2)
+    fresh.begin_training(2)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    with torch.no_grad():
+        fresh.head[1].weight.add_(1.0)
+    assert fresh.trained
+    fresh.begin_training(3)
+    assert torch.equal(fresh.head[1].weight, model.head[1].weight + 1.0)
 
 
 def test_a_cell_keeps_the_parts_it_drew_under_its_seed(tiny_bert, toy_corpus):

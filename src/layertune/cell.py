@@ -306,7 +306,7 @@ class CellSpec(Spec):
         model = build_model(encoder, corpus, **self.head.model_dump())
         # Drawn under the seed just set, so `train` keeps them: a cell's numbers stay what they were before models
         # drew their new parts from the seed when training begins.
-        model.new_parts_seed = self.training.seed
+        model.drawn_from(self.training.seed)
         return model
 
 

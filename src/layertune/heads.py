@@ -52,9 +52,9 @@ class TaskModel(nn.Module):
                 nn.Linear(hidden, num_outputs),
             )
         # Where the new parts' weights come from (see `begin_training`): the seed they were drawn from (None: the
-        # global generator's state when built), and whether the model has trained or was loaded (they are its own).
+        # global generator's state when built), and their content hash as built or drawn (None: loaded).
         self.new_parts_seed: int | None = None
-        self.trained = False
+        self._initial_digest: str | None = initialization.new_parts_digest(self)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.head(self.encoder(batch))
@@ -83,16 +83,32 @@ class TaskModel(nn.Module):
         # A MultiEncoder's combination layer (dme projections + attention) is new and task-specific like the head.
         return list(self.head.parameters()) + self.encoder.combination_parameters()
 
+    @property
+    def trained(self) -> bool:
+        """Whether the new parts are the model's own: loaded with `from_pretrained`, or changed (by any training)
+        since they were built or drawn."""
+        return self._initial_digest is None or initialization.new_parts_digest(self) != self._initial_digest
+
+    def mark_trained(self) -> None:
+        """Keep the present weights from now on (`from_pretrained` calls this): `begin_training` draws nothing."""
+        self._initial_digest = None
+
     def begin_training(self, seed: int) -> None:
-        """Before the first training (`ModelTrainer.train` calls this right after seeding): draw every new part,
-        not from a checkpoint, from ``seed`` (`layertune.initialization`), unless they were drawn from it already.
-        Built weights otherwise depend on what the process drew before; drawn from the seed, the same call trains
-        alike in any process. From then on the weights are the model's own: a later `train` continues from them,
-        as it does for a model loaded with `from_pretrained`."""
-        if not self.trained and self.new_parts_seed != seed:
-            initialization.draw_new_parts(self, seed)
-            self.new_parts_seed = seed
-        self.trained = True
+        """Before training (`ModelTrainer.train` calls this once its settings are checked, before its data is
+        prepared): unless the model has trained or was loaded, draw every new part, not from a checkpoint, from
+        ``seed`` (`layertune.initialization`), unless they were drawn from it already. Built weights otherwise
+        depend on what the process drew before; drawn from the seed, the same call trains alike in any process. A
+        trained model's weights are its own: a later `train` continues from them."""
+        if self.trained or self.new_parts_seed == seed:
+            return
+        initialization.draw_new_parts(self, seed)
+        self.drawn_from(seed)
+
+    def drawn_from(self, seed: int) -> None:
+        """Record that the new parts, as they are now and untrained, were drawn from ``seed`` (by `begin_training`,
+        or by building the model right after seeding, as `CellSpec.build_model` does): training with that seed
+        keeps them."""
+        self.new_parts_seed, self._initial_digest = seed, initialization.new_parts_digest(self)
 
     # ----------------------------------------------------------------------------------------------------------
 

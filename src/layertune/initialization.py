@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from layertune.multi_encoder import MultiEncoder
+from layertune.persistence import tensors_digest
 
 if TYPE_CHECKING:
     from layertune.heads import TaskModel
@@ -35,12 +36,22 @@ def draw_new_parts(model: TaskModel, seed: int) -> None:
     _draw_torch_layers(model.head, generator)
 
 
-def _draw_language_model(lm: LanguageModel, generator: torch.Generator) -> None:
+def new_parts_digest(model: TaskModel) -> str:
+    """A content hash of every new part of ``model``: it changes when anything trains them."""
+    parts = [*(p for lm in model.encoder.language_models for _, p in _new_parameters(lm)),
+             *model.encoder.combination_parameters(), *model.head.parameters()]
+    return tensors_digest({str(index): parameter for index, parameter in enumerate(parts)})
+
+
+def _new_parameters(lm: LanguageModel) -> list[tuple[str, nn.Parameter]]:
+    """The parameters of ``lm`` that its checkpoint did not provide: gaps and adapters, in parameter order."""
     provided = lm.base_tensors()
+    return [(name, parameter) for name, parameter in lm.named_parameters() if name not in provided]
+
+
+def _draw_language_model(lm: LanguageModel, generator: torch.Generator) -> None:
     std = getattr(lm.model.config, "initializer_range", 0.02)
-    for name, parameter in lm.named_parameters():
-        if name in provided:
-            continue
+    for name, parameter in _new_parameters(lm):
         # peft moves an adapted module's own weights one level down: query.weight → query.base_layer.weight.
         if name.removeprefix("model.").replace(".base_layer.", ".") in lm.initialized:
             values = _checkpoint_gap(name, parameter.shape, std, generator)

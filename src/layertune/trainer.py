@@ -126,6 +126,9 @@ class ModelTrainer:
         transformers.set_seed(args.seed)
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
+        # The new, untrained parts drawn from the seed, whatever the process drew before; before the frozen-prefix
+        # cache, as a checkpoint's gaps may lie in the frozen layers.
+        task_model.begin_training(args.seed)
         with accelerator.main_process_first():  # the main process fills the caches, the others then read them
             splits, cache_info = task_model.encoder.prepare_examples(
                 self.corpus, max_length=args.max_length, cache_dir=self.cache_dir,
@@ -134,8 +137,6 @@ class ModelTrainer:
             )
         train_loader, score_loaders = _loaders(splits, args, accelerator)
 
-        # Once nothing is left to refuse: the new, untrained parts drawn from the seed, whatever the process drew before.
-        task_model.begin_training(args.seed)
         task_model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by parameter device
         self.optimizer = _adamw(parameter_groups, fused=accelerator.mixed_precision != "fp16")
         scheduler = _linear_schedule(self.optimizer, args, batches_per_epoch=len(train_loader))
