@@ -95,8 +95,8 @@ class TaskModel(nn.Module):
 
     def begin_training(self, seed: int) -> None:
         """Before training (`ModelTrainer.train` calls this once its settings are checked, before its data is
-        prepared): unless the model has trained or was loaded, draw every new part, not from a checkpoint, from
-        ``seed`` (`layertune.initialization`), unless they were drawn from it already. Built weights otherwise
+        prepared): draw every new part, not from a checkpoint, from ``seed`` (`layertune.initialization`), unless
+        the model has trained, was loaded, or its parts were drawn from this seed already. Built weights otherwise
         depend on what the process drew before; drawn from the seed, the same call trains alike in any process. A
         trained model's weights are its own: a later `train` continues from them."""
         if self.trained or self.new_parts_seed == seed:
