@@ -224,7 +224,9 @@ class CorpusSpec(DatasetSpec, SampleSpec):
 class EncoderSettings(Spec):
     """Every argument of `LanguageModel` besides the model and its tunable layers."""
 
-    pooling: Literal["cls", "mean", "pooler"] = "cls"
+    pooling: Literal["cls", "mean", "pooler"] | None = Field(
+        None, description="cls, mean or pooler; null: the model's own (a sentence-transformers pooling config), else "
+                          "cls")
     hidden_dropout_prob: float | None = Field(None, ge=0, lt=1, description="null: the checkpoint's")
     freeze_embeddings: bool = False
     frozen_dropout: bool = False
@@ -317,7 +319,11 @@ class CellSpec(Spec):
         language_models = [spec.build() for spec in self.encoders]
         encoder = language_models[0] if self.combine is None else MultiEncoder(
             language_models, self.combine.method, self.combine.dropout, self.combine.projection_size)
-        return build_model(encoder, corpus, **self.head.model_dump())
+        model = build_model(encoder, corpus, **self.head.model_dump())
+        # Drawn under the seed just set, so `train` keeps them: a cell's numbers stay what they were before models
+        # drew their new parts from the seed when training begins.
+        model.drawn_from(self.training.seed)
+        return model
 
 
 @dataclass

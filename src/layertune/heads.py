@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from layertune import persistence
+from layertune import initialization, persistence
 from layertune.batching import IGNORE_INDEX
 from layertune.encoder import Encoder, TokenEncoder, require
 from layertune.errors import choices_hint
@@ -51,6 +51,10 @@ class TaskModel(nn.Module):
                 nn.Dropout(head_dropout), nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(head_dropout),
                 nn.Linear(hidden, num_outputs),
             )
+        # Where the new parts' weights come from (see `begin_training`): the seed they were drawn from (None: the
+        # global generator's state when built), and their content hash as built or drawn (None: loaded).
+        self.new_parts_seed: int | None = None
+        self._initial_digest: str | None = initialization.new_parts_digest(self)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.head(self.encoder(batch))
@@ -78,6 +82,33 @@ class TaskModel(nn.Module):
         """Parameters that are not the encoder's: these get the head learning rate."""
         # A MultiEncoder's combination layer (dme projections + attention) is new and task-specific like the head.
         return list(self.head.parameters()) + self.encoder.combination_parameters()
+
+    @property
+    def trained(self) -> bool:
+        """Whether the new parts are the model's own: loaded with `from_pretrained`, or changed (by any training)
+        since they were built or drawn."""
+        return self._initial_digest is None or initialization.new_parts_digest(self) != self._initial_digest
+
+    def mark_trained(self) -> None:
+        """Keep the present weights from now on (`from_pretrained` calls this): `begin_training` draws nothing."""
+        self._initial_digest = None
+
+    def begin_training(self, seed: int) -> None:
+        """Before training (`ModelTrainer.train` calls this once its settings are checked, before its data is
+        prepared): draw every new part, not from a checkpoint, from ``seed`` (`layertune.initialization`), unless
+        the model has trained, was loaded, or its parts were drawn from this seed already. Built weights otherwise
+        depend on what the process drew before; drawn from the seed, the same call trains alike in any process. A
+        trained model's weights are its own: a later `train` continues from them."""
+        if self.trained or self.new_parts_seed == seed:
+            return
+        initialization.draw_new_parts(self, seed)
+        self.drawn_from(seed)
+
+    def drawn_from(self, seed: int) -> None:
+        """Record that the new parts, as they are now and untrained, were drawn from ``seed`` (by `begin_training`,
+        or by building the model right after seeding, as `CellSpec.build_model` does): training with that seed
+        keeps them."""
+        self.new_parts_seed, self._initial_digest = seed, initialization.new_parts_digest(self)
 
     # ----------------------------------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from torch import nn
 from layertune import frozen_prefix
 from layertune.batching import Examples
 from layertune.errors import choices_hint
-from layertune.model_paths import PACKAGED_MODELS, require_safe_weights, resolve_model_path
+from layertune.model_paths import PACKAGED_MODELS, default_pooling, require_safe_weights, resolve_model_path
 from layertune.tuning_methods import METHODS, TopK, TuningMethod, tuning_method
 
 if TYPE_CHECKING:
@@ -97,6 +97,11 @@ class LanguageModel(nn.Module):
     biases. Whatever the method, the embeddings and the layers below the top K are untouched. `merge` folds adapters
     into plain weights.
 
+    ``pooling`` makes one vector of the last layer's states: ``"cls"`` the first token's, ``"mean"`` the mean over
+    the tokens, ``"pooler"`` the model's pooler on the first token. None (the default) is the model's own where it
+    declares one (a sentence-transformers model's pooling config: all-MiniLM-L6-v2 was trained with mean pooling),
+    else ``"cls"``; `pooling_source` says which and why, and a saved model keeps both.
+
     Frozen layers are constants, so by default they run in eval mode (no dropout) even while training.
     ``frozen_dropout=True`` keeps train-mode dropout in them, as a plain ``requires_grad=False`` recipe does.
     """
@@ -107,7 +112,7 @@ class LanguageModel(nn.Module):
         tunable_layers: int | Literal["all"] | None = None,
         *,
         frozen_layers: int | None = None,
-        pooling: Pooling = "cls",
+        pooling: Pooling | None = None,
         hidden_dropout_prob: float | None = None,
         freeze_embeddings: bool = False,
         frozen_dropout: bool = False,
@@ -120,14 +125,15 @@ class LanguageModel(nn.Module):
         self.method = _checked_method(method)
         if frozen_layers is None:
             self.method.check_tunable_layers(tunable_layers)  # K=0 with an adapter method: before loading anything
-        if pooling not in POOLINGS:
+        if pooling is not None and pooling not in POOLINGS:
             raise ValueError(f"Unknown pooling {pooling!r}.{choices_hint(pooling, POOLINGS)}")
         if layers is not None and not isinstance(layers, str):
             raise ValueError(f"layers must be the dotted path of the layer stack, e.g. 'encoder.layer'; got "
                              f"{layers!r}.")
         self.name = str(name_or_path)
         self.layers_path = layers
-        self.pooling = pooling
+        self.pooling, self.pooling_source = (pooling, "given") if pooling is not None else \
+            default_pooling(name_or_path, revision)
         self.freeze_embeddings = freeze_embeddings
         self.frozen_dropout = frozen_dropout
         self.trust_remote_code = trust_remote_code
@@ -164,6 +170,7 @@ class LanguageModel(nn.Module):
         nn.Module.__init__(self)
         self.name = settings["name"]
         self.pooling = settings["pooling"]
+        self.pooling_source = settings.get("pooling_source", "saved with the model")
         self.freeze_embeddings = settings["freeze_embeddings"]
         self.frozen_dropout = settings["frozen_dropout"]
         self.trust_remote_code = trust_remote_code
@@ -198,6 +205,7 @@ class LanguageModel(nn.Module):
             "revision": self.revision,
             "tunable_layers": self.tunable_layers,
             "pooling": self.pooling,
+            "pooling_source": self.pooling_source,
             "freeze_embeddings": self.freeze_embeddings,
             "frozen_dropout": self.frozen_dropout,
             # only when given: the config of a model whose stack is found by the guess stays as it always was
@@ -332,9 +340,10 @@ class LanguageModel(nn.Module):
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
         total = sum(p.numel() for p in self.parameters())
         method = "" if isinstance(self.method, TopK) else f"method={self.method.label()}, "
+        source = "" if self.pooling_source == "given" else f" ({self.pooling_source})"
         return (
             f"LanguageModel({self.name!r}, tunable_layers={self.tunable_layers!r} of {self.num_layers}, {method}"
-            f"pooling={self.pooling!r}, trainable {trainable:,} / {total:,} parameters)"
+            f"pooling={self.pooling!r}{source}, trainable {trainable:,} / {total:,} parameters)"
         )
 
     # ----------------------------------------------------------------------------------------------------------

@@ -185,6 +185,65 @@ def model_max_length(name: str, where: str = "model", revision: str | None = Non
     return min(limits) if limits else None
 
 
+# How a sentence-transformers model declares its pooling: a module of this class in modules.json, whose folder's
+# config.json names the mode (``pooling_mode``; before sentence-transformers 6, one ``pooling_mode_<mode>`` flag each).
+_POOLING_CLASS = "Pooling"
+_LEGACY_POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                         "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                         "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+_OWN_POOLINGS = ("cls", "mean")  # sentence-transformers' modes that layertune pools alike
+
+
+def default_pooling(name: str | Path, revision: str | None = None) -> tuple[str, str]:
+    """The pooling ``name`` was trained with where it declares one, else ``cls``; and why, in words.
+
+    A sentence-transformers model declares it: ``modules.json`` names its pooling module's folder (``1_Pooling``),
+    whose ``config.json`` gives the mode; [CLS] and mean are layertune's ``cls`` and ``mean``. The files are read
+    from the model's folder (local, packaged or mirrored, see `resolve_model_path`) or downloaded from the hub at
+    ``revision``, as the config is: two small files, never weights."""
+    modules = _model_json(name, "modules.json", revision)
+    if not isinstance(modules, list):
+        return "cls", "default [CLS]: the model declares no pooling (it has no sentence-transformers modules.json)"
+    folder = next((m.get("path") for m in modules if isinstance(m, dict)
+                   and str(m.get("type", "")).rpartition(".")[2] == _POOLING_CLASS), None)
+    config = _model_json(name, f"{folder}/config.json", revision) if folder else None
+    if not isinstance(config, dict):
+        return "cls", "default [CLS]: the model's modules.json names no pooling module with a config.json"
+    where = f"{folder}/config.json"
+    modes = _pooling_modes(config)
+    if len(modes) == 1 and modes[0] in _OWN_POOLINGS:
+        return modes[0], f"the model's own: its sentence-transformers pooling ({where}) is {modes[0]}"
+    return "cls", (f"default [CLS]: the model's own pooling ({where}: {'+'.join(modes)}) is not one layertune has "
+                   f"({', '.join(_OWN_POOLINGS)})")
+
+
+def _pooling_modes(config: dict) -> list[str]:
+    mode = config.get("pooling_mode")
+    if mode is not None:
+        return [mode] if isinstance(mode, str) else [str(m) for m in mode]
+    # sentence-transformers' own rule for the legacy flags: none set is mean
+    return [mode for flag, mode in _LEGACY_POOLING_FLAGS.items() if config.get(flag) is True] or ["mean"]
+
+
+def _model_json(name: str | Path, filename: str, revision: str | None):
+    """A JSON file of the model's (parsed), or None where it has none, cannot be fetched or is not JSON."""
+    folder = Path(resolve_model_path(name))
+    if folder.is_dir():
+        path = folder / filename
+    else:
+        import huggingface_hub
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            path = Path(huggingface_hub.hf_hub_download(str(name), filename, revision=revision))
+        except (OSError, ValueError, EntryNotFoundError):  # no such file or repo; offline and not in the cache
+            return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
 def model_fingerprint(name: str) -> str | None:
     """A hash of the files of ``name``'s folder (local, packaged or mirrored): config, weights, tokenizer; not
     hidden files, subfolders or Markdown. It is recorded in the plan files the cells depend on, so that changing a

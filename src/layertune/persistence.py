@@ -76,6 +76,7 @@ def load_task_model(cls: type[TaskModel], directory: str | Path, *, trust_remote
     except RuntimeError as error:
         raise ValueError(f"{directory}/model.safetensors does not fit its config.json (a class count or size "
                          f"differs): {str(error).splitlines()[-1].strip()}") from None
+    model.mark_trained()  # its weights are the saved ones: training continues from them, it draws nothing anew
     model.eval()
     return model
 

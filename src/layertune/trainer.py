@@ -126,6 +126,9 @@ class ModelTrainer:
         transformers.set_seed(args.seed)
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
+        # The new, untrained parts drawn from the seed, whatever the process drew before; before the frozen-prefix
+        # cache, as a checkpoint's gaps may lie in the frozen layers.
+        task_model.begin_training(args.seed)
         with accelerator.main_process_first():  # the main process fills the caches, the others then read them
             # The cache pass computes as training will (its autocast), on the training device.
             splits, cache_info = task_model.encoder.prepare_examples(

@@ -18,6 +18,7 @@ This module imports neither torch nor peft when loaded: checking a study's param
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -35,6 +36,7 @@ from pydantic import (
 from layertune.errors import choices_hint
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
     from transformers import PretrainedConfig
 
@@ -71,6 +73,11 @@ class _MethodSpec(BaseModel):
         """Set what trains in ``lm`` (its ``tunable_layers`` and pooling given); return the peft tuner that holds
         its adapters, or None."""
         raise NotImplementedError
+
+    def initial_adapter(self, name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
+        """The initial value of the adapter tensor ``name``, as the method makes it when applied, drawn from
+        ``generator`` (see `layertune.initialization`)."""
+        raise ValueError(f"{name!r} is not an adapter tensor of method {self.name!r}, which adds none.")
 
     def label(self) -> str:
         """Short text for logs and tables: ``lora(r=8, alpha=16.0, dropout=0.1)``."""
@@ -185,6 +192,16 @@ class Lora(_PeftMethod):
                           target_modules=self._tuned_modules(lm)["target_modules"],
                           layers_to_transform=lm.tuned_layer_indices, layers_pattern=re.escape(lm.layers_name))
 
+    def initial_adapter(self, name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
+        """peft's default (``init_lora_weights=True``): A Kaiming-uniform, B zero, so the update starts at zero."""
+        import torch
+
+        if ".lora_A." in name:
+            return torch.nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5), generator=generator)
+        if ".lora_B." in name:
+            return torch.zeros(shape)
+        return super().initial_adapter(name, shape, generator)
+
 
 class IA3(_PeftMethod):
     """IA3 (Liu et al., 2022): trained vectors that rescale the target modules' outputs (the inputs of the
@@ -230,6 +247,14 @@ class IA3(_PeftMethod):
         # IA3Config has no layers_to_transform: the tuned layers' modules are named in full instead.
         return IA3Config(target_modules=_module_keys(lm, modules["target_modules"]),
                          feedforward_modules=_module_keys(lm, modules["feedforward_modules"]))
+
+    def initial_adapter(self, name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
+        """peft's default (``init_ia3_weights=True``): ones, so the adapted model starts as the base model."""
+        import torch
+
+        if ".ia3_l." in name:
+            return torch.ones(shape)
+        return super().initial_adapter(name, shape, generator)
 
 
 class BitFit(_MethodSpec):

@@ -204,10 +204,11 @@ def setup_text(results: StudyResults) -> str:
                          + (f" ({entry.combine.method})" if isinstance(entry, CombinedEncoder) else "")
                          for name, entry in spec.encoders.items())
     training = spec.training
+    pooling = spec.encoder.pooling or "each model's own (else [CLS])"
     return (
         "## Setup\n\n"
         f"- Data: {sizes}.\n" + "".join(dataset_lines(results)) +
-        f"- Encoders: {encoders}; pooling {spec.encoder.pooling}; a {spec.head.head} head.\n"
+        f"- Encoders: {encoders}; pooling {pooling}; a {spec.head.head} head.\n"
         f"- Training: {training.epochs} epoch(s), batch {training.batch_size}, learning rate "
         f"{training.learning_rate:g} (head {training.head_learning_rate or training.learning_rate:g})"
         + ("".join(f"; with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
