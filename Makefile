@@ -11,7 +11,8 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 export KEDRO_DISABLE_TELEMETRY := 1
 export DO_NOT_TRACK := 1
-export DVC_NO_ANALYTICS := 1  # test projects are new DVC repositories: no analytics daemon per command
+# The tests' DVC projects are new repositories: without this each dvc command starts an analytics daemon.
+export DVC_NO_ANALYTICS := 1
 
 # Real data and a second real model ship beside the repository in ../shared; without it the Hugging Face hub is used.
 SHARED ?= $(abspath ../shared)
