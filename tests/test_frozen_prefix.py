@@ -473,7 +473,8 @@ def test_auto_declines_the_cache_where_reading_costs_more_and_says_why(tiny_bert
     """As on a GPU where recomputing a few layers is cheaper than reading their states from host memory."""
     from layertune import cache_costs
 
-    monkeypatch.setattr(cache_costs, "_time_read", lambda *_: 1.0)  # a second per token: never worth it
+    # timed as on a GPU: a microsecond per token to recompute, a second to read
+    monkeypatch.setattr(cache_costs, "per_token_costs", lambda *_, **__: (1e-6, 1.0, "s"))
     model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=1), 2)
     result = ModelTrainer(model, toy_sentiment_corpus(24, 12), cache_dir=tmp_path).train(epochs=1, progress=False)
     record = result.frozen_prefix_cache
@@ -497,6 +498,16 @@ def test_auto_counts_the_pass_once_and_weighs_it_against_the_epochs():
     assert "pass 1" in costs(pass_s=1.0, epochs=3).decision()[1]
 
 
+def test_auto_decides_alike_in_every_run_on_the_cpu(tiny_bert, tmp_path):
+    """On the CPU the estimate counts tokens (no timing), so a seeded run decides the same in any process."""
+    records = []
+    for run in range(2):
+        model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=1), 2)
+        records.append(model.encoder.prepare_examples(toy_sentiment_corpus(24, 12), cache_dir=tmp_path / str(run))[1])
+    assert records[0]["estimate"] == records[1]["estimate"] and records[0]["estimate"]["unit"] == "token passes"
+    assert records[0]["used"] == records[1]["used"] is True
+
+
 @pytest.mark.integration
 def test_auto_caches_the_real_model_on_this_cpu_and_records_its_estimate(minilm_l3, data_mirror, tmp_path):
     corpus = load_corpus("sst2", data_mirror=data_mirror, train_size=128, dev_size=64)
@@ -507,7 +518,7 @@ def test_auto_caches_the_real_model_on_this_cpu_and_records_its_estimate(minilm_
     assert record["used"] and record["reason"].startswith("cached, by estimate"), record
     estimate = record["estimate"]
     assert estimate["pass_s"] > 0 and estimate["epochs"] == 2
-    assert estimate["read_s_per_epoch"] < estimate["forward_s_per_epoch"]  # reading RAM beats two layers' forward
+    assert estimate["read_s_per_epoch"] < estimate["forward_s_per_epoch"]  # reading RAM beats recomputing
     import json
 
     assert json.loads((tmp_path / "run" / "run_info.json").read_text())["frozen_prefix_cache"] == record

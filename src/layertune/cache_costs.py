@@ -1,19 +1,23 @@
 """Does the frozen-prefix cache pay for this run, on this device? Estimated before any state is computed.
 
 Without the cache a run computes the frozen prefix at every training step and every time it scores a split; with
-it, it reads the same states instead, after one pass that builds the entry (nothing to pay when the entry exists).
-Both are timed on a few of the run's own training batches, on its device and under its autocast: the prefix's
-forward (or, for an existing entry built on this kind of device, what its pass measured), and gathering states of
-that shape from where they would live (the device's memory when all of them fit its budget, else pinned host memory
-plus the copy). Scaled to the run's tokens:
+it, it reads the same states instead, after one pass that builds the entry (nothing to pay when the entry exists):
 
     uncached = forward/token x (padded training tokens x epochs + scored tokens)
-    cached   = pass + read/token x (the same tokens)       pass = forward/token x every split's tokens + writing
+    cached   = pass + read/token x (the same tokens)       pass = forward/token x every missing split's tokens
 
 The cache is used when ``cached <= MARGIN x uncached``: a near tie, where the estimate could be wrong either way,
-runs uncached. On a 2-core CPU reading costs ~1% of recomputing, and the pass (batches sorted by length, little
-padding) is repaid within the first epoch; on a GPU recomputing a few layers is cheap and reading from host memory
-is not, which is what this weighs.
+runs uncached. The costs per token:
+
+- on a GPU, timed on a few of the run's own training batches under its autocast: the prefix's forward (or, for an
+  existing entry built on a GPU, what its pass measured) against gathering states of that shape from where they
+  would live (the GPU's memory when they all fit its budget, else pinned host memory plus the copy), the pass
+  also paying for writing its states (1 GB/s assumed). There recomputing a few layers is cheap and reading from
+  host memory is not, which is what this weighs; a run near the margin may decide otherwise in another process
+  (timings vary): pass True or False to pin it.
+- on the CPU, in units of one token through the prefix, reading costing READ_ON_CPU of it: the per-step ratio
+  measured by benchmarks/frozen_prefix_speed.py (a cached K = 0 step costs 1.1 % of the common recipe's). No
+  timing, so the same run decides the same in every process, as the reproducibility of a seeded run needs.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from layertune.training_config import TrainingConfig
 
 MARGIN = 0.9
+READ_ON_CPU = 0.011  # reading a token's cached states from RAM, as a share of computing it (see the docstring)
 PROBE_BATCHES = 3  # the first is a warm-up (lazy initialisation, kernel choice), the others are timed
 WRITE_BYTES_PER_S = 1e9  # the pass writes its states to disk: assumed 1 GB/s (the page cache of a local disk)
 
@@ -45,14 +50,16 @@ class CacheCosts:
     pass_s: float               # building the missing entries (0: they exist)
     epochs: int
     states_at: str              # where the states would be read from
+    unit: str = "s"             # seconds (timed), or "token passes" (the CPU's fixed model)
 
     def decision(self) -> tuple[bool, str]:
         used = self.cached_s <= MARGIN * self.uncached_s
+        unit = f" {self.unit}"
         return used, (
-            f"{'cached' if used else 'not cached'}, by estimate: the frozen layers cost {self.uncached_s:.3g} s "
-            f"recomputed ({self.forward_s_per_epoch:.3g} s an epoch, {self.epochs} epoch(s), scoring included) and "
-            f"{self.cached_s:.3g} s from the cache (pass {self.pass_s:.3g} s, reading {self.read_s_per_epoch:.3g} s "
-            f"an epoch from {self.states_at}); cached only when at most {MARGIN:g}x")
+            f"{'cached' if used else 'not cached'}, by estimate: the frozen layers cost {self.uncached_s:.3g}{unit} "
+            f"recomputed ({self.forward_s_per_epoch:.3g}{unit} an epoch, {self.epochs} epoch(s), scoring included) "
+            f"and {self.cached_s:.3g}{unit} from the cache (pass {self.pass_s:.3g}{unit}, reading "
+            f"{self.read_s_per_epoch:.3g}{unit} an epoch from {self.states_at}); cached only when at most {MARGIN:g}x")
 
     def record(self) -> dict:
         return {key: round(value, 6) if isinstance(value, float) else value for key, value in asdict(self).items()}
@@ -70,21 +77,31 @@ def estimate(lm, splits: dict[str, Examples], boundary: int, args: TrainingConfi
                                                                                    for i in b)
     tokens = {split: sum(examples.lengths) for split, examples in splits.items()}
     resident = sum(tokens.values()) * state_bytes <= budget
-    known = [record for record in built if record is not None and record["device"] == device.type]
-    if len(known) == len(built):  # every entry exists: its pass measured the prefix on this kind of device
-        forward = max(record["forward_s_per_token"] for record in known)
-    else:
-        forward = _time_forward(lm, train, batches, boundary, device, autocast)
-    read = _time_read(train, batches, lm.hidden_size, state_bytes, device, resident)
     missing = sum(tokens[split] for split, record in zip(splits, built) if record is None)
-    pass_s = forward * missing + missing * state_bytes / WRITE_BYTES_PER_S
+    forward, read, unit = per_token_costs(lm, train, batches, boundary, device=device, autocast=autocast,
+                                          built=built, state_bytes=state_bytes, resident=resident)
+    pass_s = forward * missing + (missing * state_bytes / WRITE_BYTES_PER_S if unit == "s" else 0.0)
     scorings = {"dev": args.epochs if args.eval_strategy == "epoch" else 1, "test": 1}
     # Training batches are drawn at random (or grouped by length): padded as the probe's; scoring sorts by length.
     per_run = tokens["train"] * padding * args.epochs + sum(tokens.get(s, 0) * n for s, n in scorings.items())
     return CacheCosts(
         forward_s_per_epoch=forward * tokens["train"] * padding, read_s_per_epoch=read * tokens["train"] * padding,
         uncached_s=forward * per_run, cached_s=pass_s + read * per_run, pass_s=pass_s, epochs=args.epochs,
-        states_at=f"{device.type} memory" if resident or device.type == "cpu" else "pinned host memory")
+        states_at=f"{device.type} memory" if resident or device.type == "cpu" else "pinned host memory", unit=unit)
+
+
+def per_token_costs(lm, train: Examples, batches: list, boundary: int, *, device: torch.device,
+                    autocast: torch.dtype | None, built: list[dict | None], state_bytes: int,
+                    resident: bool) -> tuple[float, float, str]:
+    """The frozen prefix's forward and reading its cached states, per padded token, and their unit."""
+    if device.type == "cpu":
+        return 1.0, READ_ON_CPU, "token passes"
+    known = [record for record in built if record is not None and record["device"] == device.type]
+    if len(known) == len(built):  # every entry exists: its pass measured the prefix on this kind of device
+        forward = max(record["forward_s_per_token"] for record in known)
+    else:
+        forward = _time_forward(lm, train, batches, boundary, device, autocast)
+    return forward, _time_read(train, batches, lm.hidden_size, state_bytes, device, resident), "s"
 
 
 def _probe_batches(examples: Examples, batch_size: int) -> list[list[int]]:
