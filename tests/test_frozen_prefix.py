@@ -541,3 +541,25 @@ def test_real_cell_under_bf16_autocast_trains_alike_from_the_cache_and_without(m
     torch.testing.assert_close(torch.tensor(cached_steps), torch.tensor(plain_steps), rtol=2e-3, atol=0)
     assert cached.history[0]["eval_loss"] == pytest.approx(plain.history[0]["eval_loss"], rel=1e-3)
     assert cached.predictions == plain.predictions
+
+
+def test_the_pipeline_names_its_own_cache_setting_when_the_disk_is_full(tiny_bert, tmp_path, monkeypatch):
+    """The library's advice names cache_dir= and $LAYERTUNE_CACHE, which the pipeline does not read."""
+    from pipelines.plans import FeaturePlan
+    from pipelines.tokenize.nodes import build_features
+
+    monkeypatch.setattr(os, "posix_fallocate", failing_with(errno.ENOSPC))
+    spec = frozen_prefix_spec(tiny_bert)
+    plan = FeaturePlan(tasks=["toy"], models=[spec], boundaries=[[2]], settings={}, max_length=None,
+                       cache_dtype="auto")
+    with pytest.raises(OSError, match="Not enough disk space") as raised:
+        build_features({"toy": toy_sentiment_corpus(24, 12)}, plan, tmp_path / "cache")
+    message = str(raised.value)
+    assert "feature_cache (conf/base/catalog.yml" in message and "training.cache_dtype: bfloat16" in message
+    assert "$LAYERTUNE_CACHE" not in message
+
+
+def frozen_prefix_spec(model):
+    from layertune.cell import EncoderSpec
+
+    return EncoderSpec(model=str(model), tunable_layers="all", pooling="cls")

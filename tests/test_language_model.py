@@ -226,3 +226,19 @@ def test_a_half_precision_checkpoint_loads_in_float32(tiny_bert, tmp_path):
     assert {p.dtype for p in lm.parameters()} == {torch.float32}
     reference = LanguageModel(tiny_bert, tunable_layers=1)
     torch.testing.assert_close(lm.layers[0].output.dense.weight, reference.layers[0].output.dense.weight.half().float())
+
+
+def test_a_tokenizer_that_names_code_is_refused_with_the_reason_not_a_conversion_error(tiny_bert, tmp_path):
+    """Such a tokenizer once failed with "You need to have sentencepiece or tiktoken installed…"."""
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "custom")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="MyTokenizer", auto_map={"AutoTokenizer": ["tokenization_my.MyTokenizer", None]})
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").unlink(missing_ok=True)
+    with pytest.raises(ValueError, match=r"tokenizer needs code that ships with the model .* trust_remote_code=True") \
+            as raised:
+        LanguageModel(folder, tunable_layers=1)
+    assert "\n" not in str(raised.value) and "sentencepiece" not in str(raised.value)

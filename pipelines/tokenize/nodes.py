@@ -8,6 +8,11 @@ from layertune.corpus import Corpus
 from pipelines.plans import FeaturePlan
 
 
+PIPELINE_ADVICE = ("Free space there, point the catalog's feature_cache (conf/base/catalog.yml, now {root}) at "
+                   "another disk, or set the study's training.cache_dtype: bfloat16 (half-size states) or "
+                   "frozen_prefix_cache: false in params.yaml.")
+
+
 def build_feature_caches(corpora: dict[str, Callable[..., Corpus]], plan: FeaturePlan, cache_root: Path) -> dict:
     """One manifest per setting (task, encoder, tunable layers): the cache entries its cells read, whatever their
     seed (their dependency in dvc.yaml)."""
@@ -20,6 +25,7 @@ def build_features(corpora: Mapping[str, Corpus], plan: FeaturePlan, cache_root:
     its cells will read."""
     import torch
 
+    from layertune.frozen_prefix import CacheDiskFull
     from layertune.training_config import autocast_dtype, resolve_mixed_precision
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # where the cells train, as ModelTrainer decides
@@ -28,9 +34,12 @@ def build_features(corpora: Mapping[str, Corpus], plan: FeaturePlan, cache_root:
     for index, spec in enumerate(plan.models):
         encoder = spec.build()
         for task in plan.tasks:
-            cached[index, task] = encoder.cache_features(
-                corpora[task], plan.boundaries[index], max_length=plan.max_length, cache_dir=cache_root,
-                cache_dtype=plan.cache_dtype, device=device, autocast=autocast)
+            try:
+                cached[index, task] = encoder.cache_features(
+                    corpora[task], plan.boundaries[index], max_length=plan.max_length, cache_dir=cache_root,
+                    cache_dtype=plan.cache_dtype, device=device, autocast=autocast)
+            except CacheDiskFull as full:  # the library's advice names its own arguments; here the catalog decides
+                raise full.advising(PIPELINE_ADVICE.format(root=cache_root)) from None
         del encoder
     manifests = {}
     for key, cell in plan.settings.items():

@@ -358,7 +358,7 @@ class FrozenPrefixCache:
             if error.errno not in _DISK_FULL:
                 raise
             needed = len(boundaries) * shape[0] * shape[1] * torch.finfo(stored).bits // 8
-            raise OSError(error.errno, _no_space_message(self.root, needed, boundaries)) from error
+            raise CacheDiskFull(error.errno, self.root, needed, boundaries) from error
         total = sum((self.root / keys[b] / "states.npy").stat().st_size for b in boundaries) / 2**20
         logger.info("Cached boundaries %s of %s: %.1f MiB in %s", boundaries, encoder.name, total, self.root)
 
@@ -481,10 +481,21 @@ def _reserve(fd: int, start: int, end: int) -> None:
         os.pwrite(fd, zeros[: end - position], position)
 
 
-def _no_space_message(root: Path, needed: int, boundaries: list[int]) -> str:
-    free = shutil.disk_usage(root).free if root.is_dir() else 0
-    return (f"Not enough disk space for the frozen-prefix cache in {root}: the states entering layer(s) "
+class CacheDiskFull(OSError):
+    """No room for a cache entry: names the folder, the bytes needed and free, and what to do (``advice``, which
+    a caller that sets the folder itself, such as the study pipeline, replaces with its own)."""
+
+    ADVICE = ("Free space there, point the cache at another disk (cache_dir=, --cache-dir or $LAYERTUNE_CACHE), "
+              "store half-size states (cache_dtype='bfloat16'), or train without it (frozen_prefix_cache=False).")
+
+    def __init__(self, code: int, root: Path, needed: int, boundaries: list[int], advice: str = ADVICE) -> None:
+        self.root, self.needed, self.boundaries = root, needed, boundaries
+        self.free = shutil.disk_usage(root).free if root.is_dir() else 0
+        super().__init__(code, (
+            f"Not enough disk space for the frozen-prefix cache in {root}: the states entering layer(s) "
             f"{', '.join(map(str, boundaries))} need {needed:,} bytes ({needed / 2**20:,.1f} MiB), and "
-            f"{free:,} bytes are free. Free space there, point the cache at another disk (cache_dir=, "
-            f"--cache-dir or $LAYERTUNE_CACHE), store half-size states (cache_dtype='bfloat16'), or train "
-            "without it (frozen_prefix_cache=False). Nothing was left in the cache folder.")
+            f"{self.free:,} bytes are free. {advice} Nothing was left in the cache folder."))
+
+    def advising(self, advice: str) -> CacheDiskFull:
+        """The same error with other advice."""
+        return CacheDiskFull(self.errno, self.root, self.needed, self.boundaries, advice)

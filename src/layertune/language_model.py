@@ -151,9 +151,7 @@ class LanguageModel(nn.Module):
             use_safetensors=True, dtype=torch.float32,
         )
         self.initialized = set(loading["missing_keys"])  # not in the checkpoint: newly (randomly) initialized
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
-            path, trust_remote_code=trust_remote_code, revision=revision
-        )
+        self.tokenizer = _load_tokenizer(path, trust_remote_code, revision)
         self._init_structure()
         self.tunable_layers = self._resolve_tunable_layers(tunable_layers, frozen_layers)
         self.method.check_tunable_layers(self.tunable_layers)
@@ -183,7 +181,7 @@ class LanguageModel(nn.Module):
                                                                        self.revision)
         else:
             self.model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
+            self.tokenizer = _load_tokenizer(directory, trust_remote_code, None)
             self.initialized = {name for name, _ in self.model.state_dict().items()}
         self._init_structure()
         self.tunable_layers = self._resolve_tunable_layers(settings["tunable_layers"], None)
@@ -532,6 +530,23 @@ def _load_config(path: str, trust_remote_code: bool, revision: str | None) -> tr
         ) from None
 
 
+def _load_tokenizer(path, trust_remote_code: bool, revision: str | None):
+    """The model's tokenizer. One whose config names code (``auto_map``) cannot load without running that code:
+    transformers then fails with an unrelated message (no sentencepiece or tiktoken to convert a slow tokenizer),
+    so say what it is and how to allow it."""
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+    except (ValueError, OSError) as error:
+        from transformers.models.auto.tokenization_auto import get_tokenizer_config
+
+        if trust_remote_code or "auto_map" not in get_tokenizer_config(path, revision=revision):
+            raise
+        raise ValueError(
+            f"{path}'s tokenizer needs code that ships with the model (its tokenizer_config.json's auto_map names "
+            "Python modules to run), and layertune runs none unless you ask: pass trust_remote_code=True "
+            "(LanguageModel, from_pretrained) only if you trust where the model came from.") from error
+
+
 def _base_model(name: str, config, trust_remote_code: bool, revision: str | None):
     """The pretrained weights and tokenizer of ``name``, under ``config`` (the saved one: dropout and all)."""
     path = resolve_model_path(name)
@@ -540,8 +555,7 @@ def _base_model(name: str, config, trust_remote_code: bool, revision: str | None
         model, loading = transformers.AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
                                                                 revision=revision, output_loading_info=True,
                                                                 use_safetensors=True, dtype=torch.float32)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                                               revision=revision)
+        tokenizer = _load_tokenizer(path, trust_remote_code, revision)
     except OSError as error:
         raise OSError(f"This model stores only the tensors it trained; the frozen rest comes from its base model "
                       f"{name!r}, which cannot be loaded here: not a local folder (relative to {Path.cwd()}), not "
