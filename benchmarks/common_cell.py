@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
-from layertune.language_model import encoder_layers  # noqa: E402  (the layer stack of any encoder)
+from layertune.layer_stack import encoder_layers  # noqa: E402  (the layer stack of any encoder)
 from layertune.model_paths import resolve_model_path  # noqa: E402  (the same weights: offline here)
 
 

@@ -7,7 +7,7 @@ _EXPORTS = {
     "GLUE_COLA": "corpora", "GLUE_MRPC": "corpora", "GLUE_RTE": "corpora", "GLUE_SST2": "corpora",
     "GLUE_STSB": "corpora", "IMDB": "corpora", "CONLL_03": "corpora", "load_corpus": "corpora", "TASKS": "corpora",
     "Corpus": "corpus",
-    "LanguageModel": "language_model", "encoder_layers": "language_model", "MultiEncoder": "multi_encoder",
+    "LanguageModel": "language_model", "encoder_layers": "layer_stack", "MultiEncoder": "multi_encoder",
     "Encoder": "encoder",
     "TaskModel": "heads", "TextClassifier": "heads", "TextRegressor": "heads", "TokenClassifier": "heads",
     "ModelTrainer": "trainer", "TrainingResult": "trainer", "TrainingConfig": "training_config",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,9 @@ from torch import nn
 from layertune import frozen_prefix
 from layertune.batching import Examples
 from layertune.errors import choices_hint
-from layertune.model_paths import PACKAGED_MODELS, default_pooling, require_safe_weights, resolve_model_path
+from layertune.layer_stack import embeddings_name, layer_stack
+from layertune.model_loading import load_base_model, load_config, load_tokenizer, load_weights, set_hidden_dropout
+from layertune.model_paths import default_pooling, resolve_model_path
 from layertune.tuning_methods import METHODS, TopK, TuningMethod, tuning_method
 
 if TYPE_CHECKING:
@@ -33,53 +34,6 @@ logger = logging.getLogger(__name__)
 
 Pooling = Literal["cls", "mean", "pooler"]
 POOLINGS = ("cls", "mean", "pooler")
-
-# Config attributes that hold the dropout after attention/feed-forward blocks, by model family.
-_DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "dropout", "hidden_dropout")
-
-
-def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The stack of transformer layers: the longest `ModuleList` of identical blocks in ``model``."""
-    name, _ = _find_layer_stack(model)
-    return model.get_submodule(name)
-
-
-def layer_stack(model: nn.Module, path: str | None) -> tuple[str, int]:
-    """The layer stack's name and length: the one at the dotted ``path``, or the generic guess."""
-    if path is None:
-        return _find_layer_stack(model)
-    try:
-        stack = model.get_submodule(path) if isinstance(path, str) and path else None
-    except AttributeError:
-        stack = None
-    if not isinstance(stack, nn.ModuleList) or len(stack) == 0:
-        lists = [name for name, module in model.named_modules() if isinstance(module, nn.ModuleList) and len(module)]
-        found = choices_hint(path, lists) if lists else " It has no ModuleList."
-        raise ValueError(f"layers={path!r} is not a ModuleList of layers in {type(model).__name__}: give the dotted "
-                         f"path of its transformer layer stack.{found}")
-    return path, len(stack)
-
-
-def _find_layer_stack(model: nn.Module) -> tuple[str, int]:
-    candidates = [
-        (name, len(module))
-        for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(m) for m in module}) == 1
-    ]
-    if not candidates:
-        raise ValueError(f"Cannot find a stack of transformer layers in {type(model).__name__}.")
-    # The main stack is the longest; ties go to the shallowest (e.g. `encoder.layer` over per-layer sub-lists).
-    return max(candidates, key=lambda c: (c[1], -c[0].count(".")))
-
-
-def _embeddings_name(model: nn.Module) -> str:
-    """Name of the module holding the input embeddings (word + position + type + norm), whatever it is called."""
-    word_embeddings = model.get_input_embeddings()
-    for name, module in model.named_modules():
-        if any(child is word_embeddings for child in module.children()):
-            return name
-    raise ValueError(f"Cannot find the input embeddings of {type(model).__name__}.")
-
 
 class LanguageModel(nn.Module):
     """A pretrained encoder whose top ``tunable_layers`` transformer layers train; the rest is frozen.
@@ -139,19 +93,13 @@ class LanguageModel(nn.Module):
         self.trust_remote_code = trust_remote_code
         self.revision = revision
         path = resolve_model_path(name_or_path)
-        config = _load_config(path, trust_remote_code, revision)
+        config = load_config(path, trust_remote_code, revision)
         if hidden_dropout_prob is not None:
-            _set_hidden_dropout(config, hidden_dropout_prob)
+            set_hidden_dropout(config, hidden_dropout_prob)
         self.method.check_model(config, layers, self.name)  # target modules, rank: before any weight is read
-        require_safe_weights(path)
-        # float32 whatever the checkpoint's dtype (transformers 5 keeps a float16 or bfloat16 checkpoint's): weights
-        # that train need float32 for AdamW's small steps; lower precision is autocast's business, per operation.
-        self.model, loading = transformers.AutoModel.from_pretrained(
-            path, config=config, trust_remote_code=trust_remote_code, revision=revision, output_loading_info=True,
-            use_safetensors=True, dtype=torch.float32,
-        )
-        self.initialized = set(loading["missing_keys"])  # not in the checkpoint: newly (randomly) initialized
-        self.tokenizer = _load_tokenizer(path, trust_remote_code, revision)
+        # `initialized`: tensors not in the checkpoint, newly (randomly) initialized
+        self.model, self.initialized = load_weights(path, config, trust_remote_code, revision)
+        self.tokenizer = load_tokenizer(path, trust_remote_code, revision)
         self._init_structure()
         self.tunable_layers = self._resolve_tunable_layers(tunable_layers, frozen_layers)
         self.method.check_tunable_layers(self.tunable_layers)
@@ -175,13 +123,13 @@ class LanguageModel(nn.Module):
         self.revision = settings.get("revision")
         self.layers_path = settings.get("layers")
         self.method = _checked_method(settings.get("method", "top_k"))
-        config = _load_config(str(directory), trust_remote_code, None)
+        config = load_config(str(directory), trust_remote_code, None)
         if pretrained:
-            self.model, self.tokenizer, self.initialized = _base_model(self.name, config, trust_remote_code,
+            self.model, self.tokenizer, self.initialized = load_base_model(self.name, config, trust_remote_code,
                                                                        self.revision)
         else:
             self.model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
-            self.tokenizer = _load_tokenizer(directory, trust_remote_code, None)
+            self.tokenizer = load_tokenizer(directory, trust_remote_code, None)
             self.initialized = {name for name, _ in self.model.state_dict().items()}
         self._init_structure()
         self.tunable_layers = self._resolve_tunable_layers(settings["tunable_layers"], None)
@@ -224,7 +172,7 @@ class LanguageModel(nn.Module):
     def _init_structure(self) -> None:
         # Submodules are remembered by name: keeping them as attributes would register them twice.
         self._stack_name, self.num_layers = layer_stack(self.model, self.layers_path)
-        self._embeddings_name = _embeddings_name(self.model)
+        self._embeddings_name = embeddings_name(self.model)
         self._has_pooler = getattr(self.model, "pooler", None) is not None
         accepted = inspect.signature(self.model.forward).parameters
         self._model_inputs = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids") if k in accepted)
@@ -499,72 +447,3 @@ def _checked_method(method) -> TuningMethod:
         return tuning_method(method)
     except ValidationError as error:
         raise ValueError("; ".join(describe_validation_error(error, ("method",), union_tags=METHODS))) from None
-
-
-def _load_config(path: str, trust_remote_code: bool, revision: str | None) -> transformers.PretrainedConfig:
-    folder = Path(path)
-    if folder.is_dir() and not (folder / "config.json").is_file():
-        raise OSError(f"{folder} is a folder but not a model in Hugging Face layout: it has no config.json "
-                      f"(it holds {', '.join(sorted(p.name for p in folder.iterdir())[:5]) or 'nothing'}).")
-    if folder.is_dir():
-        try:
-            json.loads((folder / "config.json").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise OSError(f"{folder / 'config.json'} is not valid JSON ({error}): the model folder is damaged.") from None
-    try:
-        return transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
-    except ValueError as error:
-        if trust_remote_code or "trust_remote_code" not in str(error):
-            raise
-        raise ValueError(
-            f"{path} needs code that ships with the model (its config's auto_map names Python modules to run), and "
-            "layertune runs none unless you ask: pass trust_remote_code=True (LanguageModel, from_pretrained) only "
-            "if you trust where the model came from."
-        ) from None
-    except OSError as error:
-        offline = sorted(PACKAGED_MODELS) + [k.split("/")[-1] for k in PACKAGED_MODELS]
-        raise OSError(
-            f"Cannot load model {path!r}: it is not a local folder, not a packaged model, and the Hugging Face hub "
-            f"did not provide it (offline, or no such repository).{choices_hint(path, offline)[:-1]} "
-            f"(available offline), or any local folder in Hugging Face layout. Details: {error}"
-        ) from None
-
-
-def _load_tokenizer(path, trust_remote_code: bool, revision: str | None):
-    """The model's tokenizer. One whose config names code (``auto_map``) cannot load without running that code:
-    transformers then fails with an unrelated message (no sentencepiece or tiktoken to convert a slow tokenizer),
-    so say what it is and how to allow it."""
-    try:
-        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
-    except (ValueError, OSError) as error:
-        from transformers.models.auto.tokenization_auto import get_tokenizer_config
-
-        if trust_remote_code or "auto_map" not in get_tokenizer_config(path, revision=revision):
-            raise
-        raise ValueError(
-            f"{path}'s tokenizer needs code that ships with the model (its tokenizer_config.json's auto_map names "
-            "Python modules to run), and layertune runs none unless you ask: pass trust_remote_code=True "
-            "(LanguageModel, from_pretrained) only if you trust where the model came from.") from error
-
-
-def _base_model(name: str, config, trust_remote_code: bool, revision: str | None):
-    """The pretrained weights and tokenizer of ``name``, under ``config`` (the saved one: dropout and all)."""
-    path = resolve_model_path(name)
-    require_safe_weights(path, f"base model {name!r}")
-    try:
-        model, loading = transformers.AutoModel.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
-                                                                revision=revision, output_loading_info=True,
-                                                                use_safetensors=True, dtype=torch.float32)
-        tokenizer = _load_tokenizer(path, trust_remote_code, revision)
-    except OSError as error:
-        raise OSError(f"This model stores only the tensors it trained; the frozen rest comes from its base model "
-                      f"{name!r}, which cannot be loaded here: not a local folder (relative to {Path.cwd()}), not "
-                      f"packaged, not in the model mirror, and the hub did not provide it ({error}).") from None
-    return model, tokenizer, set(loading["missing_keys"])
-
-
-def _set_hidden_dropout(config: transformers.PretrainedConfig, probability: float) -> None:
-    names = [a for a in _DROPOUT_ATTRIBUTES if hasattr(config, a)]
-    if not names:
-        raise ValueError(f"{type(config).__name__} has none of {_DROPOUT_ATTRIBUTES}; cannot set hidden_dropout_prob.")
-    setattr(config, names[0], probability)

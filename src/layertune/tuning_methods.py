@@ -345,7 +345,7 @@ def _empty_layer(config: PretrainedConfig, layers: str | None) -> nn.Module:
     import torch
     import transformers
 
-    from layertune.language_model import layer_stack
+    from layertune.layer_stack import layer_stack
 
     with torch.device("meta"):
         model = transformers.AutoModel.from_config(config)
