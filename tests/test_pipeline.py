@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from pipelines.plans import dvc_stage
-from tests.projects import make_dvc_project, make_project, project_env, run, study
+from tests.projects import ROOT, make_dvc_project, make_project, project_env, run, study
+
 PARAMS = {
     "download": {"mirror": "mirror"},
     "studies": {
@@ -179,6 +180,23 @@ def test_bad_local_data_stops_the_plan_with_one_error_line(tmp_path):
     for noise in ("Traceback", "failed", "resume", "--from-nodes"):
         assert noise not in output, output
     assert not (project / "data" / "00_plan").exists()
+
+
+def test_a_study_without_its_train_stage_stops_the_plan_naming_the_command(tmp_path):
+    """A study in params.yaml whose train stage dvc.yaml lacks (`python -m pipelines.dvc_stages` not run): the plan
+    stage ends as for a bad parameter, exit 2 and one `Error:` line naming the command, before any node."""
+    project = make_project(tmp_path, PARAMS)
+    dvc_yaml = (ROOT / "dvc.yaml").read_text()  # its train stages are the default studies', none of PARAMS'
+    (project / "dvc.yaml").write_text(dvc_yaml)
+    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "plan"], cwd=project, text=True,
+                          env={**os.environ, **project_env(project)}, capture_output=True)
+    output = done.stderr + done.stdout
+    assert done.returncode == 2, output
+    errors = [line for line in output.splitlines() if "Error" in line]
+    assert errors == ["Error: dvc.yaml has no train stage for studies 'layers', 'tags', 'combo', 'tuning' of "
+                      "params.yaml: run python -m pipelines.dvc_stages (it writes dvc.yaml's train stages from "
+                      "params.yaml), then dvc repro or dvc exp run again"], output
+    assert "Traceback" not in output and not (project / "data" / "00_plan").exists()
 
 
 def test_an_unknown_study_or_cell_is_one_message_naming_the_planned_ones(built):

@@ -350,7 +350,10 @@ def test_dvc_stages_and_catalog_paths_agree_with_the_code(params):
         aggregate = stages[f"aggregate@{study}"]
         outs = {str(o.fs_path).removeprefix(str(ROOT) + "/") for o in aggregate.outs}
         assert {catalog["report_markdown"]["filepath"], catalog["report_metrics"]["filepath"],
-                catalog["report_tables"]["path"]} == outs
+                catalog["report_tables"]["path"], catalog["plot_scores"]["filepath"],
+                catalog["plot_losses"]["filepath"]} == outs
+        assert {str(o.fs_path).removeprefix(str(ROOT) + "/") for o in aggregate.outs if o.plot} == {
+            catalog["plot_scores"]["filepath"], catalog["plot_losses"]["filepath"]}
 
 
 def test_kedro_parameters_are_params_yaml_only(params):
