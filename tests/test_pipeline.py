@@ -137,6 +137,28 @@ def test_reports_of_all_four_kinds(built):
         "cheapest_by_trainable_parameters", "best_method", "best_score", "mean"}
 
 
+def test_the_plots_tables_of_all_four_kinds(built):
+    """dvc.yaml's plots read these: a score per setting (the value each kind varies, the report's mean), a loss per
+    cell, epoch and split."""
+    import pandas as pd
+
+    project, plans = built
+    varied = {"layers": ["0", "2"], "tags": ["0", "1"], "combo": ["a", "b", "dme"],
+              "tuning": ["top_k-0", "top_k-all", "lora-top1", "bitfit"]}
+    for name, settings in varied.items():
+        scores = pd.read_csv(project / f"reports/{name}.scores.csv", dtype={"setting": str})
+        assert sorted(scores["setting"]) == sorted(settings), name
+        assert (scores["ci_low"] <= scores["score"]).all() and (scores["score"] <= scores["ci_high"]).all()
+        losses = pd.read_csv(project / f"reports/{name}.losses.csv")
+        assert set(losses["cell"]) == {cell.key for cell in plans[name].cells}
+        assert set(losses["split"]) == {"train", "dev"} and set(losses["epoch"]) == {1, 2}
+    headline = json.loads((project / "reports/layers.json").read_text())["sst2"]["tiny"]["mean"]
+    layers = pd.read_csv(project / "reports/layers.scores.csv", dtype={"setting": str})
+    assert {row.setting: round(row.score, 4) for row in layers.itertuples()} == headline
+    assert set(layers["series"]) == {"sst2 / tiny"}
+    assert set(pd.read_csv(project / "reports/combo.scores.csv")["series"]) == {"sst2 / 1 tunable layers"}
+
+
 def test_a_saved_multi_encoder_predicts_with_attention(built, monkeypatch):
     from layertune.heads import TextClassifier
 
