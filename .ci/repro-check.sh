@@ -2,8 +2,8 @@
 # Reproduction check, against the contract of docs/pipeline.md#reproducibility: build the three studies of the `ci`
 # profile from scratch twice, each time in a fresh clone with an empty DVC cache (so nothing is restored from a run
 # cache), then require that
-#   - on this machine, bit for bit: every study's reports/<study>.json and reports/<study>/details.json are
-#     byte-identical between the two builds;
+#   - on this machine, bit for bit: every study's reports/<study>.json, reports/<study>/details.json and its plots'
+#     tables (reports/<study>.scores.csv, .losses.csv) are byte-identical between the two builds;
 #   - across machines, within tolerance: the first build's reports equal tests/expected/ci/ (a ci build committed
 #     with the code) within 1e-4 on every score, with every answer the same (python -m layertune.reports.compare);
 #   - `dvc status` lists nothing but the plan after each build (it runs every time: a second `dvc repro` would
@@ -64,7 +64,7 @@ build first
 build second
 status=0
 cd "$work/first/reports"
-for report in *.json */details.json; do
+for report in *.json */details.json *.scores.csv *.losses.csv; do  # the plots' tables too
   if cmp --quiet "$report" "$work/second/reports/$report"; then
     echo "repro-check: two builds from scratch gave byte-identical reports/$report"
   else

@@ -8,12 +8,16 @@ name, written here between two marker lines of dvc.yaml rather than by hand:
     python -m pipelines.dvc_stages           # rewrite the blocks (after adding or removing a study)
     python -m pipelines.dvc_stages --check   # exit 1 if dvc.yaml is not what params.yaml asks for
 
-`make study` runs the first before `dvc repro`, and a test runs the second.
+`make study` runs the first before `dvc repro`, and a test runs the second. A study's grid is not written here: the
+matrix reads it from params.yaml (``${studies.<name>.seeds}``, ...), so a new seed, task, encoder, tunable-layers
+value or method needs no step. A new study does; if it is forgotten, the plan stage stops the build before any other
+work (`stale_train_stages`, called by `pipelines.param_checks`), naming the command.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -61,6 +65,24 @@ def written(dvc_yaml: str, studies: dict[str, str]) -> str:
     return dvc_yaml[:start] + train_blocks(studies) + dvc_yaml[end:]
 
 
+def stale_train_stages(dvc_yaml: str, studies: dict[str, str]) -> str | None:
+    """Why dvc.yaml's train stages are not those ``studies`` ({name: grid axis}) need, naming the command that
+    writes them; None when they are."""
+    try:
+        wanted = written(dvc_yaml, studies)
+    except ValueError as error:
+        return str(error).replace("\n", " ")
+    if wanted == dvc_yaml:
+        return None
+    present = set(re.findall(r"^  train-([\w-]+):$", dvc_yaml, flags=re.MULTILINE))
+    missing = [name for name in studies if name not in present]
+    problem = (f"dvc.yaml has no train stage for {'study' if len(missing) == 1 else 'studies'} "
+               f"{', '.join(map(repr, missing))} of params.yaml" if missing else
+               f"dvc.yaml's train stages are not those of params.yaml's studies ({', '.join(studies)})")
+    return (f"{problem}: run python -m pipelines.dvc_stages (it writes dvc.yaml's train stages from params.yaml), "
+            "then dvc repro or dvc exp run again")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.dvc_stages", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if wanted == current:
         return 0
     if args.check:
-        print(f"{path}: its train stages do not match params.yaml's studies ({', '.join(studies)}); run "
-              "python -m pipelines.dvc_stages", file=sys.stderr)
+        print(stale_train_stages(current, studies), file=sys.stderr)
         return 1
     path.write_text(wanted)
     print(f"{path}: train stages written for {', '.join(studies)}")

@@ -97,6 +97,7 @@ def make_dvc_project(folder: Path, params: dict) -> Path:
     for command in (["git", "init", "--quiet"], ["dvc", "init", "--quiet"]):
         subprocess.run(command, cwd=folder, check=True, capture_output=True)
     shutil.copy(ROOT / ".dvc" / "config", folder / ".dvc" / "config")  # this repository's settings and remote
+    shutil.copytree(ROOT / ".dvc" / "plots", folder / ".dvc" / "plots")  # the templates of dvc.yaml's plots
     for command in (["git", "add", "-A"], ["git", "-c", "user.name=test", "-c", "user.email=test@example.com",
                                            "commit", "--quiet", "-m", "tiny studies"]):
         subprocess.run(command, cwd=folder, check=True, capture_output=True)

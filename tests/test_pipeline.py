@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from pipelines.plans import dvc_stage
-from tests.projects import make_dvc_project, make_project, project_env, run, study
+from tests.projects import ROOT, make_dvc_project, make_project, project_env, run, study
+
 PARAMS = {
     "download": {"mirror": "mirror"},
     "studies": {
@@ -136,6 +137,28 @@ def test_reports_of_all_four_kinds(built):
         "cheapest_by_trainable_parameters", "best_method", "best_score", "mean"}
 
 
+def test_the_plots_tables_of_all_four_kinds(built):
+    """dvc.yaml's plots read these: a score per setting (the value each kind varies, the report's mean), a loss per
+    cell, epoch and split."""
+    import pandas as pd
+
+    project, plans = built
+    varied = {"layers": ["0", "2"], "tags": ["0", "1"], "combo": ["a", "b", "dme"],
+              "tuning": ["top_k-0", "top_k-all", "lora-top1", "bitfit"]}
+    for name, settings in varied.items():
+        scores = pd.read_csv(project / f"reports/{name}.scores.csv", dtype={"setting": str})
+        assert sorted(scores["setting"]) == sorted(settings), name
+        assert (scores["ci_low"] <= scores["score"]).all() and (scores["score"] <= scores["ci_high"]).all()
+        losses = pd.read_csv(project / f"reports/{name}.losses.csv")
+        assert set(losses["cell"]) == {cell.key for cell in plans[name].cells}
+        assert set(losses["split"]) == {"train", "dev"} and set(losses["epoch"]) == {1, 2}
+    headline = json.loads((project / "reports/layers.json").read_text())["sst2"]["tiny"]["mean"]
+    layers = pd.read_csv(project / "reports/layers.scores.csv", dtype={"setting": str})
+    assert {row.setting: round(row.score, 4) for row in layers.itertuples()} == headline
+    assert set(layers["series"]) == {"sst2 / tiny"}
+    assert set(pd.read_csv(project / "reports/combo.scores.csv")["series"]) == {"sst2 / 1 tunable layers"}
+
+
 def test_a_saved_multi_encoder_predicts_with_attention(built, monkeypatch):
     from layertune.heads import TextClassifier
 
@@ -181,6 +204,23 @@ def test_bad_local_data_stops_the_plan_with_one_error_line(tmp_path):
     assert not (project / "data" / "00_plan").exists()
 
 
+def test_a_study_without_its_train_stage_stops_the_plan_naming_the_command(tmp_path):
+    """A study in params.yaml whose train stage dvc.yaml lacks (`python -m pipelines.dvc_stages` not run): the plan
+    stage ends as for a bad parameter, exit 2 and one `Error:` line naming the command, before any node."""
+    project = make_project(tmp_path, PARAMS)
+    dvc_yaml = (ROOT / "dvc.yaml").read_text()  # its train stages are the default studies', none of PARAMS'
+    (project / "dvc.yaml").write_text(dvc_yaml)
+    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "plan"], cwd=project, text=True,
+                          env={**os.environ, **project_env(project)}, capture_output=True)
+    output = done.stderr + done.stdout
+    assert done.returncode == 2, output
+    errors = [line for line in output.splitlines() if "Error" in line]
+    assert errors == ["Error: dvc.yaml has no train stage for studies 'layers', 'tags', 'combo', 'tuning' of "
+                      "params.yaml: run python -m pipelines.dvc_stages (it writes dvc.yaml's train stages from "
+                      "params.yaml), then dvc repro or dvc exp run again"], output
+    assert "Traceback" not in output and not (project / "data" / "00_plan").exists()
+
+
 def test_an_unknown_study_or_cell_is_one_message_naming_the_planned_ones(built):
     """Checked before the stage runs (Kedro's command line prints it as `Error: …`, no traceback)."""
     from click import ClickException
@@ -222,3 +262,60 @@ def test_a_base_model_changed_in_place_reruns_exactly_the_cells_built_on_it(tmp_
     log = repro()
     assert "Running stage 'train-ablation@sst2-b-1-1'" in log and "Running stage 'tokenize@ablation'" in log
     assert "Stage 'train-ablation@sst2-a-1-1' didn't change" in log and "Stage 'prepare@ablation' didn't change" in log
+
+
+@pytest.mark.integration  # DVC builds a one-cell study, an experiment adds a seed, two new studies are refused: ~2 min
+def test_dvc_builds_a_new_seed_refuses_a_study_without_its_stage_and_shows_the_plots(tmp_path):
+    """A study's grid comes from params.yaml through dvc.yaml's matrix: `dvc exp run -S` adding a seed trains just
+    that cell. A study added without `python -m pipelines.dvc_stages`, by editing params.yaml or with `-S`, stops
+    in the plan stage, the first to run, naming the command. `dvc plots show` renders the declared plots."""
+    params = {"download": {"mirror": "mirror"},
+              "studies": {"layers": study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [0], [1])}}
+    project = make_dvc_project(tmp_path, params)
+    env = {**os.environ, **project_env(project), "LAYERTUNE_WARM_IDLE": "10"}
+
+    def dvc(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["dvc", *args], cwd=project, env=env, capture_output=True, text=True)
+
+    built = dvc("repro")
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    plots = json.loads(dvc("plots", "show", "--json").stdout)["data"]
+    assert set(plots) == {"reports/layers.scores.csv", "reports/layers.losses.csv"}
+    for name, (x, y, rows) in {"reports/layers.scores.csv": ("setting", "score", 1),
+                               "reports/layers.losses.csv": ("epoch", "loss", 4)}.items():
+        [rendered] = plots[name]
+        assert rendered["type"] == "vega" and "<DVC_METRIC" not in json.dumps(rendered["content"])  # all filled
+        values = rendered["content"]["data"]["values"]
+        assert len(values) == rows and all(x in row and y in row for row in values)
+    assert [(row["epoch"], row["split"]) for row in plots["reports/layers.losses.csv"][0]["content"]["data"]["values"]] \
+        == [("1", "train"), ("1", "dev"), ("2", "train"), ("2", "dev")]  # two epochs, dev scored after each
+    html = dvc("plots", "show", "-o", str(tmp_path / "html"))
+    assert html.returncode == 0 and "reports/layers.scores.csv" in (tmp_path / "html" / "index.html").read_text()
+    tables = {name: (project / "reports" / name).read_bytes() for name in ("layers.scores.csv", "layers.losses.csv")}
+    rebuilt = dvc("repro", "--force")  # every stage again, the cell retrained: the same plots' tables, byte for byte
+    assert rebuilt.returncode == 0 and "Running stage 'train-layers@sst2-tiny-0-1'" in rebuilt.stdout, rebuilt.stdout
+    assert {name: (project / "reports" / name).read_bytes() for name in tables} == tables
+
+    seed = dvc("exp", "run", "-S", "studies.layers.seeds=[1,2]")
+    assert seed.returncode == 0, seed.stdout[-3000:] + seed.stderr[-3000:]
+    assert "Running stage 'train-layers@sst2-tiny-0-2'" in seed.stdout
+    assert "Stage 'train-layers@sst2-tiny-0-1' didn't change" in seed.stdout
+    assert {line.split(",")[2] for line in (project / "reports/layers.losses.csv").read_text().splitlines()[1:]} \
+        == {"1", "2"}
+    assert (project / "reports/layers.scores.csv").read_bytes() != tables["layers.scores.csv"]  # over two seeds now
+
+    edited = {**params, "studies": {**params["studies"], "more": params["studies"]["layers"]}}
+    (project / "params.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
+    added = {"repro": dvc("repro"),
+             "exp run -S": dvc("exp", "run", "-S", "+studies.other={report:{kind:layers},tasks:[sst2],"
+                                                   "encoders:{tiny:'models/tiny-a'},tunable_layers:[0],seeds:[1]}")}
+    for (command, done), new in zip(added.items(), (["more"], ["more", "other"])):
+        output = done.stdout + done.stderr
+        assert done.returncode != 0 and "exited with 2" in output, (command, output[-3000:])
+        assert [line for line in output.splitlines() if line.startswith("Running stage")] == \
+            ["Running stage 'plan':"], (command, output[-3000:])
+        [error] = [line for line in output.splitlines() if line.startswith("Error:")]
+        assert error.startswith(f"Error: dvc.yaml has no train stage for {'study' if len(new) == 1 else 'studies'} "
+                                f"{', '.join(map(repr, new))} of params.yaml"), (command, error)
+        assert "run python -m pipelines.dvc_stages" in error
+    assert not (project / "data/02_prepared/more").exists()

@@ -350,7 +350,10 @@ def test_dvc_stages_and_catalog_paths_agree_with_the_code(params):
         aggregate = stages[f"aggregate@{study}"]
         outs = {str(o.fs_path).removeprefix(str(ROOT) + "/") for o in aggregate.outs}
         assert {catalog["report_markdown"]["filepath"], catalog["report_metrics"]["filepath"],
-                catalog["report_tables"]["path"]} == outs
+                catalog["report_tables"]["path"], catalog["plot_scores"]["filepath"],
+                catalog["plot_losses"]["filepath"]} == outs
+        assert {str(o.fs_path).removeprefix(str(ROOT) + "/") for o in aggregate.outs if o.plot} == {
+            catalog["plot_scores"]["filepath"], catalog["plot_losses"]["filepath"]}
 
 
 def test_kedro_parameters_are_params_yaml_only(params):
@@ -381,6 +384,35 @@ def test_dvc_yaml_has_one_generated_train_stage_per_study_of_params_yaml(params,
     assert stages["train-mine"]["cmd"] == "${run} train --params study=mine,cell=${key}"
     assert stages["train-mine"]["matrix"]["seed"] == "${studies.mine.seeds}"
     assert {name for name in stages if name.startswith("train-")} == {f"train-{s}" for s in [*params["studies"], "mine"]}
+
+
+def test_dvc_yaml_takes_every_axis_of_a_studys_grid_from_params_yaml(params, tmp_path):
+    """A new seed, task, encoder, tunable-layers value or method needs no step: the committed dvc.yaml, unchanged,
+    resolves to exactly the planned train stages of the edited params.yaml (what `dvc exp run -S` trains)."""
+    import subprocess
+
+    from dvc.repo import Repo
+
+    from pipelines import dvc_stages
+
+    grown = edited(params, "studies.ablation.seeds", [1, 2, 3])
+    grown = edited(grown, "studies.ablation.tunable_layers", [0, 1, 2, 3, 4, 5, 6])
+    grown = edited(grown, "studies.ner.encoders", {**params["studies"]["ner"]["encoders"],
+                                                   "paraphrase-MiniLM-L3-v2": "sentence-transformers/paraphrase-"
+                                                                              "MiniLM-L3-v2"})
+    grown = edited(grown, "studies.multi_encoder.tasks", ["sst2", "cola"])
+    grown = edited(grown, "studies.methods.methods", {**params["studies"]["methods"]["methods"],
+                                                      "bitfit-top2": {"method": "bitfit", "tunable_layers": 2}})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(grown, sort_keys=False))
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    subprocess.run(["dvc", "init", "--no-scm", "--quiet"], cwd=tmp_path, check=True)
+    assert dvc_stages.main(["--check", "--project", str(tmp_path)]) == 0  # nothing to write, nothing for the plan
+    with Repo(str(tmp_path)) as repo:
+        resolved = {stage.name for stage in repo.index.stages if stage.name.startswith("train-")}
+    planned = {dvc_stage(cell) for cell in plan_studies(grown).cells()}
+    assert resolved == planned and len(planned) > len(plan_studies(params).cells())
+    assert {"train-ablation@stsb-all-MiniLM-L6-v2-5-3", "train-ner@conll2003-paraphrase-MiniLM-L3-v2-all-2",
+            "train-multi_encoder@cola-dme-2-1", "train-methods@sst2-all-MiniLM-L6-v2-bitfit-top2-2"} <= resolved
 
 
 def test_an_encoder_entry_takes_its_tunable_layers_from_the_grid_and_reads_back_as_written():
