@@ -71,6 +71,42 @@ def model_mirror_path(configured: str, project: str | os.PathLike) -> str:
     return str(path.resolve())
 
 
+class StageLockHook:
+    """One Kedro run of a stage (its pipelines and ``--params``: one DVC stage, a cell) at a time in a project
+    (`pipelines.processes.stage_lock`), held from before the cell's MLflow run starts until after it ended: a rerun
+    started while a killed run is still ending (or one that a SIGKILL orphaned) waits for it, so a cell is never
+    trained twice at once, into one folder, with two runs. In a data-parallel cell the main process holds it."""
+
+    def __init__(self) -> None:
+        self.lock = None
+
+    @hook_impl(tryfirst=True)
+    def before_pipeline_run(self, run_params) -> None:
+        from layertune.distributed import is_main_process
+        from pipelines.processes import acquire_stage_lock, stage_lock_path
+
+        self.release()  # one left by a run of this process that an interruption ended without a hook
+        if not is_main_process():
+            return
+        pipelines, params = run_params.get("pipeline_names") or [], run_params.get("runtime_params") or {}
+        what = f"kedro run --pipelines {','.join(pipelines) or '__default__'}" + (
+            f" --params {','.join(f'{k}={v}' for k, v in sorted(params.items()))}" if params else "")
+        self.lock = acquire_stage_lock(stage_lock_path(run_params["project_path"], pipelines, params), what)
+
+    @hook_impl(trylast=True)
+    def after_pipeline_run(self) -> None:
+        self.release()
+
+    @hook_impl(trylast=True)
+    def on_pipeline_error(self) -> None:
+        self.release()
+
+    def release(self) -> None:
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
+
+
 class MlflowCellHook:
     """A run per tagged node: parameters before it runs; history, final metrics and the model's path after it;
     FINISHED only once the whole Kedro run (outputs saved included) succeeded. An error ends it FAILED; Ctrl-C or
@@ -121,7 +157,7 @@ class MlflowCellHook:
     def _path(self, dataset: str) -> str | None:
         """Where a dataset of the catalog lives (None outside a Kedro run)."""
         found = self.catalog.get(dataset) if self.catalog is not None else None
-        return found._describe()["path"] if found is not None else None
+        return str(found.path) if found is not None else None
 
     @hook_impl
     def after_node_run(self, node, outputs) -> None:

@@ -39,7 +39,7 @@ class ParamsCheckHook:
             except ParamsError as error:
                 raise InvalidParams(str(error)) from None
         elif inputs := [name for name in STUDY_INPUTS if name in pipeline.inputs()]:
-            plans = Path(catalog.get("study_plans")._describe()["path"])
+            plans = Path(catalog.get("study_plans").path)
             check_planned(run_params.get("runtime_params") or {}, plans, cell="cell_plan" in inputs)
 
 

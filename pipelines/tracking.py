@@ -34,7 +34,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -75,19 +74,15 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises `Terminated` instead of ending the process silently."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
-        return
+    """Within the block, SIGTERM raises `Terminated` instead of ending the process silently (in the main thread;
+    elsewhere nothing changes)."""
+    from pipelines.processes import on_signals
 
     def handler(signum, frame):
         raise Terminated(f"received signal {signal.Signals(signum).name}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
+    with on_signals(handler, [signal.SIGTERM]):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def end_status(error: BaseException | None) -> str:
@@ -326,12 +321,11 @@ def _store_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///"):
         yield  # a server serializes on its own
         return
-    import fcntl
+    from filelock import FileLock
 
     database = _database(uri)
     database.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{database}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(f"{database}.lock"):
         yield
 
 
@@ -472,14 +466,15 @@ def _nest(client, run_id: str, tags: Mapping[str, str]) -> None:
 @contextlib.contextmanager
 def _sync_lock(root: Path) -> Iterator[bool]:
     """Whether this process may replay the journals below ``root``: one process at a time does."""
-    import fcntl
+    from filelock import FileLock, Timeout
 
-    with open(root / ".sync.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = FileLock(root / ".sync.lock").acquire(timeout=0)
+    except Timeout:
+        yield False
+        return
+    with lock:
         yield True
 
 
@@ -644,10 +639,10 @@ def corpus_datasets(folder: str | Path, task: str) -> list[DatasetRecord]:
         with warnings.catch_warnings():  # mlflow's hints on inferring a schema, and on its two local source kinds
             warnings.simplefilter("ignore")
             entity = mlflow.data.from_pandas(pd.read_parquet(path), source=str(path.absolute()),
-                                             name=f"{task}-{split}")._to_mlflow_entity()
-        records.append(DatasetRecord(name=entity.name, digest=entity.digest, source_type=entity.source_type,
-                                     source=entity.source, data_schema=entity.schema, profile=entity.profile,
-                                     context=context))
+                                             name=f"{task}-{split}").to_dict()  # what MLflow's entity is made of
+        records.append(DatasetRecord(name=entity["name"], digest=entity["digest"], source_type=entity["source_type"],
+                                     source=entity["source"], data_schema=entity.get("schema"),
+                                     profile=entity.get("profile"), context=context))
     return records
 
 

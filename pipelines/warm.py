@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -51,6 +50,8 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from pipelines.processes import die_with_parent, on_signals
 
 # Environment variables read when a module is imported (thread pools, hub settings, Python's own): a server serves
 # only callers with the same values. Everything else is passed to the command as it is.
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m pipelines.warm <command> [args...]   (e.g. kedro run --pipelines train)",
               file=sys.stderr)
         return 2
+    die_with_parent()  # SIGTERM (passed on to the command) when whatever started this call exits, even by SIGKILL
     if not enabled():
         return _exec(argv)
     try:
@@ -209,32 +211,35 @@ def _connect_or_start(path: Path) -> socket.socket:
     connection = _connect(path)
     if connection is not None:
         return connection
-    lock = _open_private(f"{path}.lock", os.O_RDWR)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one caller starts the server; the others wait for it here
+    from filelock import FileLock  # only when a server must start: a call itself stays quick
+
+    # In the private folder (`private_folder_at`): nobody else can put a link or a file of theirs there.
+    with FileLock(f"{path}.lock", mode=0o600):  # one caller starts the server; the others wait for it here
         connection = _connect(path)
         if connection is not None:
             return connection
         _remove_dead_socket(path)
-        log = _open_private(f"{path}.log", os.O_WRONLY | os.O_APPEND)
-        try:
-            server = subprocess.Popen([sys.executable, "-m", "pipelines.warm", "--serve", str(path)],
-                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                      close_fds=True)
-        finally:
-            os.close(log)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            connection = _connect(path)
-            if connection is not None:
-                return connection
-            if server.poll() is not None:
-                raise Unavailable(f"the server exited while starting (see {path}.log)")
-            time.sleep(0.05)
-        server.kill()
-        raise Unavailable(f"the server did not start within {STARTUP_TIMEOUT_S} s (see {path}.log)")
+        return _start_server(path)
+
+
+def _start_server(path: Path) -> socket.socket:
+    log = _open_private(f"{path}.log", os.O_WRONLY | os.O_APPEND)
+    try:
+        server = subprocess.Popen([sys.executable, "-m", "pipelines.warm", "--serve", str(path)],
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                  close_fds=True)
     finally:
-        os.close(lock)
+        os.close(log)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        connection = _connect(path)
+        if connection is not None:
+            return connection
+        if server.poll() is not None:
+            raise Unavailable(f"the server exited while starting (see {path}.log)")
+        time.sleep(0.05)
+    server.kill()
+    raise Unavailable(f"the server did not start within {STARTUP_TIMEOUT_S} s (see {path}.log)")
 
 
 def _open_private(name: str, flags: int) -> int:
@@ -277,8 +282,7 @@ def _wait_for_exit(connection: socket.socket) -> int:
         with contextlib.suppress(OSError):
             connection.send(json.dumps({"signal": signum}).encode())
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with on_signals(forward):
         while True:
             reply = _receive(connection)
             if not reply:
@@ -286,9 +290,6 @@ def _wait_for_exit(connection: socket.socket) -> int:
                 return 1
             if "exit" in reply:
                 return int(reply["exit"])
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 # ------------------------------------------------------------------------------------------------------- server
@@ -505,12 +506,13 @@ def _accept(connection, watched, selector, children) -> bool:
             os.close(fd)
         connection.close()
         return False
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:
         for key in list(selector.get_map().values()):  # the listener and other callers' connections: not ours
             key.fileobj.close()
         selector.close()
-        _child(request, fds, connection)  # never returns
+        _child(request, fds, connection, server)  # never returns
     for fd in fds:
         os.close(fd)
     connection.send(json.dumps({"started": pid}).encode())
@@ -553,10 +555,12 @@ def _reap(children, selector) -> bool:
     return finished
 
 
-def _child(request: dict, fds: list[int], connection: socket.socket) -> None:
-    """In the fork: become the caller's process (folder, environment, streams, arguments), run, exit."""
+def _child(request: dict, fds: list[int], connection: socket.socket, server: int) -> None:
+    """In the fork: become the caller's process (folder, environment, streams, arguments), run, exit. It ends with
+    the server too (SIGTERM when the server exits, even by SIGKILL): no command runs on, orphaned."""
     code = 1
     try:
+        die_with_parent(signal.SIGTERM, server)
         os.setpgid(0, 0)  # its own process group: signals reach it and whatever it starts
         connection.close()
         for target, fd in enumerate(fds):
@@ -614,15 +618,9 @@ def _exit_code(exit_: SystemExit) -> int:
 
 
 def _exit(code: int) -> None:
-    """Exit as Python would (atexit handlers, flushed streams), without unwinding into the server's loop."""
-    import atexit
-
-    with contextlib.suppress(Exception):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+    """Exit as Python would (atexit handlers, flushed streams): SystemExit leaves through the server's frames, which
+    catch nothing, to the interpreter's own exit."""
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":
