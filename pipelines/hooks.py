@@ -26,6 +26,7 @@ from kedro.framework.hooks import hook_impl
 from layertune.model_paths import MODEL_MIRROR_ENV
 from pipelines.param_checks import InvalidParams
 from pipelines.plans import dvc_stage
+from pipelines.processes import on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -199,5 +200,4 @@ class MlflowCellHook:
         if error is None:
             # FINISHED means the outputs are saved; a SIGTERM now would fail the process and make DVC discard a
             # stage MLflow calls finished. The process is about to exit, so it finishes instead.
-            previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            self._signals.callback(signal.signal, signal.SIGTERM, previous)
+            self._signals.enter_context(on_signals(signal.SIG_IGN, [signal.SIGTERM]))
