@@ -211,15 +211,28 @@ def _connect_or_start(path: Path) -> socket.socket:
     connection = _connect(path)
     if connection is not None:
         return connection
-    from filelock import FileLock  # only when a server must start: a call itself stays quick
-
-    # In the private folder (`private_folder_at`): nobody else can put a link or a file of theirs there.
-    with FileLock(f"{path}.lock", mode=0o600):  # one caller starts the server; the others wait for it here
+    with _start_lock(path):  # one caller starts the server; the others wait for it here
         connection = _connect(path)
         if connection is not None:
             return connection
         _remove_dead_socket(path)
         return _start_server(path)
+
+
+@contextlib.contextmanager
+def _start_lock(path: Path):
+    """The lock beside the socket (0600), never opened through a symbolic link (filelock opens with O_NOFOLLOW)."""
+    from filelock import FileLock  # only when a server must start: a call itself stays quick
+
+    name = f"{path}.lock"
+    try:
+        lock = FileLock(name, mode=0o600).acquire()
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise Unavailable(f"{name} is a symbolic link; refusing to open it") from None
+        raise Unavailable(f"cannot open {name}: {error}") from None
+    with lock:
+        yield
 
 
 def _start_server(path: Path) -> socket.socket:
