@@ -81,7 +81,7 @@ class StageLockHook:
     def __init__(self) -> None:
         self.lock = None
 
-    @hook_impl(tryfirst=True)
+    @hook_impl(trylast=True)  # after `ParamsCheckHook`: a bad parameter is refused before anything is written
     def before_pipeline_run(self, run_params) -> None:
         from layertune.distributed import is_main_process
         from pipelines.processes import acquire_stage_lock, stage_lock_path

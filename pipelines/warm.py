@@ -6,7 +6,9 @@ MLflow, so that a pipeline of many short stages spends its time working, not sta
 The first call starts a server for this project folder, Python and import-time environment (it imports once, a
 few seconds); each call then forks it, and the command runs in the fork with the caller's working directory,
 environment, arguments and standard streams (passed as file descriptors). The call exits with the command's exit
-code. Ctrl-C and SIGTERM are passed on to the command; if the caller dies, the command is stopped. A server that
+code. Ctrl-C and SIGTERM are passed on to the command; if the caller dies, the command is stopped; if whatever
+started the caller dies (`dvc repro` killed with SIGKILL), the caller gets SIGTERM and passes it on; if the server
+dies, the commands it runs get SIGTERM (`pipelines.processes.die_with_parent`). A server that
 sees a source file it imported change (or installed packages change) refuses and exits, so a call never runs stale
 code: a new server starts. It also exits after ``LAYERTUNE_WARM_IDLE`` seconds without work (default 120).
 
@@ -26,7 +28,8 @@ the command directly, with one line on stderr saying why.
 ``LAYERTUNE_WARM=0`` runs commands directly (the same results, a slower start), as do platforms without fork or
 SO_PEERCRED.
 ``LAYERTUNE_WARM_PRELOAD`` (comma-separated module names) replaces the modules a server imports first.
-This module uses the standard library only, so a call itself starts in milliseconds.
+This module imports the standard library only (and `pipelines.processes`, which does too; filelock only to start a
+server), so a call itself starts in milliseconds.
 """
 
 from __future__ import annotations
