@@ -27,7 +27,17 @@ def _class(dotted: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-class SpecDataset(AbstractDataset[Any, Any]):
+class Located:
+    """A dataset at one path, ``path`` (public: what hooks and checks read; `_describe` is Kedro's)."""
+
+    _path: Path
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+
+class SpecDataset(Located, AbstractDataset[Any, Any]):
     """A pydantic model (``spec``, a dotted class name) as one JSON file: the typed plans of `layertune.study`."""
 
     def __init__(self, filepath: str, spec: str) -> None:
@@ -58,7 +68,7 @@ class SpecDataset(AbstractDataset[Any, Any]):
         return {"filepath": str(self._path), "spec": self._spec}
 
 
-class SpecTreeDataset(AbstractDataset[dict, dict]):
+class SpecTreeDataset(Located, AbstractDataset[dict, dict]):
     """Many pydantic models, ``{key: model}`` saved as ``<path>/<key><suffix>`` (keys may contain '/')."""
 
     def __init__(self, path: str, suffix: str, spec: str) -> None:
@@ -80,7 +90,7 @@ class SpecTreeDataset(AbstractDataset[dict, dict]):
         return {"path": str(self._path), "suffix": self._suffix, "spec": self._spec}
 
 
-class SplitFilesDataset(AbstractDataset[dict, dict]):
+class SplitFilesDataset(Located, AbstractDataset[dict, dict]):
     """Downloaded data as it came, ``{name: {split: datasets.Dataset}}`` saved as ``<path>/<name>/<split>.parquet``.
 
     Loading gives ``{name: {split: path}}``: the files that `layertune.cell.CorpusSpec.load` reads in place of
@@ -111,7 +121,7 @@ class SplitFilesDataset(AbstractDataset[dict, dict]):
         return {"path": str(self._path)}
 
 
-class CorporaDataset(AbstractDataset[dict, dict]):
+class CorporaDataset(Located, AbstractDataset[dict, dict]):
     """``{task: Corpus}``, each saved by `Corpus.save_to_disk` as ``<path>/<task>/`` (split files and corpus.json).
 
     Loading gives ``{task: loader}``; ``loader()`` reads that corpus back (`Corpus.load_from_disk`), so a node reads
@@ -142,7 +152,7 @@ class CorporaDataset(AbstractDataset[dict, dict]):
         return {"path": str(self._path)}
 
 
-class FolderDataset(AbstractDataset[None, Path]):
+class FolderDataset(Located, AbstractDataset[None, Path]):
     """A folder that `layertune` fills itself (the content-addressed feature cache): loading gives its path.
 
     Its layout belongs to the library; nodes pass the path on and never save through this dataset.
@@ -164,7 +174,7 @@ class FolderDataset(AbstractDataset[None, Path]):
         return {"path": str(self._path)}
 
 
-class TrainedCellDataset(AbstractDataset[Any, Any]):
+class TrainedCellDataset(Located, AbstractDataset[Any, Any]):
     """One cell's folder, written all at once by `layertune.cell.TrainedCell.save`; loads as a `CellFolder`."""
 
     def __init__(self, path: str) -> None:
@@ -188,7 +198,7 @@ class TrainedCellDataset(AbstractDataset[Any, Any]):
         return {"path": str(self._path)}
 
 
-class CellFoldersDataset(AbstractDataset[None, dict]):
+class CellFoldersDataset(Located, AbstractDataset[None, dict]):
     """Every cell folder right below ``path``: ``{key: CellFolder}`` (unfinished writes, dot-named, are skipped)."""
 
     def __init__(self, path: str) -> None:
@@ -234,7 +244,7 @@ def _write(path: Path, data: Any) -> None:
         path.write_text(data)
 
 
-class FileDataset(AbstractDataset[Any, Any]):
+class FileDataset(Located, AbstractDataset[Any, Any]):
     """One file whose format follows its suffix: ``.json`` (dict/list, sorted keys), ``.csv`` (DataFrame, no
     index), ``.png`` (matplotlib figure), anything else text."""
 
@@ -254,7 +264,7 @@ class FileDataset(AbstractDataset[Any, Any]):
         return {"filepath": str(self._path)}
 
 
-class FileTreeDataset(AbstractDataset[dict, dict]):
+class FileTreeDataset(Located, AbstractDataset[dict, dict]):
     """Many files below ``path`` keyed by their path relative to it, less ``suffix``: saving ``{"a/b": df}`` with
     ``suffix=".csv"`` writes ``<path>/a/b.csv``. Saving writes (or overwrites) just those files."""
 

@@ -26,6 +26,7 @@ from kedro.framework.hooks import hook_impl
 from layertune.model_paths import MODEL_MIRROR_ENV
 from pipelines.param_checks import InvalidParams
 from pipelines.plans import dvc_stage
+from pipelines.processes import on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,42 @@ def model_mirror_path(configured: str, project: str | os.PathLike) -> str:
         raise InvalidParams(f"download.model_mirror: {configured!r} is not a folder ({path} is missing); "
                             f"point it at a folder of models, set ${MODEL_MIRROR_ENV}, or set it to null")
     return str(path.resolve())
+
+
+class StageLockHook:
+    """One Kedro run of a stage (its pipelines and ``--params``: one DVC stage, a cell) at a time in a project
+    (`pipelines.processes.stage_lock`), held from before the cell's MLflow run starts until after it ended: a rerun
+    started while a killed run is still ending (or one that a SIGKILL orphaned) waits for it, so a cell is never
+    trained twice at once, into one folder, with two runs. In a data-parallel cell the main process holds it."""
+
+    def __init__(self) -> None:
+        self.lock = None
+
+    @hook_impl(trylast=True)  # after `ParamsCheckHook`: a bad parameter is refused before anything is written
+    def before_pipeline_run(self, run_params) -> None:
+        from layertune.distributed import is_main_process
+        from pipelines.processes import acquire_stage_lock, stage_lock_path
+
+        self.release()  # one left by a run of this process that an interruption ended without a hook
+        if not is_main_process():
+            return
+        pipelines, params = run_params.get("pipeline_names") or [], run_params.get("runtime_params") or {}
+        what = f"kedro run --pipelines {','.join(pipelines) or '__default__'}" + (
+            f" --params {','.join(f'{k}={v}' for k, v in sorted(params.items()))}" if params else "")
+        self.lock = acquire_stage_lock(stage_lock_path(run_params["project_path"], pipelines, params), what)
+
+    @hook_impl(trylast=True)
+    def after_pipeline_run(self) -> None:
+        self.release()
+
+    @hook_impl(trylast=True)
+    def on_pipeline_error(self) -> None:
+        self.release()
+
+    def release(self) -> None:
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
 
 
 class MlflowCellHook:
@@ -121,7 +158,7 @@ class MlflowCellHook:
     def _path(self, dataset: str) -> str | None:
         """Where a dataset of the catalog lives (None outside a Kedro run)."""
         found = self.catalog.get(dataset) if self.catalog is not None else None
-        return found._describe()["path"] if found is not None else None
+        return str(found.path) if found is not None else None
 
     @hook_impl
     def after_node_run(self, node, outputs) -> None:
@@ -163,5 +200,4 @@ class MlflowCellHook:
         if error is None:
             # FINISHED means the outputs are saved; a SIGTERM now would fail the process and make DVC discard a
             # stage MLflow calls finished. The process is about to exit, so it finishes instead.
-            previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            self._signals.callback(signal.signal, signal.SIGTERM, previous)
+            self._signals.enter_context(on_signals(signal.SIG_IGN, [signal.SIGTERM]))

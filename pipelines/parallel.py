@@ -8,8 +8,9 @@ failing on it). On a machine with GPUs each worker sees one GPU (``CUDA_VISIBLE_
 exactly as in a serial build, so the results are the same, byte for byte.
 
 Each `dvc` runs in a process group of its own, with the stage command it starts (`Children`); SIGTERM, SIGINT or
-SIGHUP to the build is passed on to every group, which it waits for (then SIGKILL after a grace period). No cell goes
-on training, orphaned, after the build was stopped. (The Ray cluster's tasks stop their cells the same way.)
+SIGHUP to the build is passed on to every group, which it waits for (then SIGKILL after a grace period); a build
+killed with SIGKILL takes its `dvc` processes with it (`pipelines.processes.tied`), and they their stage commands. No
+cell goes on training, orphaned, after the build was stopped. (The Ray cluster's tasks stop their cells the same way.)
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from pathlib import Path
+
+from pipelines.processes import STOP_SIGNALS, group_alive, ignore_signals, on_signals, tied
 
 # setsid would do too, but would also detach the group from the terminal; process_group is Python 3.11+
 _OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class StageFailed(RuntimeError):
@@ -89,7 +90,7 @@ class Children:
         for group in groups:
             _signal_group(group, signum)
         if not _wait_gone(groups, self.grace_s):
-            for group in filter(_group_alive, groups):
+            for group in filter(group_alive, groups):
                 _signal_group(group, signal.SIGKILL)
             _wait_gone(groups, 5.0)
         with self._lock:  # reaped, so that their ids (and groups) are never signalled again once reused
@@ -103,18 +104,13 @@ class Children:
         def interrupt(signum: int, frame: object) -> None:
             raise Interrupted(signum)
 
-        main = threading.current_thread() is threading.main_thread()
-        previous = {s: signal.signal(s, interrupt) for s in _STOP_SIGNALS} if main else {}
-        try:
-            yield self
-        except (Interrupted, KeyboardInterrupt) as error:
-            for s in previous:
-                signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the stopping short
-            self.stop(getattr(error, "signum", signal.SIGINT))
-            raise
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        with on_signals(interrupt, STOP_SIGNALS):
+            try:
+                yield self
+            except (Interrupted, KeyboardInterrupt) as error:
+                ignore_signals()  # a second signal must not cut the stopping short (restored on leaving)
+                self.stop(getattr(error, "signum", signal.SIGINT))
+                raise
 
 
 def _signal_group(group: int, signum: int) -> None:
@@ -124,30 +120,11 @@ def _signal_group(group: int, signum: int) -> None:
 
 def _wait_gone(groups: Sequence[int], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while any(map(_group_alive, groups)):
+    while any(map(group_alive, groups)):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
     return True
-
-
-def _group_alive(group: int) -> bool:
-    """Whether a process of ``group`` still runs. Zombies do not count: an orphan's reaper may leave them."""
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for stat in proc.glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after the command's name
-            if pgrp == str(group) and state != "Z":
-                return True
-    return False
 
 
 def devices() -> list[str | None]:
@@ -181,8 +158,9 @@ def run_cells(cells: Sequence[str], jobs: int, gpus: Sequence[str | None], child
         env = dict(os.environ) if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
         started = time.monotonic()
         try:
-            completed = children.run(["dvc", "--wait-for-lock", "repro", "--single-item", cell], env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            # tied: a build killed with SIGKILL takes its cells with it (`pipelines.processes`)
+            completed = children.run(tied(["dvc", "--wait-for-lock", "repro", "--single-item", cell]), env=env,
+                                     text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         finally:
             free.put(gpu)
         if completed is None:  # stopped by a signal before it started

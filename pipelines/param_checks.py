@@ -43,7 +43,7 @@ class ParamsCheckHook:
             check_train_stages(Path(run_params["project_path"]) / "dvc.yaml",
                                {name: study.spec.grid_axis for name, study in planned.studies.items()})
         elif inputs := [name for name in STUDY_INPUTS if name in pipeline.inputs()]:
-            plans = Path(catalog.get("study_plans")._describe()["path"])
+            plans = Path(catalog.get("study_plans").path)
             check_planned(run_params.get("runtime_params") or {}, plans, cell="cell_plan" in inputs)
 
 

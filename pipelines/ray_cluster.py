@@ -29,13 +29,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pipelines.parallel import Interrupted, StageFailed
+from pipelines.processes import STOP_SIGNALS, on_signals
 from pipelines.ray_node import (
     LOG_TAIL,
     BuildGate,
@@ -259,16 +259,8 @@ def _study_of(stage: str) -> str:
 def _signals_noted() -> Iterator[list[int]]:
     """Within the block SIGINT, SIGTERM and SIGHUP are only noted, in the list it yields (in the main thread)."""
     noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
+    with on_signals(lambda signum, frame: noted.append(signum), STOP_SIGNALS):
         yield noted
-        return
-    previous = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum))
-                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield noted
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def commit_is_clean() -> None:

@@ -199,14 +199,14 @@ def _watch(group: int) -> None:
 # the group gets SIGTERM (the cell's MLflow run ends KILLED), then SIGKILL after 20 s.
 _WATCHER = """
 import os, signal, sys, time
+import psutil
 worker, group = int(sys.argv[1]), int(sys.argv[2])
 if os.fork():
     os._exit(0)
 def alive(pid):
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
 def group_alive():
     try:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipelines.parallel import Children, Interrupted, StageFailed, devices, run_cells
+from pipelines.processes import tied
 
 PROG = "layertune repro"
 
@@ -75,7 +76,8 @@ def _local(jobs: int, children: Children) -> Callable[[list[str]], None]:
 
 
 def _build(studies: Sequence[str], children: Children, train: Callable[[list[str]], None], pull: bool) -> int:
-    tokenize = children.run(["dvc", "repro", *(f"tokenize@{study}" for study in studies)])
+    # tied: a build killed with SIGKILL takes its `dvc` with it, and that the stage it runs (`pipelines.processes`)
+    tokenize = children.run(tied(["dvc", "repro", *(f"tokenize@{study}" for study in studies)]))
     if tokenize.returncode:
         raise subprocess.CalledProcessError(tokenize.returncode, tokenize.args)
     reports = [f"aggregate@{study}" for study in studies]
@@ -85,7 +87,7 @@ def _build(studies: Sequence[str], children: Children, train: Callable[[list[str
         print(f"{PROG}: {error}", file=sys.stderr)
         return 1
     # --pull: cells trained elsewhere are restored from the remote's run-cache (DVC says "is cached - skipping run")
-    return children.run(["dvc", "repro", *(["--pull"] if pull else []), *reports]).returncode
+    return children.run(tied(["dvc", "repro", *(["--pull"] if pull else []), *reports])).returncode
 
 
 def study_names(chosen: Sequence[str]) -> list[str]:

@@ -19,7 +19,9 @@ ended once the store answers again: the next cell of the study does it as it sta
 A cell killed with SIGKILL leaves its run RUNNING. Its next run ends it KILLED (`end_abandoned_runs`); if the cell
 is not trained again (DVC restored its outputs from its run-cache), `settle`, run by the evaluate stage and by
 ``sync``, ends it: FINISHED, with the metrics of its folder, if the folder was written after the run began and holds
-that run's spec and metrics; KILLED otherwise.
+that run's spec and metrics; KILLED otherwise. A cell trained again with the same spec (its earlier run FINISHED,
+but DVC never recorded it, or ``dvc repro --force``) ends that earlier run KILLED once it FINISHES itself
+(`end_superseded_runs`): one FINISHED run per cell.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -50,6 +51,7 @@ HOST_TAG, PID_TAG = "layertune.host", "layertune.pid"  # which process owns a ru
 PARENT_RUN_ENV, PARENT_TAG = "LAYERTUNE_PARENT_RUN_ID", "mlflow.parentRunId"  # a cell's run as a build's child
 BUILD_ENV, BUILD_TAG = "LAYERTUNE_BUILD", "layertune.build"  # the build a parent run and its cells' runs belong to
 SPEC_TAG = "layertune.spec"  # digest of the cell's spec: which outputs are this run's (`settle`)
+SUPERSEDED_TAG = "layertune.superseded_by"  # a FINISHED run whose cell was trained again: the run that did
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 # The kind of experiment the MLflow UI (3.x) shows: a model-training experiment opens on its runs table. Without it
 # the UI guesses, and opens ours on its GenAI overview page.
@@ -75,19 +77,15 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises `Terminated` instead of ending the process silently."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
-        return
+    """Within the block, SIGTERM raises `Terminated` instead of ending the process silently (in the main thread;
+    elsewhere nothing changes)."""
+    from pipelines.processes import on_signals
 
     def handler(signum, frame):
         raise Terminated(f"received signal {signal.Signals(signum).name}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
+    with on_signals(handler, [signal.SIGTERM]):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def end_status(error: BaseException | None) -> str:
@@ -286,6 +284,8 @@ class CellRun:
             try:
                 with _quiet_retries():
                     self.client.set_terminated(self.run_id, status=status)
+                    if status == FINISHED:
+                        end_superseded_runs(self.client, self.run_id, self.pending.tags)
                 logger.info("MLflow run %s ended %s", self.run_id, status)
                 return
             except Exception as error:
@@ -326,12 +326,11 @@ def _store_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///"):
         yield  # a server serializes on its own
         return
-    import fcntl
+    from filelock import FileLock
 
     database = _database(uri)
     database.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{database}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(f"{database}.lock"):
         yield
 
 
@@ -344,6 +343,30 @@ def end_abandoned_runs(client, experiment_id: str, run_name: str) -> list[str]:
         ended.append(run.info.run_id)
         logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended KILLED", run.info.run_id,
                     run_name)
+    return ended
+
+
+def end_superseded_runs(client, run_id: str, tags: Mapping[str, str]) -> list[str]:
+    """Earlier FINISHED runs of the same cell and spec as ``run_id`` (just FINISHED), whose process is gone from this
+    machine, end KILLED, tagged `SUPERSEDED_TAG`: DVC deleted their outputs before it trained the cell again. So a
+    cell keeps one FINISHED run when a SIGKILL of `dvc repro` fell after the cell's run ended and before DVC recorded
+    the stage (the rerun trains it again), and after `dvc repro --force`. Returns the ids it ended."""
+    if SPEC_TAG not in tags:
+        return []
+    run = client.get_run(run_id)
+    condition = (f"attributes.run_name = '{run.info.run_name}' and attributes.status = 'FINISHED' and "
+                 f"tags.`{SPEC_TAG}` = '{tags[SPEC_TAG]}'")
+    ended = []
+    from layertune.io import process_alive
+
+    for earlier in client.search_runs([run.info.experiment_id], filter_string=condition):
+        if earlier.info.run_id == run_id or _owner_alive(earlier.data.tags, process_alive):
+            continue
+        client.set_tag(earlier.info.run_id, SUPERSEDED_TAG, run_id)
+        client.set_terminated(earlier.info.run_id, status=KILLED, end_time=earlier.info.end_time)
+        ended.append(earlier.info.run_id)
+        logger.info("MLflow run %s of %s: the cell was trained again (run %s), its outputs replaced: ended KILLED",
+                    earlier.info.run_id, run.info.run_name, run_id)
     return ended
 
 
@@ -445,6 +468,8 @@ def replay(client, path: Path, pending: PendingRun) -> str:
             apply(client, pending.run_id, operation)
         if pending.status:
             client.set_terminated(pending.run_id, status=pending.status, end_time=pending.end_time)
+            if pending.status == FINISHED:
+                end_superseded_runs(client, pending.run_id, pending.tags)
         if BUILD_TAG in pending.tags:
             _nest(client, pending.run_id, pending.tags)
     path.unlink()
@@ -472,14 +497,15 @@ def _nest(client, run_id: str, tags: Mapping[str, str]) -> None:
 @contextlib.contextmanager
 def _sync_lock(root: Path) -> Iterator[bool]:
     """Whether this process may replay the journals below ``root``: one process at a time does."""
-    import fcntl
+    from filelock import FileLock, Timeout
 
-    with open(root / ".sync.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = FileLock(root / ".sync.lock").acquire(timeout=0)
+    except Timeout:
+        yield False
+        return
+    with lock:
         yield True
 
 
@@ -644,10 +670,10 @@ def corpus_datasets(folder: str | Path, task: str) -> list[DatasetRecord]:
         with warnings.catch_warnings():  # mlflow's hints on inferring a schema, and on its two local source kinds
             warnings.simplefilter("ignore")
             entity = mlflow.data.from_pandas(pd.read_parquet(path), source=str(path.absolute()),
-                                             name=f"{task}-{split}")._to_mlflow_entity()
-        records.append(DatasetRecord(name=entity.name, digest=entity.digest, source_type=entity.source_type,
-                                     source=entity.source, data_schema=entity.schema, profile=entity.profile,
-                                     context=context))
+                                             name=f"{task}-{split}").to_dict()  # what MLflow's entity is made of
+        records.append(DatasetRecord(name=entity["name"], digest=entity["digest"], source_type=entity["source_type"],
+                                     source=entity["source"], data_schema=entity.get("schema"),
+                                     profile=entity.get("profile"), context=context))
     return records
 
 

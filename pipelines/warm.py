@@ -6,7 +6,9 @@ MLflow, so that a pipeline of many short stages spends its time working, not sta
 The first call starts a server for this project folder, Python and import-time environment (it imports once, a
 few seconds); each call then forks it, and the command runs in the fork with the caller's working directory,
 environment, arguments and standard streams (passed as file descriptors). The call exits with the command's exit
-code. Ctrl-C and SIGTERM are passed on to the command; if the caller dies, the command is stopped. A server that
+code. Ctrl-C and SIGTERM are passed on to the command; if the caller dies, the command is stopped; if whatever
+started the caller dies (`dvc repro` killed with SIGKILL), the caller gets SIGTERM and passes it on; if the server
+dies, the commands it runs get SIGTERM (`pipelines.processes.die_with_parent`). A server that
 sees a source file it imported change (or installed packages change) refuses and exits, so a call never runs stale
 code: a new server starts. It also exits after ``LAYERTUNE_WARM_IDLE`` seconds without work (default 120).
 
@@ -26,14 +28,14 @@ the command directly, with one line on stderr saying why.
 ``LAYERTUNE_WARM=0`` runs commands directly (the same results, a slower start), as do platforms without fork or
 SO_PEERCRED.
 ``LAYERTUNE_WARM_PRELOAD`` (comma-separated module names) replaces the modules a server imports first.
-This module uses the standard library only, so a call itself starts in milliseconds.
+This module imports the standard library only (and `pipelines.processes`, which does too; filelock only to start a
+server), so a call itself starts in milliseconds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -51,6 +53,8 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from pipelines.processes import die_with_parent, on_signals
 
 # Environment variables read when a module is imported (thread pools, hub settings, Python's own): a server serves
 # only callers with the same values. Everything else is passed to the command as it is.
@@ -82,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m pipelines.warm <command> [args...]   (e.g. kedro run --pipelines train)",
               file=sys.stderr)
         return 2
+    die_with_parent()  # SIGTERM (passed on to the command) when whatever started this call exits, even by SIGKILL
     if not enabled():
         return _exec(argv)
     try:
@@ -209,32 +214,48 @@ def _connect_or_start(path: Path) -> socket.socket:
     connection = _connect(path)
     if connection is not None:
         return connection
-    lock = _open_private(f"{path}.lock", os.O_RDWR)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one caller starts the server; the others wait for it here
+    with _start_lock(path):  # one caller starts the server; the others wait for it here
         connection = _connect(path)
         if connection is not None:
             return connection
         _remove_dead_socket(path)
-        log = _open_private(f"{path}.log", os.O_WRONLY | os.O_APPEND)
-        try:
-            server = subprocess.Popen([sys.executable, "-m", "pipelines.warm", "--serve", str(path)],
-                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                      close_fds=True)
-        finally:
-            os.close(log)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            connection = _connect(path)
-            if connection is not None:
-                return connection
-            if server.poll() is not None:
-                raise Unavailable(f"the server exited while starting (see {path}.log)")
-            time.sleep(0.05)
-        server.kill()
-        raise Unavailable(f"the server did not start within {STARTUP_TIMEOUT_S} s (see {path}.log)")
+        return _start_server(path)
+
+
+@contextlib.contextmanager
+def _start_lock(path: Path):
+    """The lock beside the socket (0600), never opened through a symbolic link (filelock opens with O_NOFOLLOW)."""
+    from filelock import FileLock  # only when a server must start: a call itself stays quick
+
+    name = f"{path}.lock"
+    try:
+        lock = FileLock(name, mode=0o600).acquire()
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise Unavailable(f"{name} is a symbolic link; refusing to open it") from None
+        raise Unavailable(f"cannot open {name}: {error}") from None
+    with lock:
+        yield
+
+
+def _start_server(path: Path) -> socket.socket:
+    log = _open_private(f"{path}.log", os.O_WRONLY | os.O_APPEND)
+    try:
+        server = subprocess.Popen([sys.executable, "-m", "pipelines.warm", "--serve", str(path)],
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                  close_fds=True)
     finally:
-        os.close(lock)
+        os.close(log)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        connection = _connect(path)
+        if connection is not None:
+            return connection
+        if server.poll() is not None:
+            raise Unavailable(f"the server exited while starting (see {path}.log)")
+        time.sleep(0.05)
+    server.kill()
+    raise Unavailable(f"the server did not start within {STARTUP_TIMEOUT_S} s (see {path}.log)")
 
 
 def _open_private(name: str, flags: int) -> int:
@@ -277,8 +298,7 @@ def _wait_for_exit(connection: socket.socket) -> int:
         with contextlib.suppress(OSError):
             connection.send(json.dumps({"signal": signum}).encode())
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with on_signals(forward):
         while True:
             reply = _receive(connection)
             if not reply:
@@ -286,9 +306,6 @@ def _wait_for_exit(connection: socket.socket) -> int:
                 return 1
             if "exit" in reply:
                 return int(reply["exit"])
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 # ------------------------------------------------------------------------------------------------------- server
@@ -505,12 +522,13 @@ def _accept(connection, watched, selector, children) -> bool:
             os.close(fd)
         connection.close()
         return False
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:
         for key in list(selector.get_map().values()):  # the listener and other callers' connections: not ours
             key.fileobj.close()
         selector.close()
-        _child(request, fds, connection)  # never returns
+        _child(request, fds, connection, server)  # never returns
     for fd in fds:
         os.close(fd)
     connection.send(json.dumps({"started": pid}).encode())
@@ -553,10 +571,12 @@ def _reap(children, selector) -> bool:
     return finished
 
 
-def _child(request: dict, fds: list[int], connection: socket.socket) -> None:
-    """In the fork: become the caller's process (folder, environment, streams, arguments), run, exit."""
+def _child(request: dict, fds: list[int], connection: socket.socket, server: int) -> None:
+    """In the fork: become the caller's process (folder, environment, streams, arguments), run, exit. It ends with
+    the server too (SIGTERM when the server exits, even by SIGKILL): no command runs on, orphaned."""
     code = 1
     try:
+        die_with_parent(signal.SIGTERM, server)
         os.setpgid(0, 0)  # its own process group: signals reach it and whatever it starts
         connection.close()
         for target, fd in enumerate(fds):
@@ -614,15 +634,9 @@ def _exit_code(exit_: SystemExit) -> int:
 
 
 def _exit(code: int) -> None:
-    """Exit as Python would (atexit handlers, flushed streams), without unwinding into the server's loop."""
-    import atexit
-
-    with contextlib.suppress(Exception):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+    """Exit as Python would (atexit handlers, flushed streams): SystemExit leaves through the server's frames, which
+    catch nothing, to the interpreter's own exit."""
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

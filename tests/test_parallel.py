@@ -102,7 +102,7 @@ def test_sigterm_stops_every_cell_and_its_command_then_fails(tmp_path):
     (tmp_path / "params.yaml").write_text("studies: {s: {}}\n")
     record = tmp_path / "record.txt"
     env = {**os.environ, "PATH": f"{script.parent}{os.pathsep}{os.environ['PATH']}", "RECORD": str(record),
-           "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "CUDA_VISIBLE_DEVICES": ""}
     build = subprocess.Popen([sys.executable, "-m", "pipelines.repro", "--jobs", "2"], cwd=tmp_path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

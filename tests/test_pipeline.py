@@ -182,7 +182,7 @@ def test_a_bad_parameter_stops_the_plan_with_one_message_naming_its_key(tmp_path
     assert "Traceback" not in done.stderr + done.stdout
     assert ("Error: params.yaml is invalid:\n  studies.layers.seeds[1]: Input should be greater than or equal to 0 "
             "(got -1)\n") in done.stderr
-    assert not (project / "data" / "00_plan").exists()  # checked before any node ran
+    assert not (project / "data").exists()  # checked before any node ran, and before the stage's lock was taken
 
 
 def test_bad_local_data_stops_the_plan_with_one_error_line(tmp_path):

@@ -98,3 +98,26 @@ def test_a_cell_that_leaves_a_closed_build_last_on_its_machine_removes_the_build
     assert (node_tmp / "build-1" / "dvc-cache").is_dir()  # "late" is still inside on this machine
     ray_node._leave(Actor(gate), "late", "build-1")
     assert list(node_tmp.iterdir()) == []
+
+
+def test_the_watcher_stops_a_cells_commands_once_its_worker_is_gone():
+    """A node lost (the worker killed with SIGKILL): the detached watcher sees it (psutil) and ends the cell's process
+    group, so no cell trains on beside its retry."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    cell = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    subprocess.run([sys.executable, "-c", ray_node._WATCHER, str(worker.pid), str(cell.pid)], check=True,
+                   start_new_session=True)
+    time.sleep(1.0)
+    assert cell.poll() is None  # the worker lives: the cell goes on
+    worker.kill()  # left a zombie until reaped: the watcher must not count it alive
+    deadline = time.monotonic() + 15
+    while cell.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    worker.wait()
+    assert cell.returncode == -15  # SIGTERM: its run ends KILLED
+    assert not psutil.pid_exists(cell.pid)

@@ -1,5 +1,6 @@
 """Interrupted, killed and concurrent runs leave nothing stale: MLflow runs, staging folders, partial outputs."""
 
+import contextlib
 import json
 import os
 import signal
@@ -56,9 +57,9 @@ def slow_project(tmp_path):
 
 
 def cell_runs(project: Path) -> list[tuple[str, str]]:
-    from mlflow import MlflowClient
+    from pipelines.tracking import connect
 
-    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    client = connect(f"sqlite:///{project / 'mlflow.db'}")  # waits while a cell creates the database
     experiment = client.get_experiment_by_name("layertune-slow")
     return sorted(r.info.status for r in client.search_runs([experiment.experiment_id])) if experiment else []
 
@@ -111,3 +112,131 @@ def test_a_sigterm_after_finished_does_not_fail_the_process():
 def test_json_outputs_never_hold_nan(tmp_path):
     with pytest.raises(ValueError, match="not JSON compliant"):
         write_json(tmp_path / "metrics.json", {"eval_loss": float("nan")})
+
+
+def _project_processes(project: Path, server: set[int]) -> list[str]:
+    """Processes working in ``project`` (a stage's `kedro run`, a warm client or a fork of the warm server), but the
+    warm server itself: after a build ends, none may be left."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cwd", "cmdline", "status"]):
+        info = process.info
+        if info["pid"] in server or info["status"] == psutil.STATUS_ZOMBIE or info["cwd"] != str(project.resolve()):
+            continue
+        found.append(f"{info['pid']}: {' '.join(info['cmdline'] or [])}")
+    return found
+
+
+def _warm_servers(project: Path) -> set[int]:
+    """The warm servers of ``project`` (`pipelines.warm`), which outlive a build by design."""
+    import psutil
+
+    return {p.pid for p in psutil.process_iter(["cmdline", "cwd"])
+            if "--serve" in (p.info["cmdline"] or []) and p.info["cwd"] == str(project.resolve())}
+
+
+def _kill_dvc_repro_when(project: Path, env: dict, started) -> None:
+    """`dvc repro` killed with SIGKILL (only it, as `kill -9 <pid>` does) once ``started(process)`` holds for one of
+    its descendants."""
+    import psutil
+
+    dvc = subprocess.Popen(["dvc", "repro"], cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and dvc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            if any(started(child) for child in psutil.Process(dvc.pid).children(recursive=True)):
+                break
+        time.sleep(0.05)
+    assert dvc.poll() is None, f"dvc repro ended before the kill: {dvc.stderr.read()[-2000:]}"
+    dvc.send_signal(signal.SIGKILL)
+    dvc.wait()
+
+
+def _left_alone(project: Path, server: set[int], timeout_s: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _project_processes(project, server)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.mark.slow
+def test_kill_9_of_dvc_repro_stops_its_stage_and_a_rerun_at_once_gives_one_finished_run_per_cell(tmp_path):
+    """`kill -9` of `dvc repro` during tokenize, then (rerun at once) during the cell's training: each time its stage
+    command ends with it (the cell's run KILLED), and the last rerun builds everything: one FINISHED run for the
+    cell, none RUNNING, no process of the project left."""
+    import psutil
+
+    from tests.projects import make_dvc_project
+
+    slow = study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [1], [1])
+    slow["training"]["epochs"] = 40  # seconds of training: the kill lands before it ends
+    project = make_dvc_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"slow": slow}})
+    env = {**os.environ, **project_env(project), "LAYERTUNE_WARM_IDLE": "60"}
+
+    def command_of(stage):
+        return lambda process: f"--pipelines {stage}" in " ".join(process.cmdline())
+
+    try:
+        _kill_dvc_repro_when(project, env, command_of("tokenize"))
+        assert _left_alone(project, _warm_servers(project)) == []
+        _kill_dvc_repro_when(project, env, lambda process: command_of("train")(process) and cell_runs(project))
+        assert _left_alone(project, _warm_servers(project)) == []
+        assert cell_runs(project) == ["KILLED"]  # ended by the SIGTERM its parent's death sent, not left RUNNING
+        done = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert cell_runs(project) == ["FINISHED", "KILLED"]
+        assert (project / "reports" / "slow.md").is_file()
+    finally:
+        for pid in _warm_servers(project):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+
+
+def test_a_tied_command_ends_with_the_process_that_started_it_even_by_sigkill(tmp_path):
+    """`layertune repro` starts each `dvc` tied to itself: killed with SIGKILL, it takes them with it."""
+    import psutil
+
+    from pipelines.processes import tied
+
+    starter = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys
+        from pipelines.processes import tied
+        child = subprocess.Popen(tied([sys.executable, "-c", "import time; time.sleep(120)"]))
+        print(child.pid, flush=True)
+        child.wait()
+    """)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(starter.stdout.readline()))
+    time.sleep(0.5)  # the wrapper has executed the command
+    assert "time.sleep(120)" in " ".join(child.cmdline())
+    starter.send_signal(signal.SIGKILL)
+    starter.wait()
+    child.wait(timeout=10)  # raises if it still runs then
+    assert tied(["dvc", "repro"])[-3:] == ["--", "dvc", "repro"]
+
+
+def test_a_second_run_of_a_stage_waits_for_the_first_and_names_its_process(tmp_path, caplog):
+    from pipelines.processes import StageBusy, acquire_stage_lock, stage_lock_path
+
+    path = stage_lock_path(tmp_path, ["train"], {"study": "s", "cell": "c"})
+    assert path != stage_lock_path(tmp_path, ["train"], {"study": "s", "cell": "d"})
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from pipelines.processes import acquire_stage_lock
+        held = acquire_stage_lock(Path({str(path)!r}), "first")
+        print("held", flush=True)
+        time.sleep(float(input()))
+    """)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(StageBusy, match=rf"train c runs already, in process {holder.pid} .*kill {holder.pid}"):
+            acquire_stage_lock(path, "train c", wait_s=0.5)
+        assert f"runs already in process {holder.pid}: waiting" in caplog.text
+        holder.stdin.write("1\n")  # it holds the lock a second more, then exits: the kernel releases it
+        holder.stdin.flush()
+        acquire_stage_lock(path, "train c", wait_s=30).release()
+    finally:
+        holder.kill()
+        holder.wait()

@@ -155,7 +155,7 @@ RETRY_VARIABLES = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKO
 
 def catalog(**paths):
     """What the hook reads of Kedro's catalog: where datasets live."""
-    return SimpleNamespace(get=lambda name: SimpleNamespace(_describe=lambda: {"path": str(paths[name])})
+    return SimpleNamespace(get=lambda name: SimpleNamespace(path=paths[name])
                            if name in paths else None)
 
 
@@ -371,3 +371,28 @@ def test_a_tracking_server_killed_mid_cell_loses_no_cell(tmp_path, monkeypatch):
     assert found.data.metrics["best_eval_accuracy"] == saved["eval_accuracy"]
     assert sorted(d.dataset.name for d in found.inputs.dataset_inputs) == ["sst2-dev", "sst2-train"]
     assert not journal.exists()
+
+
+def test_a_cell_trained_again_leaves_one_finished_run_of_its_spec(uri):
+    """`kill -9` of `dvc repro` after a cell's run ended FINISHED but before DVC recorded the stage: the rerun trains
+    the cell again (DVC deleted its outputs first). Its FINISHED run supersedes the earlier one of the same spec (its
+    process gone): one FINISHED run per cell. Another spec's run, and a live process's, stay FINISHED."""
+    from mlflow import MlflowClient
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("layertune-again")
+    spec = tracking.spec_digest(CELL.spec)
+    earlier = {}
+    for name, digest, pid in (("before", spec, dead.pid), ("other-spec", "0" * 16, dead.pid),
+                              ("alive", spec, os.getpid())):
+        tags = {tracking.HOST_TAG: socket.gethostname(), tracking.PID_TAG: str(pid), tracking.SPEC_TAG: digest}
+        earlier[name] = client.create_run(experiment, run_name="sst2-m-2-1", tags=tags).info.run_id
+        client.set_terminated(earlier[name], status="FINISHED")
+    run = tracking.CellRun.start("layertune-again", "sst2-m-2-1", {}, tags={tracking.SPEC_TAG: spec}, uri=uri)
+    run.end("FINISHED")
+    status = {name: client.get_run(run_id).info.status for name, run_id in earlier.items()}
+    assert status == {"before": "KILLED", "other-spec": "FINISHED", "alive": "FINISHED"}
+    assert client.get_run(earlier["before"]).data.tags[tracking.SUPERSEDED_TAG] == run.run_id
+    assert client.get_run(run.run_id).info.status == "FINISHED"

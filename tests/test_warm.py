@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def project(monkeypatch):
     monkeypatch.setenv("LAYERTUNE_WARM_DIR", str(tmp_path))
     monkeypatch.setenv("LAYERTUNE_WARM_PRELOAD", "helper")
     monkeypatch.setenv("LAYERTUNE_WARM_IDLE", "20")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1] / "src")]))
+    root = Path(__file__).parents[1]  # this checkout's library and pipelines, whatever is installed
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(root / "src"), str(root)]))
     yield tmp_path
     for path in tmp_path.glob("layertune-warm-*.sock"):  # stop this test's servers, found by their sockets
         with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
@@ -125,6 +127,40 @@ def test_a_killed_caller_stops_its_command(project):
     while not (project / "stopped").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert (project / "stopped").read_text() == str(int(signal.SIGTERM))
+
+
+def wait_stopped(project: Path, timeout_s: float = 30.0) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    while not (project / "stopped").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return (project / "stopped").read_text() if (project / "stopped").exists() else None
+
+
+def test_a_caller_whose_parent_is_killed_stops_its_command(project):
+    """`kill -9` of what started the call (`dvc repro`): the caller gets SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    and passes it on, so the command ends instead of training on, re-parented to init."""
+    warm("show", "-", "0")
+    starter = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys
+        caller = subprocess.Popen([sys.executable, "-m", "pipelines.warm", sys.executable, "-m", "helper", "wait"])
+        caller.wait()
+    """)], stdout=subprocess.PIPE, text=True)
+    assert starter.stdout.readline().strip() == "waiting"
+    starter.kill()
+    starter.wait()
+    assert wait_stopped(project) == str(int(signal.SIGTERM))
+
+
+def test_a_killed_server_stops_the_commands_it_runs(project):
+    warm("show", "-", "0")
+    caller = subprocess.Popen([sys.executable, "-m", "pipelines.warm", sys.executable, "-m", "helper", "wait"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert caller.stdout.readline().strip() == "waiting"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+        probe.connect(str(warm_module.socket_path()))
+        os.kill(warm_module.peer_credentials(probe)[0], signal.SIGKILL)
+    assert wait_stopped(project) == str(int(signal.SIGTERM))  # the fork got SIGTERM as its parent died
+    assert caller.wait(timeout=30) == 1 and "the server went away" in caller.stderr.read()
 
 
 def test_callers_at_once_share_one_server(project):

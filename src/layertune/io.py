@@ -111,16 +111,15 @@ def _pid_of(name: str) -> int:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this machine."""
-    if pid <= 0:
-        return False
+    """Whether a process with this id runs on this machine (a zombie, which has exited, does not)."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return pid > 0 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True  # another user's process
-    return True
+    except psutil.Error:  # another user's process that cannot be read: it exists
+        return True
 
 
 def _exchange(first: Path, second: Path) -> None:
