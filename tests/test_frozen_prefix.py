@@ -563,3 +563,20 @@ def frozen_prefix_spec(model):
     from layertune.cell import EncoderSpec
 
     return EncoderSpec(model=str(model), tunable_layers="all", pooling="cls")
+
+
+def test_a_cache_folder_that_cannot_be_written_is_one_line_before_any_work(tiny_bert, tmp_path, monkeypatch):
+    """A read-only cache gave a raw PermissionError from deep inside the tokenizer's cache (root writes anyway:
+    the refusal is simulated)."""
+    import tempfile
+
+    def refuse(*_, **__):
+        raise PermissionError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=1), 2)
+    with pytest.raises(frozen_prefix.CacheNotWritable, match=r"Cannot write the layertune cache folder .*"
+                       r"\(Read-only file system\)\. Point the cache at a folder you can write") as raised:
+        model.encoder.prepare_examples(toy_sentiment_corpus(24, 12), cache_dir=tmp_path / "cache")
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / "cache" / "tokenized").exists()  # nothing tokenized first
