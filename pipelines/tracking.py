@@ -608,14 +608,19 @@ def _cause(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def _quiet_retries() -> Iterator[None]:
-    """Without urllib3's warning for each retry of an MLflow call: a failure is reported once, by this module."""
-    retries = logging.getLogger("urllib3.connectionpool")
-    level = retries.level
-    retries.setLevel(logging.ERROR)
+    """Without urllib3's warning for each retry of an MLflow call, nor the traceback MLflow's SQL store logs for a
+    database error (a read-only mlflow.db printed ~70 lines of SQLAlchemy): a failure is reported once, in one
+    line, by this module (`_warn_unreachable`)."""
+    quieted = {logging.getLogger("urllib3.connectionpool"): logging.ERROR,
+               logging.getLogger("mlflow.store.db.utils"): logging.CRITICAL}
+    levels = {logger: logger.level for logger in quieted}
+    for logger, level in quieted.items():
+        logger.setLevel(level)
     try:
         yield
     finally:
-        retries.setLevel(level)
+        for logger, level in levels.items():
+            logger.setLevel(level)
 
 
 # ------------------------------------------------------------------------------------------- a study's runs

@@ -396,3 +396,31 @@ def test_a_cell_trained_again_leaves_one_finished_run_of_its_spec(uri):
     assert status == {"before": "KILLED", "other-spec": "FINISHED", "alive": "FINISHED"}
     assert client.get_run(earlier["before"]).data.tags[tracking.SUPERSEDED_TAG] == run.run_id
     assert client.get_run(run.run_id).info.status == "FINISHED"
+
+
+def test_a_read_only_store_is_one_warning_line_and_the_cell_is_kept(tmp_path, capfd, caplog):
+    """A read-only mlflow.db printed ~70 lines of SQLAlchemy (MLflow's SQL store logs each database error with its
+    traceback). Made read-only with chattr, which binds root too (a file mode does not)."""
+    import logging
+    import shutil
+    import subprocess
+
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments(max_results=1)  # the store exists, with its tables
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(tmp_path / "mlflow.db")]).returncode:
+        pytest.skip("chattr +i is not available on this filesystem")
+    try:
+        capfd.readouterr()
+        with caplog.at_level(logging.WARNING):
+            run = tracking.CellRun.start("layertune-ro", "cell-1", {"seed": 1}, uri=uri, journal_root=tmp_path / "j")
+            run.end("FINISHED")
+        out, err = capfd.readouterr()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        # SQLite says "attempt to write a readonly database" or "disk I/O error", by journal mode
+        assert len(warnings) == 1 and "failed (OperationalError: " in warnings[0], warnings
+        assert "Traceback" not in out + err and "INSERT INTO" not in out + err + caplog.text
+        assert (tmp_path / "j" / "layertune-ro" / "cell-1.json").is_file()  # kept, sent once the store is writable
+    finally:
+        subprocess.run(["chattr", "-i", str(tmp_path / "mlflow.db")], check=True)
