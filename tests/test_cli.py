@@ -53,6 +53,11 @@ def test_bad_values_are_one_line_errors_without_output(tiny_bert, tmp_path, caps
     assert main(["train-cell", *common, "--batch-size", "big"]) == 2
     assert "training.batch_size: Input should be a valid integer (got 'big')" in capsys.readouterr().err
     assert not (tmp_path / "cell").exists()
+    # asked for, the traceback comes before the same line
+    assert main(["train-cell", *common, "--tunable-layers", "9", "--verbose"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert err.splitlines()[-1].startswith("layertune: error: tunable_layers must")
 
 
 def one_line_error(capsys) -> str:

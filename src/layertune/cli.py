@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     cell.add_argument("--spec", type=Path, help="a CellSpec as JSON (options given too override it)")
     cell.add_argument("--data-mirror", help="local data folder (default: $LAYERTUNE_DATA_MIRROR)")
     cell.add_argument("--cache-dir", help="tokenized-data and frozen-prefix cache (default: $LAYERTUNE_CACHE)")
+    cell.add_argument("--verbose", action="store_true",
+                      help="on an error, the traceback too, not only its one line (also: $LAYERTUNE_VERBOSE=1)")
     for section, model, renamed in _models():
         group = cell.add_argument_group(f"{section} ({model.__name__})")
         for name, field in model.model_fields.items():
@@ -135,13 +139,21 @@ def main(argv: list[str] | None = None) -> int:
         trained = train_cell(cell_spec(options, base), args["output_dir"], data_mirror=args.get("data_mirror"),
                              cache_dir=args.get("cache_dir"), overwrite=args["overwrite"])
     except ValidationError as error:
+        _traceback_if_asked(args["verbose"])
         print(f"layertune: error: {'; '.join(describe_validation_error(error, union_tags=METHODS))}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:
+        _traceback_if_asked(args["verbose"])
         print(f"layertune: error: {error}", file=sys.stderr)
         return 2
     print(json.dumps(trained.result.summary(), indent=2))
     return 0
+
+
+def _traceback_if_asked(verbose: bool) -> None:
+    """The error's traceback on stderr, with --verbose or $LAYERTUNE_VERBOSE=1 (else its one line is enough)."""
+    if verbose or os.environ.get("LAYERTUNE_VERBOSE", "") not in ("", "0"):
+        traceback.print_exc()
 
 
 if __name__ == "__main__":
