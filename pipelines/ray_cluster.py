@@ -7,7 +7,8 @@ it on some node, in a clone of the driver's commit, and pushes its outputs and r
 driver then restores every cell from the run-cache (``dvc repro --pull``: nothing trains there), evaluates and
 aggregates: it is the only writer of dvc.lock, and its workspace ends as after a serial build.
 
-Faults. A task whose worker or node dies is retried by Ray (``max_retries``); a cell trained twice gives the same
+Faults. A task whose worker or node dies is retried by Ray (``max_retries``); an actor is not, so the build's one
+actor, its gate, lives on the driver's node, which lasts as long as the build; a cell trained twice gives the same
 outputs and the same run-cache entry, and the first attempt's MLflow run ends KILLED. A cell that fails is not
 retried (its error would repeat): the build stops, printing the cell's log; its run ends FAILED, the other cells'
 tasks are cancelled (their runs end KILLED). Ctrl-C does the same. The nodes' workspaces are removed when the build

@@ -278,8 +278,9 @@ def test_the_builds_gate_outlives_every_worker_node(cluster):
     the worker nodes, then adds them again.)"""
     import ray
 
-    from pipelines.ray_cluster import RayCluster
+    from pipelines.ray_cluster import RayCluster, check_reachable
 
+    check_reachable(f"127.0.0.1:{cluster.address.rsplit(':', 1)[1]}")  # Ray's head answers the address check
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     try:
         def train_a_while() -> None:  # defined here: sent by value (a worker does not import the tests)
