@@ -292,12 +292,14 @@ SETTINGS_FRAME = 4
 
 
 def check_reachable(address: str | None) -> None:
-    """A `ValueError` naming ``address`` (None: $RAY_ADDRESS, if set) unless a gRPC server answers there within
-    `CONNECT_TIMEOUT_S`: `ray.init` would retry an unreachable address for minutes, printing only its own warnings
-    (which name the node's IP for a loopback address). "auto", "local" and no address at all: Ray looks on this
-    machine, and says so itself when it finds nothing."""
-    given = f"--ray {address}" if address else f"$RAY_ADDRESS={os.environ.get('RAY_ADDRESS', '')}"
-    address = address or os.environ.get("RAY_ADDRESS")
+    """A `ValueError` naming ``address`` (None or "auto": $RAY_ADDRESS, if set, as Ray reads it) unless a gRPC server
+    answers there within `CONNECT_TIMEOUT_S`: `ray.init` would retry an unreachable address for minutes, printing only
+    its own warnings (which name the node's IP for a loopback address). "local", and no address at all: Ray looks on
+    this machine, and says so itself when it finds nothing."""
+    given = f"--ray {address}"
+    if address in (None, "", "auto") and os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]
+        given = f"$RAY_ADDRESS={address}"
     if not address or address in ("auto", "local"):
         return
     host, port = cluster_endpoint(address, given)

@@ -104,7 +104,8 @@ def test_a_cell_that_leaves_a_closed_build_last_on_its_machine_removes_the_build
     assert list(node_tmp.iterdir()) == []
 
 
-@pytest.mark.parametrize("option, env", [(["--ray", "127.0.0.1:1"], {}), (["--ray"], {"RAY_ADDRESS": "127.0.0.1:1"})])
+@pytest.mark.parametrize("option, env", [(["--ray", "127.0.0.1:1"], {}), (["--ray"], {"RAY_ADDRESS": "127.0.0.1:1"}),
+                                         (["--ray", "auto"], {"RAY_ADDRESS": "127.0.0.1:1"})])
 def test_a_ray_address_nobody_answers_at_is_a_one_line_error_at_once(tmp_path, option, env):
     """Ray's own connect retries an unreachable address for minutes, printing warnings that name another address."""
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
@@ -114,7 +115,7 @@ def test_a_ray_address_nobody_answers_at_is_a_one_line_error_at_once(tmp_path, o
                           text=True, timeout=60, env={**os.environ, **env, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"})
     assert time.monotonic() - started < 30
     assert done.returncode == 2, done.stdout + done.stderr
-    given = "--ray 127.0.0.1:1" if option[1:] else "$RAY_ADDRESS=127.0.0.1:1"
+    given = "$RAY_ADDRESS=127.0.0.1:1" if env else "--ray 127.0.0.1:1"
     assert done.stderr.splitlines() == [f"layertune repro: {given}: no Ray cluster reachable at 127.0.0.1:1 "
                                         "(connection refused); check the address, and that the head runs "
                                         "(ray start --head) with its port open to this machine"]
@@ -165,7 +166,10 @@ def test_an_address_where_a_grpc_server_answers_passes(server, monkeypatch):
     address = server(SETTINGS)
     ray_cluster.check_reachable(address)
     ray_cluster.check_reachable(f"ray://{address}")
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    ray_cluster.check_reachable(None)
+    ray_cluster.check_reachable("auto")
+    monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(socket, "create_connection", None)  # Ray looks on this machine itself: nothing to check
     for address in (None, "auto", "local"):
         ray_cluster.check_reachable(address)
