@@ -7,7 +7,8 @@ it on some node, in a clone of the driver's commit, and pushes its outputs and r
 driver then restores every cell from the run-cache (``dvc repro --pull``: nothing trains there), evaluates and
 aggregates: it is the only writer of dvc.lock, and its workspace ends as after a serial build.
 
-Faults. A task whose worker or node dies is retried by Ray (``max_retries``); a cell trained twice gives the same
+Faults. A task whose worker or node dies is retried by Ray (``max_retries``); an actor is not, so the build's one
+actor, its gate, lives on the driver's node, which lasts as long as the build; a cell trained twice gives the same
 outputs and the same run-cache entry, and the first attempt's MLflow run ends KILLED. A cell that fails is not
 retried (its error would repeat): the build stops, printing the cell's log; its run ends FAILED, the other cells'
 tasks are cancelled (their runs end KILLED). Ctrl-C does the same. The nodes' workspaces are removed when the build
@@ -81,6 +82,7 @@ class RayCluster:
             import ray
         except ImportError:
             raise ValueError('--ray needs Ray: pip install "layertune[cluster]"') from None
+        check_reachable(address)
         commit_is_clean()
         commit = git("rev-parse", "HEAD")  # what every node builds, read once
         remote = remote_config(Path.cwd())
@@ -123,7 +125,7 @@ class RayCluster:
         workspace = self._workspace()
         task = ray.remote(train_on_node).options(num_cpus=self.cpus_per_cell, num_gpus=1 if self.gpus else 0,
                                                  max_retries=RETRIES, retry_exceptions=False)
-        self.gate = ray.remote(num_cpus=0)(BuildGate).remote()
+        self.gate = self._start_gate()
         pending: dict = {}  # task -> its cell's stage
         # Signals are only noted from here on (`_next` raises `Interrupted`): a second Ctrl-C cannot cut the
         # cancelling short.
@@ -151,6 +153,16 @@ class RayCluster:
                     self._cancel(pending)
         if signals:  # one that came after the last cell ended
             raise Interrupted(signals[0])
+
+    def _start_gate(self):
+        """The build's `BuildGate`, on the driver's node and only there (no CPU taken: a head may have none): Ray
+        retries a task whose node died, not an actor, so a gate on a worker node would die with it, and with it
+        every cell that calls it. The driver's node lives as long as the build does."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = self.ray.get_runtime_context().get_node_id()
+        return self.ray.remote(BuildGate).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
 
     def _next(self, pending: dict, signals: list[int]) -> CellResult:
         """The next task to end, taken out of ``pending``; `Interrupted` once a signal came (checked between waits:
@@ -243,7 +255,7 @@ class RayCluster:
         if self.gate is None:
             return
         ray, deadline = self.ray, time.monotonic() + timeout_s
-        with contextlib.suppress(Exception):  # the gate's node lost: nothing to wait for that could answer
+        with contextlib.suppress(Exception):  # the gate lost (the driver's node with it): nothing could answer
             while time.monotonic() < deadline:
                 alive = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
                 if not ray.get(self.gate.close.remote(alive, sorted(self.completed)), timeout=30):
@@ -261,6 +273,67 @@ def _signals_noted() -> Iterator[list[int]]:
     noted: list[int] = []
     with on_signals(lambda signum, frame: noted.append(signum), STOP_SIGNALS):
         yield noted
+
+
+CONNECT_TIMEOUT_S = 10.0  # for the cluster's address to answer; `ray.init` itself retries for minutes
+RAY_CLIENT_PORT = 10001  # Ray's default for a ray:// address without one
+# An HTTP/2 client's preface and an empty SETTINGS frame (RFC 9113, 3.4): a gRPC server (Ray's GCS, Ray Client's
+# server) answers with a SETTINGS frame of its own. A bare TCP connect proves less: a proxy or firewall may accept it.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+SETTINGS_FRAME = 4
+
+
+def check_reachable(address: str | None) -> None:
+    """A `ValueError` naming ``address`` (None or "auto": $RAY_ADDRESS, if set, as Ray reads it) unless a gRPC server
+    answers there within `CONNECT_TIMEOUT_S`: `ray.init` would retry an unreachable address for minutes, printing only
+    its own warnings (which name the node's IP for a loopback address). "local", and no address at all: Ray looks on
+    this machine, and says so itself when it finds nothing."""
+    given = f"--ray {address}"
+    if address in (None, "", "auto") and os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]
+        given = f"$RAY_ADDRESS={address}"
+    if not address or address in ("auto", "local"):
+        return
+    host, port = cluster_endpoint(address, given)
+    try:
+        first_frame = _first_http2_frame(host, port, time.monotonic() + CONNECT_TIMEOUT_S)
+    except OSError as error:
+        first_frame, reason = None, (f"no answer within {CONNECT_TIMEOUT_S:.0f} s" if isinstance(error, TimeoutError)
+                                     else (error.strerror or str(error)).lower())
+    else:
+        reason = "it answers, but not as a Ray cluster does (gRPC)"
+    if first_frame != SETTINGS_FRAME:
+        raise ValueError(f"{given}: no Ray cluster reachable at {host}:{port} ({reason}); check the address, and "
+                         "that the head runs (ray start --head) with its port open to this machine")
+
+
+def _first_http2_frame(host: str, port: int, deadline: float) -> int | None:
+    """The type of the first frame the server at (host, port) sends after an HTTP/2 preface; None if it sends none."""
+    with socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.1)) as connection:
+        connection.sendall(HTTP2_PREFACE)
+        header = b""
+        while len(header) < 4:  # length (3 bytes), then the type
+            connection.settimeout(max(deadline - time.monotonic(), 0.1))
+            if not (received := connection.recv(9 - len(header))):
+                return None
+            header += received
+        return header[3]
+
+
+def cluster_endpoint(address: str, given: str) -> tuple[str, int]:
+    """(host, port) of a Ray address: HOST:PORT (the head's GCS) or ray://HOST[:PORT] (Ray Client)."""
+    from urllib.parse import urlsplit
+
+    client = address.startswith("ray://")
+    try:
+        parts = urlsplit(address if client else f"//{address}")
+        host, port = parts.hostname, parts.port or (RAY_CLIENT_PORT if client else None)
+    except ValueError:  # a port that is no number
+        host = port = None
+    if not host or not port:
+        raise ValueError(f"{given}: a Ray address is HOST:PORT (the head's, e.g. head:6379), ray://HOST[:PORT], "
+                         "auto or local")
+    return host, port
 
 
 def commit_is_clean() -> None:

@@ -256,11 +256,11 @@ class Place:
 
 
 class BuildGate:
-    """A Ray actor, one per build: which cells are inside the build (started, their cleanup not yet ended), and where.
-    Ray reports a cancelled task ended before the task has stopped its commands, and may still start a task it was
-    asked to cancel, so the driver cannot learn from Ray when the nodes' folders are free to remove. It closes the
-    gate (no cell enters any more) and waits until the cells inside have left; a cell that leaves a closed gate last
-    on its machine learns so, and removes the build's folder there."""
+    """A Ray actor, one per build, on the driver's node (`RayCluster._start_gate`): which cells are inside the build
+    (started, their cleanup not yet ended), and where. Ray reports a cancelled task ended before the task has stopped
+    its commands, and may still start a task it was asked to cancel, so the driver cannot learn from Ray when the nodes'
+    folders are free to remove. It closes the gate (no cell enters any more) and waits until the cells inside have left;
+    a cell that leaves a closed gate last on its machine learns so, and removes the build's folder there."""
 
     def __init__(self) -> None:
         self.open = True

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines import ray_node
 from tests.projects import ROOT, make_dvc_project, study
 from tests.test_scale import clone, reports, sh
 
@@ -269,3 +270,34 @@ def test_a_build_while_the_tracking_server_is_down_keeps_every_run(slow_origin, 
     cells = sorted(run.data.tags["dvc_stage"] for run in runs if "dvc_stage" in run.data.tags)
     assert cells == cell_stages(driver)
     assert not list((driver / "data" / "09_tracking").rglob("*.json"))
+
+
+def test_the_builds_gate_outlives_every_worker_node(cluster):
+    """Ray retries a task whose node died, not an actor: the build's gate, which every cell calls, lives on the
+    driver's node (here the head, without a CPU), so losing any worker node cannot take it down. (Last: it removes
+    the worker nodes, then adds them again.)"""
+    import ray
+
+    from pipelines.ray_cluster import RayCluster, check_reachable
+
+    check_reachable(f"127.0.0.1:{cluster.address.rsplit(':', 1)[1]}")  # Ray's head answers the address check
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    try:
+        def train_a_while() -> None:  # defined here: sent by value (a worker does not import the tests)
+            time.sleep(60)
+
+        cells = [ray.remote(num_cpus=2, num_gpus=1)(train_a_while).remote() for _ in cluster.worker_nodes]
+        time.sleep(3)  # each worker node busy with a cell, as in a build (Ray then places most actors on them)
+        driver = RayCluster(ray, {}, 1, True, "", "")
+        gates = [driver._start_gate() for _ in range(5)]
+        assert ray.get([gate.close.remote([]) for gate in gates], timeout=60) == [[]] * 5  # each one started
+        for node in list(cluster.worker_nodes):
+            cluster.remove_node(node, allow_graceful=False)
+        where = ray_node.Place(node="-", host="-")
+        assert ray.get([gate.enter.remote("train-s@a", "late", where) for gate in gates], timeout=60) == [False] * 5
+        ray.cancel(cells[0])
+    finally:
+        ray.shutdown()
+        for _ in range(2 - len(cluster.worker_nodes)):
+            cluster.add_node(num_cpus=2, num_gpus=1)
+        cluster.wait_for_nodes()

@@ -1,16 +1,20 @@
-"""What `layertune repro --ray` does around a cell, without Ray: the build's gate (which cells are inside, so that the
-driver removes the nodes' folders only once they have left), the cell's folder, and a cleanup that a repeated cancel
-cannot cut short."""
+"""What `layertune repro --ray` does around a cell, without a Ray cluster: the build's gate (which cells are inside, so
+that the driver removes the nodes' folders only once they have left), the cell's folder, a cleanup that a repeated
+cancel cannot cut short, and the cluster's address checked before Ray is asked to connect to it."""
 
 import _thread
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 
 import pytest
 
-from pipelines import ray_node
+from pipelines import ray_cluster, ray_node
+from tests.projects import ROOT
 
 
 @pytest.fixture
@@ -121,3 +125,84 @@ def test_the_watcher_stops_a_cells_commands_once_its_worker_is_gone():
     worker.wait()
     assert cell.returncode == -15  # SIGTERM: its run ends KILLED
     assert not psutil.pid_exists(cell.pid)
+@pytest.mark.parametrize("option, env", [(["--ray", "127.0.0.1:1"], {}), (["--ray"], {"RAY_ADDRESS": "127.0.0.1:1"}),
+                                         (["--ray", "auto"], {"RAY_ADDRESS": "127.0.0.1:1"})])
+def test_a_ray_address_nobody_answers_at_is_a_one_line_error_at_once(tmp_path, option, env):
+    """Ray's own connect retries an unreachable address for minutes, printing warnings that name another address."""
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "params.yaml").write_text("studies: {ablation: {}}\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pipelines.repro", *option], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **env, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"})
+    assert time.monotonic() - started < 30
+    assert done.returncode == 2, done.stdout + done.stderr
+    given = "$RAY_ADDRESS=127.0.0.1:1" if env else "--ray 127.0.0.1:1"
+    assert done.stderr.splitlines() == [f"layertune repro: {given}: no Ray cluster reachable at 127.0.0.1:1 "
+                                        "(connection refused); check the address, and that the head runs "
+                                        "(ray start --head) with its port open to this machine"]
+
+
+@pytest.fixture
+def server():
+    """A TCP server on a free local port that sends ``reply`` to each connection (None: stays silent); its address."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    replies: list = []
+
+    def serve() -> None:
+        with listener:
+            while True:
+                try:
+                    connection, _ = listener.accept()
+                except OSError:
+                    return
+                if replies[0] is not None:
+                    connection.sendall(replies[0])
+                time.sleep(2)
+                connection.close()
+
+    def start(reply: bytes | None) -> str:
+        replies.append(reply)
+        threading.Thread(target=serve, daemon=True).start()
+        return f"127.0.0.1:{listener.getsockname()[1]}"
+
+    yield start
+    listener.close()
+
+
+SETTINGS = bytes([0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100])  # an HTTP/2 server's first frame, as gRPC's
+
+
+@pytest.mark.parametrize("reply, reason", [(None, "no answer within 1 s"),
+                                           (b"HTTP/1.1 400 Bad Request\r\n\r\n", "not as a Ray cluster does")])
+def test_an_address_where_something_else_listens_is_refused(server, monkeypatch, reply, reason):
+    monkeypatch.setattr(ray_cluster, "CONNECT_TIMEOUT_S", 1.0)
+    address = server(reply)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=f"^--ray {address}: no Ray cluster reachable at {address} \\(.*{reason}"):
+        ray_cluster.check_reachable(address)
+    assert time.monotonic() - started < 2
+
+
+def test_an_address_where_a_grpc_server_answers_passes(server, monkeypatch):
+    address = server(SETTINGS)
+    ray_cluster.check_reachable(address)
+    ray_cluster.check_reachable(f"ray://{address}")
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    ray_cluster.check_reachable(None)
+    ray_cluster.check_reachable("auto")
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(socket, "create_connection", None)  # Ray looks on this machine itself: nothing to check
+    for address in (None, "auto", "local"):
+        ray_cluster.check_reachable(address)
+
+
+@pytest.mark.parametrize("address, endpoint", [("head:6379", ("head", 6379)), ("ray://head", ("head", 10001)),
+                                               ("ray://head:7000", ("head", 7000)), ("[::1]:6379", ("::1", 6379))])
+def test_a_ray_address_names_its_endpoint(address, endpoint):
+    assert ray_cluster.cluster_endpoint(address, f"--ray {address}") == endpoint
+
+
+@pytest.mark.parametrize("address", ["head", "head:port", "ray://"])
+def test_a_ray_address_of_another_form_is_refused_with_the_forms(address):
+    with pytest.raises(ValueError, match=f"^--ray {address}: a Ray address is HOST:PORT .*, auto or local$"):
+        ray_cluster.check_reachable(address)
