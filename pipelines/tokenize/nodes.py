@@ -41,7 +41,7 @@ def build_features(corpora: Mapping[str, Corpus], plan: FeaturePlan, cache_root:
             except CacheDiskFull as full:  # the library's advice names its own arguments; here the catalog decides
                 raise full.advising(PIPELINE_ADVICE.format(root=cache_root)) from None
             except CacheNotWritable as locked:
-                raise locked.advising(f"Point the catalog's feature_cache (conf/base/catalog.yml) at a folder you "
+                raise locked.advising("Point the catalog's feature_cache (conf/base/catalog.yml) at a folder you "
                                       "can write.") from None
         del encoder
     manifests = {}

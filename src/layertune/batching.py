@@ -41,8 +41,7 @@ class Examples(Dataset):
         self.padding = {c: {"input_ids": pad_token_id, "word_ids": -1}.get(c, 0) for c in self.tokens}
         labels = _values(arrow["labels"]) if "labels" in tokenized.column_names else None
         # Token classification has a label per word piece (padded with IGNORE_INDEX); other tasks one per example.
-        self.token_labels = labels is not None and pa.types.is_list(labels.type)
-        if self.token_labels:
+        if labels is not None and pa.types.is_list(labels.type):
             self.tokens["labels"], self.padding["labels"] = _flat(labels), IGNORE_INDEX
             self.labels = None
         else:

@@ -66,20 +66,22 @@ class CacheCosts:
 
 
 def estimate(lm, splits: dict[str, Examples], boundary: int, args: TrainingConfig, *, device: torch.device,
-             autocast: torch.dtype | None, built: list[dict | None], state_bytes: int, budget: int) -> CacheCosts:
+             autocast: torch.dtype | None, built: list[dict | None], state_dtype: torch.dtype,
+             budget: int) -> CacheCosts:
     """The costs of training ``lm`` from the states entering ``boundary`` or without them, on ``device``.
 
     ``built``: per split (in ``splits``' order), what the pass of its existing entry measured, or None (missing);
-    ``state_bytes``: bytes of one token's states; ``budget``: bytes the states may take on ``device``."""
+    ``state_dtype``: how the states are stored; ``budget``: bytes the states may take on ``device``."""
     train = splits["train"]
     batches = _probe_batches(train, args.batch_size)
     padding = sum(len(b) * max(train.lengths[i] for i in b) for b in batches) / sum(train.lengths[i] for b in batches
                                                                                    for i in b)
     tokens = {split: sum(examples.lengths) for split, examples in splits.items()}
+    state_bytes = lm.hidden_size * torch.finfo(state_dtype).bits // 8  # one token's states
     resident = sum(tokens.values()) * state_bytes <= budget
     missing = sum(tokens[split] for split, record in zip(splits, built) if record is None)
     forward, read, unit = per_token_costs(lm, train, batches, boundary, device=device, autocast=autocast,
-                                          built=built, state_bytes=state_bytes, resident=resident)
+                                          built=built, state_dtype=state_dtype, resident=resident)
     pass_s = forward * missing + (missing * state_bytes / WRITE_BYTES_PER_S if unit == "s" else 0.0)
     scorings = {"dev": args.epochs if args.eval_strategy == "epoch" else 1, "test": 1}
     # Training batches are drawn at random (or grouped by length): padded as the probe's; scoring sorts by length.
@@ -91,7 +93,7 @@ def estimate(lm, splits: dict[str, Examples], boundary: int, args: TrainingConfi
 
 
 def per_token_costs(lm, train: Examples, batches: list, boundary: int, *, device: torch.device,
-                    autocast: torch.dtype | None, built: list[dict | None], state_bytes: int,
+                    autocast: torch.dtype | None, built: list[dict | None], state_dtype: torch.dtype,
                     resident: bool) -> tuple[float, float, str]:
     """The frozen prefix's forward and reading its cached states, per padded token, and their unit."""
     if device.type == "cpu":
@@ -101,7 +103,7 @@ def per_token_costs(lm, train: Examples, batches: list, boundary: int, *, device
         forward = max(record["forward_s_per_token"] for record in known)
     else:
         forward = _time_forward(lm, train, batches, boundary, device, autocast)
-    return forward, _time_read(train, batches, lm.hidden_size, state_bytes, device, resident), "s"
+    return forward, _time_read(train, batches, lm.hidden_size, state_dtype, device, resident), "s"
 
 
 def _probe_batches(examples: Examples, batch_size: int) -> list[list[int]]:
@@ -146,13 +148,12 @@ def _time_forward(lm, examples: Examples, batches: list, boundary: int, device: 
         lm.to(original)
 
 
-def _time_read(examples: Examples, batches: list, hidden_size: int, state_bytes: int, device: torch.device,
+def _time_read(examples: Examples, batches: list, hidden_size: int, dtype: torch.dtype, device: torch.device,
                resident: bool) -> float:
     """Seconds per padded token of gathering cached states for ``batches``: from the device's memory, or from
     pinned host memory and copied to the device."""
     from layertune.frozen_prefix import BoundaryStates
 
-    dtype = {2: torch.bfloat16, 4: torch.float32}.get(state_bytes // hidden_size, torch.float32)
     lengths = np.asarray(examples.lengths)
     where = device if resident or device.type == "cpu" else torch.device("cpu")
     starts = torch.zeros(len(examples), dtype=torch.long)  # every example reads rows 0…: only the shape matters

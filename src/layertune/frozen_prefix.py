@@ -94,7 +94,7 @@ def prepare_examples(lm: LanguageModel, corpus, args: TrainingConfig | None = No
     if args.frozen_prefix_cache == "auto":
         costs = cache_costs.estimate(lm, splits, boundary, args, device=device, autocast=autocast,
                                      built=[cache.pass_record(key) for key in keys.values()],
-                                     state_bytes=cache.state_bytes(lm, autocast), budget=budget)
+                                     state_dtype=cache.stored_dtype(lm), budget=budget)
         info["used"], info["reason"] = costs.decision()
         info["estimate"] = costs.record()
         if not info["used"]:
@@ -308,10 +308,11 @@ class FrozenPrefixCache:
         except (OSError, ValueError, KeyError):
             return None
 
-    def state_bytes(self, encoder, autocast: torch.dtype | None) -> int:
-        """Bytes one token's states take in this cache (before the pass: the stored dtype as far as known)."""
-        dtype = DTYPES.get(self.dtype) or autocast or next(encoder.parameters()).dtype
-        return encoder.hidden_size * torch.finfo(dtype).bits // 8
+    def stored_dtype(self, encoder) -> torch.dtype:
+        """The dtype this cache will store states in, as far as known before the pass: the one asked for, else (auto)
+        the weights' (float32), which is also what BERT-style layers hand on under bf16 autocast (they end in a
+        LayerNorm): an estimate never smaller than the states turn out."""
+        return DTYPES.get(self.dtype) or next(encoder.parameters()).dtype
 
     # ----------------------------------------------------------------------------------------------------------
 
