@@ -182,8 +182,11 @@ def call(argv: list[str]) -> int:
         umask = os.umask(0)
         os.umask(umask)
         request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask}
-        socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
-        reply = _receive(connection)  # {"started": pid}, or {"stale": true} from a server about to go
+        try:
+            socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+            reply = _receive(connection)  # {"started": pid}, or {"stale": true} from a server about to go
+        except OSError as error:  # a server going away (its own caller was killed) took nothing: run it directly
+            raise Unavailable(f"the server closed the connection before taking the request ({error})") from None
         if reply.get("stale"):
             connection.close()
             _wait_gone(path)
