@@ -171,7 +171,8 @@ def test_kill_9_of_dvc_repro_stops_its_stage_and_a_rerun_at_once_gives_one_finis
     from tests.projects import make_dvc_project
 
     slow = study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [1], [1])
-    slow["training"]["epochs"] = 40  # seconds of training: the kill lands before it ends
+    # ~15 s of training (the cached tiny cell trains 40 epochs in under 2 s): the kill lands while it runs
+    slow["training"]["epochs"] = 300
     project = make_dvc_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"slow": slow}})
     env = {**os.environ, **project_env(project), "LAYERTUNE_WARM_IDLE": "60"}
 
@@ -181,7 +182,7 @@ def test_kill_9_of_dvc_repro_stops_its_stage_and_a_rerun_at_once_gives_one_finis
     try:
         _kill_dvc_repro_when(project, env, command_of("tokenize"))
         assert _left_alone(project, _warm_servers(project)) == []
-        _kill_dvc_repro_when(project, env, lambda process: command_of("train")(process) and cell_runs(project))
+        _kill_dvc_repro_when(project, env, lambda process: command_of("train")(process) and cell_runs(project) == ["RUNNING"])
         assert _left_alone(project, _warm_servers(project)) == []
         assert cell_runs(project) == ["KILLED"]  # ended by the SIGTERM its parent's death sent, not left RUNNING
         done = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
