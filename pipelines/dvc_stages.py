@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
@@ -42,12 +43,36 @@ BLOCK = """\
     outs:
       - data/04_models/{study}/${{key}}
 """
+# A decided study's later rounds (``decide.rounds``, written by `layertune repro --decide`): the same stage for each
+# recorded cell, iterated with ``foreach`` (a round's cells are not a full grid).
+ROUNDS_BLOCK = """\
+  rounds-{study}:
+    foreach: ${{studies.{study}.decide.rounds}}
+    do:
+      cmd: ${{run}} train --params study={study},cell=${{key}}
+      deps:
+        - data/00_plan/{study}/cells/${{key}}.json
+        - data/00_plan/code/train.json
+        - data/02_prepared/{study}/${{item.task}}
+        - data/03_features/{study}/${{item.task}}-${{item.encoder}}-${{item.{item}}}.json
+      outs:
+        - data/04_models/{study}/${{key}}
+"""
+CELL_STAGES = ("train-", "rounds-")  # the prefixes of the stages that train a cell
 
 
-def train_blocks(studies: dict[str, str]) -> str:
-    """One block per study, ``studies``: {name: its grid axis}."""
-    return "\n".join(BLOCK.format(study=study, axis=axis, item={"methods": "method"}.get(axis, axis))
-                      for study, axis in studies.items())
+def cell_stage_study(stage: str) -> str | None:
+    """The study whose cell DVC stage ``stage`` trains (``train-<study>@<key>``, ``rounds-<study>@<key>``), or
+    None for another stage."""
+    name = stage.split("@")[0]
+    return next((name.removeprefix(prefix) for prefix in CELL_STAGES if name.startswith(prefix)), None)
+
+
+def train_blocks(studies: dict[str, str], decided: Iterable[str] = ()) -> str:
+    """One block per study, ``studies``: {name: its grid axis}; a second for those ``decided`` in rounds."""
+    return "\n".join(template.format(study=study, axis=axis, item={"methods": "method"}.get(axis, axis))
+                      for study, axis in studies.items()
+                      for template in (BLOCK, *([ROUNDS_BLOCK] if study in decided else [])))
 
 
 def grid_axes(params: dict) -> dict[str, str]:
@@ -56,20 +81,26 @@ def grid_axes(params: dict) -> dict[str, str]:
             for name, study in (params.get("studies") or {}).items()}
 
 
-def written(dvc_yaml: str, studies: dict[str, str]) -> str:
-    """``dvc_yaml`` with the text between the markers replaced by one train block per study."""
+def decided_studies(params: dict) -> list[str]:
+    """The studies whose ``decide`` section holds a record of rounds (``rounds``, empty or not)."""
+    return [name for name, study in (params.get("studies") or {}).items()
+            if isinstance(study, dict) and isinstance(study.get("decide"), dict) and "rounds" in study["decide"]]
+
+
+def written(dvc_yaml: str, studies: dict[str, str], decided: Iterable[str] = ()) -> str:
+    """``dvc_yaml`` with the text between the markers replaced by the train blocks of ``studies`` (`train_blocks`)."""
     try:
         start, end = dvc_yaml.index(BEGIN + "\n") + len(BEGIN) + 1, dvc_yaml.index(END)
     except ValueError:
         raise ValueError(f"dvc.yaml lacks the marker lines of the generated train stages:\n{BEGIN}\n{END}") from None
-    return dvc_yaml[:start] + train_blocks(studies) + dvc_yaml[end:]
+    return dvc_yaml[:start] + train_blocks(studies, decided) + dvc_yaml[end:]
 
 
-def stale_train_stages(dvc_yaml: str, studies: dict[str, str]) -> str | None:
-    """Why dvc.yaml's train stages are not those ``studies`` ({name: grid axis}) need, naming the command that
-    writes them; None when they are."""
+def stale_train_stages(dvc_yaml: str, studies: dict[str, str], decided: Iterable[str] = ()) -> str | None:
+    """Why dvc.yaml's train stages are not those ``studies`` ({name: grid axis}, ``decided``: `decided_studies`)
+    need, naming the command that writes them; None when they are."""
     try:
-        wanted = written(dvc_yaml, studies)
+        wanted = written(dvc_yaml, studies, decided)
     except ValueError as error:
         return str(error).replace("\n", " ")
     if wanted == dvc_yaml:
@@ -89,14 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check that dvc.yaml is up to date")
     parser.add_argument("--project", type=Path, default=Path("."), help="the project folder (default: here)")
     args = parser.parse_args(argv)
-    studies = grid_axes(yaml.safe_load((args.project / "params.yaml").read_text()) or {})
+    params = yaml.safe_load((args.project / "params.yaml").read_text()) or {}
+    studies, decided = grid_axes(params), decided_studies(params)
     path = args.project / "dvc.yaml"
     current = path.read_text()
-    wanted = written(current, studies)
+    wanted = written(current, studies, decided)
     if wanted == current:
         return 0
     if args.check:
-        print(stale_train_stages(current, studies), file=sys.stderr)
+        print(stale_train_stages(current, studies, decided), file=sys.stderr)
         return 1
     path.write_text(wanted)
     print(f"{path}: train stages written for {', '.join(studies)}")

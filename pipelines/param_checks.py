@@ -12,7 +12,7 @@ from kedro.framework.hooks import hook_impl
 
 from layertune.errors import choices_hint
 from layertune.study import ParamsError
-from pipelines.dvc_stages import stale_train_stages
+from pipelines.dvc_stages import decided_studies, stale_train_stages
 from pipelines.plans import plan_studies
 
 PLAN_NODE = "plan_studies"
@@ -36,23 +36,25 @@ class ParamsCheckHook:
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
         if any(node.name == PLAN_NODE for node in pipeline.nodes):
+            parameters = catalog.load("parameters")
             try:
-                planned = plan_studies(catalog.load("parameters"))
+                planned = plan_studies(parameters)
             except ParamsError as error:
                 raise InvalidParams(str(error)) from None
             check_train_stages(Path(run_params["project_path"]) / "dvc.yaml",
-                               {name: study.spec.grid_axis for name, study in planned.studies.items()})
+                               {name: study.spec.grid_axis for name, study in planned.studies.items()},
+                               decided_studies(parameters))
         elif inputs := [name for name in STUDY_INPUTS if name in pipeline.inputs()]:
             plans = Path(catalog.get("study_plans").path)
             check_planned(run_params.get("runtime_params") or {}, plans, cell="cell_plan" in inputs)
 
 
-def check_train_stages(dvc_yaml: Path, studies: dict[str, str]) -> None:
+def check_train_stages(dvc_yaml: Path, studies: dict[str, str], decided: list[str]) -> None:
     """dvc.yaml (where the project has one) has the train stages of the planned ``studies`` ({name: grid axis}):
     else a study added to params.yaml would run prepare and tokenize, then fail in evaluate, its cells never
     trained. DVC's matrix takes each study's grid from params.yaml; only a study's own block is written by a
-    command, which the message names."""
-    if dvc_yaml.is_file() and (problem := stale_train_stages(dvc_yaml.read_text(), studies)):
+    command, which the message names (and a decided study's second block, for its recorded rounds)."""
+    if dvc_yaml.is_file() and (problem := stale_train_stages(dvc_yaml.read_text(), studies, decided)):
         raise InvalidParams(problem)
 
 

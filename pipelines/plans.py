@@ -25,8 +25,9 @@ COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def dvc_stage(cell: StudyCell) -> str:
-    """The DVC stage that trains ``cell``: ``train-<study>@<key>`` (dvc.yaml's matrix names it so)."""
-    return f"train-{cell.study}@{cell.key}"
+    """The DVC stage that trains ``cell``: ``train-<study>@<key>`` (dvc.yaml's matrix names it so), or
+    ``rounds-<study>@<key>`` for a cell of a decided study's later round (`pipelines.dvc_stages`)."""
+    return f"{'train' if cell.round == 1 else 'rounds'}-{cell.study}@{cell.key}"
 
 
 class PreparePlan(Spec):

@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from pipelines.dvc_stages import cell_stage_study
 from pipelines.parallel import Interrupted, StageFailed
 from pipelines.processes import STOP_SIGNALS, on_signals
 from pipelines.ray_node import (
@@ -263,7 +264,7 @@ class RayCluster:
 
 
 def _study_of(stage: str) -> str:
-    return stage.split("@")[0].removeprefix("train-")
+    return cell_stage_study(stage) or stage
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 
     layertune repro [STUDY ...]                   # one cell at a time: the same as `dvc repro`
     layertune repro --jobs 4                      # four cells at a time on this machine (one GPU each, if any)
-    layertune repro --ray [ADDRESS]               # every cell a task on a Ray cluster (pip install "layertune[cluster]")
+    layertune repro --ray [ADDRESS]               # every cell a task on a Ray cluster ("layertune[cluster]")
+    layertune repro --decide [--budget MINUTES]   # the studies with a decide section, round after round
 
 Every way builds the stages all cells read once (plan … tokenize), then each cell that changed (`changed_cells`),
 then evaluates and aggregates with a plain ``dvc repro`` of the studies' reports, every cell being up to date by
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pipelines.dvc_stages import cell_stage_study
 from pipelines.parallel import Children, Interrupted, StageFailed, devices, run_cells
 from pipelines.processes import tied
 
@@ -29,7 +31,7 @@ def changed_cells(targets: Sequence[str]) -> list[str]:
     """The train stages `dvc status` reports changed upstream of ``targets``."""
     status = subprocess.run(["dvc", "status", "--json", "--with-deps", *targets], capture_output=True, text=True,
                             check=True)
-    return sorted(name for name in json.loads(status.stdout or "{}") if name.split("@")[0].startswith("train-"))
+    return sorted(name for name in json.loads(status.stdout or "{}") if cell_stage_study(name) is not None)
 
 
 def shared_stages(studies: Sequence[str]) -> list[str]:
@@ -90,14 +92,21 @@ def _build(studies: Sequence[str], children: Children, train: Callable[[list[str
     return children.run(tied(["dvc", "repro", *(["--pull"] if pull else []), *reports])).returncode
 
 
-def study_names(chosen: Sequence[str]) -> list[str]:
-    """``chosen``, or every study of params.yaml; an unknown name is an error naming the studies there are."""
+def study_names(chosen: Sequence[str], decided: bool = False) -> list[str]:
+    """``chosen``, or every study of params.yaml (``decided``: every one with a decide section); an unknown name is
+    an error naming the studies there are."""
     import yaml
 
-    studies = list((yaml.safe_load(Path("params.yaml").read_text()) or {}).get("studies") or {})
+    found = (yaml.safe_load(Path("params.yaml").read_text()) or {}).get("studies") or {}
+    studies = list(found)
     unknown = [name for name in chosen if name not in studies]
     if unknown:
         raise ValueError(f"no study {', '.join(map(repr, unknown))} in params.yaml; its studies: {', '.join(studies)}")
+    if decided and not chosen:
+        studies = [name for name in studies if isinstance(found[name], dict) and found[name].get("decide") is not None]
+        if not studies:
+            raise ValueError("--decide: no study of params.yaml has a decide section; add one, e.g. decide: "
+                             "{looks: 4, seeds_per_round: 2} (docs/pipeline.md, \"Deciding in rounds\")")
     return list(chosen) or studies
 
 
@@ -113,6 +122,11 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
                             "a cluster started on this machine (ray start --head), or a new local instance")
     parser.add_argument("--cpus-per-cell", type=int, help="with --ray: CPUs a cell takes (default: 1 on a cluster "
                         "with GPUs, where a cell takes a GPU; else every CPU of the smallest node)")
+    parser.add_argument("--decide", action="store_true", help="build the studies (default: those with a decide "
+                        "section) round after round until each question is answered or its rounds are spent "
+                        "(pipelines/decide.py)")
+    parser.add_argument("--budget", type=float, metavar="MINUTES", help="with --decide: start no round that would "
+                        "end past this many minutes (default: the studies' decide.budget_minutes)")
     return run
 
 
@@ -123,8 +137,16 @@ def run(args: argparse.Namespace) -> int:
     if args.cpus_per_cell is not None and args.ray is None:
         print(f"{PROG}: --cpus-per-cell is an option of --ray", file=sys.stderr)
         return 2
+    if args.budget is not None and not args.decide:
+        print(f"{PROG}: --budget is an option of --decide", file=sys.stderr)
+        return 2
     try:
-        return repro(study_names(args.studies), args.jobs, args.ray, args.cpus_per_cell)
+        studies = study_names(args.studies, decided=args.decide)
+        if args.decide:
+            from pipelines.decide import decide
+
+            return decide(studies, args.budget, lambda: repro(studies, args.jobs, args.ray, args.cpus_per_cell))
+        return repro(studies, args.jobs, args.ray, args.cpus_per_cell)
     except (ValueError, subprocess.CalledProcessError) as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2

@@ -182,7 +182,8 @@ def test_kill_9_of_dvc_repro_stops_its_stage_and_a_rerun_at_once_gives_one_finis
     try:
         _kill_dvc_repro_when(project, env, command_of("tokenize"))
         assert _left_alone(project, _warm_servers(project)) == []
-        _kill_dvc_repro_when(project, env, lambda process: command_of("train")(process) and cell_runs(project) == ["RUNNING"])
+        _kill_dvc_repro_when(project, env,
+                             lambda process: command_of("train")(process) and cell_runs(project) == ["RUNNING"])
         assert _left_alone(project, _warm_servers(project)) == []
         assert cell_runs(project) == ["KILLED"]  # ended by the SIGTERM its parent's death sent, not left RUNNING
         done = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=300)

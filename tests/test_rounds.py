@@ -58,3 +58,69 @@ def test_it_stops_when_the_answer_is_decided_or_the_looks_are_spent():
         replay(rounds * 5, estimate, 0.01, Looks(4))
     with pytest.raises(ValueError, match="seeds per round must be at least 1; got 0"):
         next_round(rounds, {}, ORDER, Looks(4), 0)
+
+
+# ------------------------------------------------------------------------------------ a decided study's record
+
+
+def decided_study(model: str, rounds: dict, **decide) -> dict:
+    return {"report": {"kind": "layers", "resamples": 300}, "tasks": ["sst2"], "encoders": {"m": model},
+            "tunable_layers": [0, 1, 2], "seeds": [1, 2], "decide": {"looks": 3, "rounds": rounds, **decide}}
+
+
+def round_cell(k, seed, number) -> tuple[str, dict]:
+    return f"sst2-m-{k}-{seed}", {"task": "sst2", "encoder": "m", "tunable_layers": k, "seed": seed, "round": number}
+
+
+def test_a_recorded_round_adds_its_cells_to_the_plan_each_its_own_dvc_stage(tiny_model_dirs):
+    from pipelines.plans import dvc_stage, plan_studies
+
+    rounds = dict(round_cell(k, seed, 2) for k in (1, 2) for seed in (3, 4))
+    plan = plan_studies({"download": {"mirror": None},
+                         "studies": {"s": decided_study(str(tiny_model_dirs["bert"]), rounds)}}).studies["s"]
+    assert [cell.key for cell in plan.cells][6:] == ["sst2-m-1-3", "sst2-m-2-3", "sst2-m-1-4", "sst2-m-2-4"]
+    assert [dvc_stage(cell) for cell in plan.cells][5:7] == ["train-s@sst2-m-2-2", "rounds-s@sst2-m-1-3"]
+    # A grid cell's plan file (a train stage's dependency) is as before the rounds existed: nothing retrains.
+    assert "round" not in plan.cells[0].model_dump() and plan.cells[6].model_dump()["round"] == 2
+
+
+@pytest.mark.parametrize("rounds, message", [
+    (dict([round_cell(1, 2, 2)]), "seed 2 is one of the grid's seeds"),
+    (dict([round_cell(3, 3, 2)]), "tunable layer 3 is not on the study's grid"),
+    (dict([round_cell(1, 3, 3)]), r"rounds \[3\] are recorded; they are numbered 2, 3"),
+    (dict([round_cell(1, 3, 2), round_cell(2, 4, 2)]), "the settings of round 2 have different seeds"),
+    (dict([round_cell(1, 3, 2), round_cell(1, 5, 3), round_cell(2, 5, 3)]),
+     r"round 3 trains \('sst2', 'm', 2\), which round 2 did not"),
+    ({"sst2-m-1-9": round_cell(1, 3, 2)[1]}, "decide.rounds.sst2-m-1-9: this cell's key is sst2-m-1-3"),
+])
+def test_a_record_the_rule_could_not_have_written_is_refused_naming_it(tiny_model_dirs, rounds, message):
+    from layertune.study import ParamsError
+    from pipelines.plans import plan_studies
+
+    with pytest.raises(ParamsError, match=message):
+        plan_studies({"download": {"mirror": None},
+                      "studies": {"s": decided_study(str(tiny_model_dirs["bert"]), rounds)}})
+
+
+def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_model_dirs):
+    from layertune.reports import build_report
+    from tests.test_reports import synthetic_results
+
+    rounds = dict(round_cell(k, seed, 2) for k in (0, 1, 2) for seed in (3, 4))
+    report = build_report(synthetic_results(decided_study(str(tiny_model_dirs["bert"]), rounds),
+                                            {"0": 0.6, "1": 0.85, "2": 0.86}))
+    decided = report.details["sst2"]["m"]["decided"]
+    assert [r["seeds"] for r in decided["rounds"]] == [[1, 2], [3, 4]]
+    assert [r["settings"] for r in decided["rounds"]] == [["0", "1", "2"], ["0", "1", "2"]]
+    # Two seeds at a look's small error leave even 25 points undecided (Student t on 3 degrees of freedom); with
+    # four, K = 0 is shown worse and stops, while 1 and 2 (1 point apart) stay in question.
+    assert decided["rounds"][0]["claims"] == {"0": "undecided", "1": "undecided", "2": "undecided"}
+    assert decided["rounds"][1]["claims"] == {"0": "no", "1": "undecided", "2": "undecided"}
+    assert decided["order"] == ["0", "1", "2"] and decided["looks"] == 3 and decided["answer"] is None
+    assert decided["next_round"] == {"seeds": [5, 6], "settings": ["1", "2"]}
+    # The table's verdicts are the last look's claims, and the answer is read from them.
+    assert report.details["sst2"]["m"]["within_tolerance"] == decided["rounds"][-1]["claims"]
+    assert report.details["sst2"]["m"]["recommended_layers"] is None
+    assert "### Rounds" in report.markdown and "| 2 | 3, 4 | 0, 1, 2 | 6 |" in report.markdown
+    assert "the next round would train seed(s) 5, 6 of 1, 2" in report.markdown
+    assert "Decided in rounds (at most 3" in report.markdown

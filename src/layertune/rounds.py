@@ -13,7 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from layertune.statistics import Estimate, Looks, Verdict, sequential_look
+
+if TYPE_CHECKING:
+    from layertune.study import StudySpec
 
 
 @dataclass(frozen=True)
@@ -69,3 +74,23 @@ def next_round(rounds: Sequence[Round], claims: dict[str, Verdict], order: Seque
     start = max(seed for done in rounds for seed in done.seeds) + 1
     contenders = tuple(setting for setting in order if claims.get(setting, "undecided") != "no")
     return Round(tuple(range(start, start + seeds_per_round)), contenders)
+
+
+def recorded_rounds(study: StudySpec) -> dict[tuple[str, str], list[Round]]:
+    """Per question (task, encoder) of a decided study, its rounds: round 1 the grid (every setting, the study's
+    seeds), then those of ``decide.rounds``. A setting is named as on the grid's third axis (tunable layers or
+    method)."""
+    settings = tuple(study.setting_name(k, method) for method, k in study.grid_settings)
+    questions = {(task, encoder): [Round(tuple(study.seeds), settings)] for task in study.tasks
+                 for encoder in study.encoders}
+    later: dict[tuple[str, str], dict[int, tuple[dict, dict]]] = {}
+    for cell in (study.decide.rounds.values() if study.decide else ()):
+        seeds, chosen = later.setdefault((cell.task, cell.encoder), {}).setdefault(cell.round, ({}, {}))
+        seeds[cell.seed] = None
+        chosen[study.setting_name(cell.tunable_layers, cell.method)] = None
+    for question, numbered in later.items():
+        for number in sorted(numbered):
+            seeds, chosen = numbered[number]
+            # In the grid's order, whatever the record's: a round's settings and seeds are sets.
+            questions[question].append(Round(tuple(sorted(seeds)), tuple(s for s in settings if s in chosen)))
+    return questions

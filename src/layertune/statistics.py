@@ -141,17 +141,27 @@ class Comparison:
     verdict: Verdict
 
 
+def paired_difference(candidate: Estimate, reference: Estimate) -> Estimate:
+    """candidate − reference on the seeds both have: the first ones (a decided study's later rounds give seeds to
+    the settings still in question only, after the grid's; every setting has the grid's)."""
+    seeds = min(candidate.seeds, reference.seeds)
+    return first_seeds(candidate, seeds).minus(first_seeds(reference, seeds))
+
+
 def differences_spread(candidates: Sequence[Estimate], reference: Estimate) -> SeedSpread | None:
     """The seed spread of every candidate's paired difference from ``reference``, pooled: what the comparisons of
     one table share."""
-    return SeedSpread.pooled([candidate.minus(reference) for candidate in candidates])
+    return SeedSpread.pooled([paired_difference(candidate, reference) for candidate in candidates])
 
 
 def first_good_enough(verdicts: Sequence[tuple[Any, Verdict]]) -> tuple[Any | None, list]:
     """The first of ``verdicts`` (ordered cheapest first: fewest layers, fewest parameters, ...) whose verdict is
     yes, unless one before it is undecided: then None and the undecided ones with it, the candidates the data cannot
-    separate. The best setting's verdict is yes, so there always is one."""
-    position = next(i for i, (_, verdict) in enumerate(verdicts) if verdict == "yes")
+    separate. The best setting's verdict is yes under the fixed test; where none is (the sequential rule claims yes
+    only once shown), None and every undecided one."""
+    position = next((i for i, (_, verdict) in enumerate(verdicts) if verdict == "yes"), None)
+    if position is None:
+        return None, [key for key, verdict in verdicts if verdict == "undecided"]
     chosen = verdicts[position][0]
     undecided = [key for key, verdict in verdicts[:position] if verdict == "undecided"]
     return (None, [*undecided, chosen]) if undecided else (chosen, [])
@@ -165,7 +175,7 @@ def within_tolerance(candidate: Estimate, reference: Estimate, tolerance: float,
     ``yes``: the upper ``confidence`` bound of the shortfall (reference − candidate) is below ``tolerance``;
     ``no``: its lower bound is above it (worse by more than the tolerance); ``undecided`` otherwise.
     """
-    difference = candidate.minus(reference)
+    difference = paired_difference(candidate, reference)
     low, high = difference.bounds(1 - confidence, confidence, spread)  # of candidate − reference
     verdict: Verdict = "yes" if -low < tolerance else "no" if -high > tolerance else "undecided"
     return Comparison(difference.mean, low, high, verdict)
@@ -175,7 +185,7 @@ def better_or_worse(candidate: Estimate, reference: Estimate, confidence: float 
                     spread: SeedSpread | None = None) -> Comparison:
     """Two-sided, paired: ``yes`` when the interval of candidate − reference is above 0 (better), ``no`` when it is
     below 0 (worse), ``undecided`` when it contains 0."""
-    difference = candidate.minus(reference)
+    difference = paired_difference(candidate, reference)
     low, high = interval(difference, confidence, spread)
     verdict: Verdict = "yes" if low > 0 else "no" if high < 0 else "undecided"
     return Comparison(difference.mean, low, high, verdict)
@@ -298,7 +308,7 @@ def what_would_settle(candidate: Estimate, reference: Estimate, tolerance: float
     """For `within_tolerance` (same arguments): what would decide it, if the observed difference holds. ``rows``:
     how many differences the pooled ``spread`` covers that would get the new seeds (each adds its degrees of
     freedom); seeds are searched up to ``max_seeds`` per setting."""
-    difference = candidate.minus(reference)
+    difference = paired_difference(candidate, reference)
     spread = spread if spread is not None else SeedSpread.pooled([difference])
     mean, means = difference.mean, difference.samples.mean(axis=0)
     decides: Verdict = "yes" if mean > -tolerance else "no"
@@ -368,7 +378,7 @@ class Looks:
         return self.spent(look / self.maximum) - self.spent((look - 1) / self.maximum)
 
 
-def _first_seeds(estimate: Estimate, seeds: int) -> Estimate:
+def first_seeds(estimate: Estimate, seeds: int) -> Estimate:
     return Estimate(estimate.scores[:seeds], estimate.samples[:seeds], estimate.examples)
 
 
@@ -376,8 +386,8 @@ def sequential_bound(candidate: Estimate, rival: Estimate, level: float, spread:
     """The one-sided ``level`` bounds of candidate − rival, paired on the seeds both have (the first ones): the dev
     part a normal quantile times the bootstrap standard deviation (a thousand resamples cannot place a 1e-4 quantile),
     the seed part Student t with ``spread`` (a setting's seed spread: a difference of two has √2 times it)."""
-    seeds = min(candidate.seeds, rival.seeds)
-    difference = _first_seeds(candidate, seeds).minus(_first_seeds(rival, seeds))
+    difference = paired_difference(candidate, rival)
+    seeds = difference.seeds
     dev = normal(1 - level) * float(difference.samples.mean(axis=0).std())
     seed = SeedSpread(spread.sd * np.sqrt(2), spread.df).half_width(seeds, 1 - level)
     half = float(np.hypot(dev, seed))

@@ -151,6 +151,36 @@ class ReportSpec(Spec):
     examples: int = Field(5, ge=0, description="dev examples shown one by one (dme attention, tagged sentences)")
 
 
+class RoundCell(Spec):
+    """A cell a later round of a decided study trained (`DecideSpec.rounds`): where it sits in the grid and its
+    round. The record names each cell (not only the round's seeds and settings) because DVC's ``foreach`` iterates
+    over it, one train stage per cell."""
+
+    task: str
+    encoder: str
+    tunable_layers: TunableLayers | None = Field(None, description="a layers study's setting")
+    method: str | None = Field(None, description="a methods study's setting")
+    seed: Seed
+    round: int = Field(ge=2, description="round 1 is the study's grid")
+
+
+class DecideSpec(Spec):
+    """A study decided in rounds (`layertune.rounds`; `layertune repro --decide`): after each round, the settings
+    shown worse than the best by more than the tolerance stop, and the others get the next seeds, until each
+    question (task and encoder) is answered, ``looks`` rounds are done, or the build's budget is spent. ``rounds``
+    is the record `layertune repro --decide` writes: a rebuild trains and reports the same rounds."""
+
+    looks: int = Field(4, ge=2, le=20, description="rounds at most, the grid's included: the error rate is spent "
+                                                  "over them")
+    seeds_per_round: PositiveInt = Field(2, description="seeds each setting still in question gets per round")
+    spending: Literal["obrien-fleming", "pocock", "bonferroni"] = Field(
+        "obrien-fleming", description="how the 5% error is spread over the looks (`layertune.statistics.Looks`)")
+    budget_minutes: PositiveFloat | None = Field(None, description="`layertune repro --decide` starts no round "
+                                                                   "that would end past it (--budget wins)")
+    rounds: dict[str, RoundCell] = Field({}, description="cell key → the cell a later round trained (written by "
+                                                         "`layertune repro --decide`)")
+
+
 class MethodSetting(Spec):
     """One setting of a study's ``methods`` axis: a tuning method and the layers it applies to."""
 
@@ -213,6 +243,8 @@ class StudySpec(Spec):
     training: TrainingConfig = TrainingConfig()
     per_tunable_layers: dict[TunableLayers, dict[str, Any]] = Field(
         {}, description="training arguments for one tunable-layers value, e.g. {0: {head_learning_rate: 3.0e-3}}")
+    decide: DecideSpec | None = Field(None, description="decide in rounds (layers and methods reports): more seeds "
+                                                        "for the settings still in question")
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -317,7 +349,53 @@ class StudySpec(Spec):
         for k in self.layer_values:
             self.training_for(k, seed=0)  # a bad override fails here, naming its key
         self._check_distinct_keys()
+        if self.decide is not None:
+            self._check_rounds(self.decide)
         return self
+
+    def setting_name(self, tunable_layers: TunableLayers, method: str | None) -> TunableLayers | str:
+        """A setting's name on the grid's third axis: its tunable layers, or (a methods study) its method."""
+        return tunable_layers if self.methods is None else method
+
+    def _check_rounds(self, decide: DecideSpec) -> None:
+        """The record of the rounds is one the rule could have written: each later round gives the same new seeds
+        (none of the grid's) to settings of the grid, and a setting stopped in one round gets none after it."""
+        if self.report.kind not in ("layers", "methods"):
+            raise ValueError(f"decide: a {self.report.kind!r} report has no question to decide in rounds; "
+                             "decide works with the layers and methods reports")
+        axis, settings = self.grid_axis, [self.setting_name(k, m) for m, k in self.grid_settings]
+        by_round: dict[int, dict[tuple, set[int]]] = {}
+        for key, cell in decide.rounds.items():
+            where = f"decide.rounds.{key}"
+            setting = cell.tunable_layers if axis == "tunable_layers" else cell.method
+            if (cell.tunable_layers if axis == "methods" else cell.method) is not None or setting is None:
+                raise ValueError(f"{where}: a cell of this study names its {axis.replace('_', ' ')} "
+                                 f"({'tunable_layers' if axis == 'tunable_layers' else 'method'}) and nothing else")
+            for value, known, what in ((cell.task, list(self.tasks), "task"), (cell.encoder, list(self.encoders),
+                                       "encoder"), (setting, settings, axis.replace("_", " ").rstrip("s"))):
+                if value not in known:
+                    raise ValueError(f"{where}: {what} {value!r} is not on the study's grid."
+                                     f"{choices_hint(value, known)}")
+            if key != (own := cell_key(cell.task, cell.encoder, setting, cell.seed)):
+                raise ValueError(f"{where}: this cell's key is {own}")
+            if cell.seed in self.seeds:
+                raise ValueError(f"{where}: seed {cell.seed} is one of the grid's seeds {self.seeds}")
+            by_round.setdefault(cell.round, {}).setdefault((cell.task, cell.encoder, setting), set()).add(cell.seed)
+        rounds = sorted(by_round)
+        if rounds and rounds != list(range(2, rounds[-1] + 1)):
+            raise ValueError(f"decide.rounds: rounds {rounds} are recorded; they are numbered 2, 3, … without a gap")
+        if len(rounds) + 1 > decide.looks:
+            raise ValueError(f"decide.rounds: {len(rounds) + 1} rounds with the grid's, more than decide.looks "
+                             f"({decide.looks})")
+        for number in rounds:
+            seeds = {frozenset(found) for found in by_round[number].values()}
+            if len(seeds) != 1:
+                raise ValueError(f"decide.rounds: the settings of round {number} have different seeds; a round "
+                                 "gives each of its settings the same seeds")
+            if number > 2 and not set(by_round[number]) <= set(by_round[number - 1]):
+                stopped = sorted(map(str, set(by_round[number]) - set(by_round[number - 1])))
+                raise ValueError(f"decide.rounds: round {number} trains {', '.join(stopped)}, which round "
+                                 f"{number - 1} did not: a setting stopped stays stopped")
 
     def _check_distinct_keys(self) -> None:
         """Names may hold '-', the keys' separator: tasks a and a-b with encoders b-c and c would both name a cell
@@ -397,6 +475,10 @@ class StudyCell(Spec):
     method: str | None = Field(None, description="the setting of the study's methods axis (None: a layers grid)")
     model_fingerprints: list[str | None] = Field(
         [], description="per language model of spec.encoders, `model_fingerprint` of the files it starts from")
+    # Left out of the saved form in round 1 (every cell of a study not decided in rounds): a cell's plan file is a
+    # dependency of its train stage, and a new field would retrain every cell.
+    round: int = Field(1, ge=1, exclude_if=lambda number: number == 1,
+                       description="the round of a decided study that trained it (1: the grid)")
 
     @property
     def key(self) -> str:
@@ -435,12 +517,19 @@ class StudyPlan(Spec):
 
 
 def study_cells(name: str, study: StudySpec) -> list[StudyCell]:
-    """Every task × encoder × tunable layers (or method) × seed, in the order of DVC's matrix."""
+    """Every task × encoder × tunable layers (or method) × seed, in the order of DVC's matrix, then the cells of
+    the later rounds of a decided study, as recorded."""
     fingerprints = {encoder: [model_fingerprint(single.model) for _, single in study.members(encoder)]
                     for encoder in study.encoders}
+    grid = [(task, encoder, method, k, seed) for task, encoder, (method, k), seed
+            in itertools.product(study.tasks, study.encoders, study.grid_settings, study.seeds)]
+    layers = dict((method, k) for method, k in study.grid_settings)
+    rounds = [(cell.task, cell.encoder, cell.method, layers[cell.method] if cell.method else cell.tunable_layers,
+               cell.seed, cell.round) for cell in sorted(study.decide.rounds.values() if study.decide else (),
+                                                         key=lambda cell: (cell.round, cell.seed))]  # seeds in order
     return [StudyCell(study=name, task=task, encoder=encoder, tunable_layers=k, seed=seed, method=method,
-                      spec=study.cell_spec(task, encoder, k, seed, method), model_fingerprints=fingerprints[encoder])
-            for task, encoder, (method, k), seed in itertools.product(study.tasks, study.encoders,
-                                                                       study.grid_settings, study.seeds)]
+                      spec=study.cell_spec(task, encoder, k, seed, method), model_fingerprints=fingerprints[encoder],
+                      round=number)
+            for task, encoder, method, k, seed, number in [(*cell, 1) for cell in grid] + rounds]
 
 

@@ -11,7 +11,9 @@ report names the candidates instead of a winner.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import pandas as pd
 
@@ -38,8 +40,11 @@ from layertune.reports.common import (
     signed_points,
     time_figure,
 )
+from layertune.reports.decided import Decision, decide_question, rounds_details, rounds_section
+from layertune.reports.decided import rule_text as decided_rule
 from layertune.statistics import (
     Comparison,
+    Estimate,
     SeedSpread,
     Settlement,
     differences_spread,
@@ -64,21 +69,28 @@ class Recommendation:
     recommended: int | str | None
     candidates: list[int | str]
     settle: dict[str, Settlement] = field(default_factory=dict)
+    decision: Decision | None = None  # a study decided in rounds: its rounds and the claims after each
 
 
-def recommend(group: list[Setting], tolerance: float, confidence: float) -> Recommendation:
-    """The fewest tunable layers shown within ``tolerance`` of the best (see the module's rule)."""
+def recommend(group: list[Setting], tolerance: float, confidence: float,
+              decision: Callable[[dict[str, Estimate], list[str]], Decision] | None = None) -> Recommendation:
+    """The fewest tunable layers shown within ``tolerance`` of the best (see the module's rule); in a study decided
+    in rounds, the claims of ``decision`` (`layertune.reports.decided.decide_question`) in place of the test's."""
     best = max(group, key=lambda s: s.mean)
     order = layers_order(s.tunable_layers for s in group)
     ordered = sorted(group, key=lambda s: order.index(s.tunable_layers))
     spread = differences_spread([s.estimate for s in ordered if s is not best], best.estimate)
     comparisons = {str(s.tunable_layers): _against(s, best, tolerance, confidence, spread) for s in ordered}
+    decided = None
+    if decision is not None:
+        decided = decision({str(s.tunable_layers): s.estimate for s in ordered}, [str(k) for k in order])
+        comparisons = {name: replace(c, verdict=decided.last[name]) for name, c in comparisons.items()}
     recommended, candidates = first_good_enough([(s.tunable_layers, comparisons[str(s.tunable_layers)].verdict)
                                                  for s in ordered])
     in_doubt = {str(s.tunable_layers): (s, comparisons[str(s.tunable_layers)].verdict) for s in ordered
                 if s.tunable_layers in candidates}
     settle = settle_undecided(in_doubt, best, tolerance, confidence, spread)
-    return Recommendation(best.task, best.encoder, best, comparisons, recommended, candidates, settle)
+    return Recommendation(best.task, best.encoder, best, comparisons, recommended, candidates, settle, decided)
 
 
 def _against(setting: Setting, best: Setting, tolerance: float, confidence: float,
@@ -88,18 +100,23 @@ def _against(setting: Setting, best: Setting, tolerance: float, confidence: floa
     return within_tolerance(setting.estimate, best.estimate, tolerance, confidence, spread)
 
 
-def recommendations(found: list[Setting], tolerance: float, confidence: float) -> list[Recommendation]:
+def recommendations(found: list[Setting], tolerance: float, confidence: float,
+                    results: StudyResults | None = None) -> list[Recommendation]:
+    """One per task and encoder; by the rounds' claims where ``results`` are of a study decided in rounds."""
     groups: dict[tuple[str, str], list[Setting]] = {}
     for setting in found:
         groups.setdefault((setting.task, setting.encoder), []).append(setting)
-    return [recommend(group, tolerance, confidence) for group in groups.values()]
+    decided = results is not None and results.plan.spec.decide is not None
+    return [recommend(group, tolerance, confidence,
+                      partial(decide_question, results, task, encoder) if decided else None)
+            for (task, encoder), group in groups.items()]
 
 
 def answer_text(recommendation: Recommendation) -> str:
     if recommendation.recommended is not None:
         return f"**{recommendation.recommended}**"
     *fewer, last = [str(k) for k in recommendation.candidates]
-    return f"cannot decide: {', '.join(fewer)} or {last}"
+    return f"cannot decide: {', '.join(fewer)} or {last}" if fewer else f"cannot decide ({last} is in question)"
 
 
 def rule_text(tolerance: float, confidence: float) -> str:
@@ -134,6 +151,8 @@ def task_section(results: StudyResults, found: list[Setting], chosen: list[Recom
                                   "vs best (points)", "within tolerance?", "training time (s)"], rows, "lrrrlr"),
                   f"Recommended number of tunable layers: {answer_text(recommendation)} "
                   f"(best: {recommendation.best.tunable_layers}, {points(recommendation.best.mean)}).\n"]
+        if recommendation.decision is not None:
+            lines.append(rounds_section(results, recommendation.decision, "tunable layers", results.plan.name))
         if recommendation.settle:
             lines.append(settle_section(recommendation.settle, "tunable layers", results.options.tolerance))
     return "\n".join(lines)
@@ -159,6 +178,8 @@ def report_details(found: list[Setting], chosen: list[Recommendation], tolerance
             recommended_layers=recommendation.recommended, undecided_between=recommendation.candidates,
             tolerance=tolerance, within_tolerance={k: c.verdict for k, c in recommendation.comparisons.items()},
             what_would_settle=settle_details(recommendation.settle))
+        if recommendation.decision is not None:
+            details[recommendation.task][recommendation.encoder]["decided"] = rounds_details(recommendation.decision)
     return details
 
 
@@ -185,12 +206,13 @@ def layers_report(results: StudyResults) -> Report:
     """``reports/<study>.md``: setup, the rule, a table and a recommendation per task and encoder, figures."""
     options = results.options
     found = settings(results)
-    chosen = recommendations(found, options.tolerance, options.confidence)
+    chosen = recommendations(found, options.tolerance, options.confidence, results)
     figures = layer_figures(results, settings_table(found))
     markdown = "\n".join([
         f"# Layer ablation: {results.plan.name}\n",
         setup_text(results),
         rule_text(options.tolerance, options.confidence),
+        *([decided_rule(results)] if results.plan.spec.decide else []),
         task_section(results, found, chosen),
         "## Figures\n",
         *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures],

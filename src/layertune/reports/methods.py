@@ -10,7 +10,7 @@ enough nor shown worse, the data cannot decide, and the report names the candida
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,8 @@ from layertune.reports.common import (
     signed_points,
     theme,
 )
+from layertune.reports.decided import Decision, decide_question, rounds_details, rounds_section
+from layertune.reports.decided import rule_text as decided_rule
 from layertune.statistics import Comparison, Settlement, differences_spread, first_good_enough, within_tolerance
 
 VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
@@ -69,6 +71,7 @@ class MethodAnswer:
     cheapest: dict[str, str | None]
     candidates: dict[str, list[str]]
     settle: dict[str, Settlement] = field(default_factory=dict)
+    decision: Decision | None = None  # a study decided in rounds: its rounds and the claims after each
 
 
 def cheapest(rows: list[MethodRow], cost: str) -> tuple[str | None, list[str]]:
@@ -95,13 +98,21 @@ def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
             rows.append(MethodRow(setting, int(scores.loc[keys[0], "trainable_parameters"]),
                                   float(scores.loc[keys, "train_time_s"].mean()),
                                   float(scores.loc[keys, "peak_memory_mb"].mean()), comparison))
+        decision = None
+        if results.plan.spec.decide is not None:  # the rounds' claims in place of the fixed test's
+            order = [row.name for row in sorted(rows, key=lambda row: row.trainable_parameters)]
+            decision = decide_question(results, task, encoder, {row.name: row.setting.estimate for row in rows},
+                                       order)
+            for row in rows:
+                row.comparison = replace(row.comparison, verdict=decision.last[row.name])
         chosen = {cost: cheapest(rows, cost) for cost in COSTS}
         in_doubt = {row.name: (row.setting, row.comparison.verdict) for row in rows
                     if row.name in chosen["trainable_parameters"][1]}
         out.append(MethodAnswer(task, encoder, next(r for r in rows if r.setting is best), rows,
                                 {cost: found[0] for cost, found in chosen.items()},
                                 {cost: found[1] for cost, found in chosen.items()},
-                                settle_undecided(in_doubt, best, options.tolerance, options.confidence, spread)))
+                                settle_undecided(in_doubt, best, options.tolerance, options.confidence, spread),
+                                decision))
     return out
 
 
@@ -120,7 +131,7 @@ def answer_text(answer: MethodAnswer, cost: str) -> str:
     if answer.cheapest[cost] is not None:
         return f"**{answer.cheapest[cost]}**"
     *cheaper, last = answer.candidates[cost]
-    return f"cannot decide: {', '.join(cheaper)} or {last}"
+    return f"cannot decide: {', '.join(cheaper)} or {last}" if cheaper else f"cannot decide ({last} is in question)"
 
 
 def rule_text(tolerance: float, confidence: float) -> str:
@@ -146,6 +157,8 @@ def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
                   f"Cheapest method within tolerance, by trainable parameters: {answer_text(answer, 'trainable_parameters')}"
                   f"; by training time: {answer_text(answer, 'train_time_s')} (best: {answer.best.name}, "
                   f"{points(answer.best.setting.mean)}).\n"]
+        if answer.decision is not None:
+            lines.append(rounds_section(results, answer.decision, "methods", results.plan.name))
         if answer.settle:
             lines.append(settle_section(answer.settle, "method", results.options.tolerance))
     return "\n".join(lines)
@@ -161,7 +174,8 @@ def report_details(chosen: list[MethodAnswer], tolerance: float) -> dict:
             "best_method": answer.best.name, "best_score": round_metric(answer.best.setting.mean),
             "cheapest_by_trainable_parameters": answer.cheapest["trainable_parameters"],
             "undecided_by_trainable_parameters": answer.candidates["trainable_parameters"],
-            "what_would_settle": settle_details(answer.settle)}
+            "what_would_settle": settle_details(answer.settle),
+            **({"decided": rounds_details(answer.decision)} if answer.decision is not None else {})}
         for key in ("mean", "std", "ci_low", "ci_high", "trainable_parameters", "within_tolerance"):
             entry[key] = {}
         for row in answer.rows:
@@ -226,6 +240,7 @@ def methods_report(results: StudyResults) -> Report:
         f"# Tuning methods: {results.plan.name}\n",
         setup_text(results),
         rule_text(options.tolerance, options.confidence),
+        *([decided_rule(results)] if results.plan.spec.decide else []),
         task_sections(results, chosen),
         "## Figures\n",
         *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures],

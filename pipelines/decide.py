@@ -1,0 +1,118 @@
+"""``layertune repro --decide [--budget MINUTES] [STUDY ...]``: build the studies decided in rounds, round after
+round, until each question is answered, its looks are spent, or the next round would pass the budget.
+
+A round is ordinary DVC cells. After each build the driver reads each question's claims and the round the rule
+would run next from the report (``reports/<study>/details.json``, ``decided``: `layertune.reports.decided`), records
+that round's cells in params.yaml (``studies.<study>.decide.rounds``, comments kept), writes dvc.yaml's train stages
+for them (`pipelines.dvc_stages`) and builds again: only the new cells train. The record is what a rebuild
+replays: `dvc repro` of the same params.yaml trains the same cells and writes the same reports, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from layertune.study import cell_key
+from pipelines.repro import PROG, changed_cells
+
+PARAMS = Path("params.yaml")
+
+
+def check_decided(studies: Sequence[str], params: dict) -> None:
+    """Every study of ``studies`` has a ``decide`` section; a `ValueError` naming the key to add, before any work."""
+    missing = [name for name in studies if not isinstance(params["studies"][name].get("decide"), dict)]
+    if missing:
+        raise ValueError(f"--decide: {', '.join(f'studies.{name}' for name in missing)} has no decide section; add "
+                         "one to decide in rounds, e.g. decide: {looks: 4, seeds_per_round: 2} (see "
+                         "docs/pipeline.md, \"Deciding in rounds\")")
+
+
+def next_cells(study: str, params: dict) -> dict[str, dict]:
+    """The cells of the round the rule runs next, by key, from the study's report (every question still open)."""
+    details = json.loads((Path("reports") / study / "details.json").read_text())
+    axis = "tunable_layers" if params["studies"][study].get("methods") is None else "method"
+    cells = {}
+    for task, encoders in details.items():
+        for encoder, entry in encoders.items():
+            following = (entry.get("decided") or {}).get("next_round")
+            if following is None:
+                continue
+            number = len(entry["decided"]["rounds"]) + 1
+            for setting in following["settings"]:
+                value = (setting if setting == "all" else int(setting)) if axis == "tunable_layers" else setting
+                for seed in following["seeds"]:
+                    cells[cell_key(task, encoder, value, seed)] = {"task": task, "encoder": encoder, axis: value,
+                                                                  "seed": seed, "round": number}
+    return cells
+
+
+def record(additions: dict[str, dict[str, dict]]) -> None:
+    """``additions`` ({study: {key: cell}}) appended to params.yaml's ``decide.rounds`` (a round trip that keeps
+    its comments and layout), and dvc.yaml's train stages written for them."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+
+    from pipelines import dvc_stages
+
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 120
+    params = yaml.load(PARAMS.read_text())
+    for study, cells in additions.items():
+        decide = params["studies"][study]["decide"]
+        decide.fa.set_block_style()  # `decide: {looks: 4}` grows a block of rounds
+        if decide.get("rounds") is None:
+            decide["rounds"] = CommentedMap()
+        for key, cell in cells.items():
+            entry = CommentedMap(cell)
+            entry.fa.set_flow_style()
+            decide["rounds"][key] = entry
+    staging = PARAMS.with_name(f".{PARAMS.name}.decide")
+    with staging.open("w") as out:
+        yaml.dump(params, out)
+    staging.replace(PARAMS)  # whole or not at all
+    dvc_stages.main([])
+
+
+def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], int]) -> int:
+    """Rounds of ``build`` (a whole build of ``studies``: 0 when it succeeded) until no study has a next round, or
+    the next one would end past ``budget_minutes`` (None: the studies' own ``decide.budget_minutes``, else none)."""
+    import yaml
+
+    params = yaml.safe_load(PARAMS.read_text())
+    check_decided(studies, params)
+    budgets = [params["studies"][s]["decide"].get("budget_minutes") for s in studies]
+    budget = budget_minutes if budget_minutes is not None else min((b for b in budgets if b), default=None)
+    started, per_cell = time.monotonic(), None
+    reports = [f"aggregate@{study}" for study in studies]
+    while True:
+        cells, round_started = len(changed_cells(reports)), time.monotonic()
+        if returncode := build():
+            return returncode
+        if cells:
+            per_cell = (time.monotonic() - round_started) / cells
+        params = yaml.safe_load(PARAMS.read_text())
+        additions = {study: found for study in studies if (found := next_cells(study, params))}
+        spent = time.monotonic() - started
+        if not additions:
+            print(f"{PROG}: every question of {', '.join(studies)} is decided or has spent its rounds, in "
+                  f"{spent / 60:.1f} min: see reports/<study>.md, \"Rounds\"", flush=True)
+            return 0
+        count = sum(map(len, additions.values()))
+        cost = count * (per_cell or 0.0)
+        if budget is not None and spent + cost > 60 * budget:
+            print(f"{PROG}: the next round ({count} cell(s), about {cost / 60:.1f} min at {per_cell or 0:.0f} s a "
+                  f"cell) would end past the budget of {budget:g} min ({spent / 60:.1f} min spent): stopped; the "
+                  "reports say what each open question would need", flush=True)
+            return 0
+        print(f"{PROG}: next round, {count} cell(s): "
+              + "; ".join(f"{study}: {', '.join(found)}" for study, found in additions.items()), flush=True)
+        record(additions)
+
+
+if __name__ == "__main__":
+    sys.exit("run it as: layertune repro --decide [--budget MINUTES] [STUDY ...]")
