@@ -124,3 +124,19 @@ def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_m
     assert "### Rounds" in report.markdown and "| 2 | 3, 4 | 0, 1, 2 | 6 |" in report.markdown
     assert "the next round would train seed(s) 5, 6 of 1, 2" in report.markdown
     assert "Decided in rounds (at most 3" in report.markdown
+
+
+def test_a_decided_study_gets_a_second_train_block_over_its_record_and_a_stale_one_is_named():
+    from pipelines.dvc_stages import BEGIN, END, cell_stage_study, decided_studies, stale_train_stages, train_blocks
+
+    params = {"studies": {"a": {"tunable_layers": [0]}, "m": {"methods": {}, "decide": {"rounds": {}}},
+                          "d": {"tunable_layers": [0], "decide": {"looks": 3}}}}  # no record yet: no block
+    assert decided_studies(params) == ["m"]
+    block = train_blocks({"a": "tunable_layers", "m": "methods"}, ["m"])
+    assert "  rounds-m:\n    foreach: ${studies.m.decide.rounds}\n" in block and "rounds-a" not in block
+    assert "data/03_features/m/${item.task}-${item.encoder}-${item.method}.json" in block
+    dvc_yaml = f"stages:\n{BEGIN}\n{train_blocks({'m': 'methods'})}{END}\n"
+    assert "no train stage" not in (stale_train_stages(dvc_yaml, {"m": "methods"}, ["m"]) or "")
+    assert "run python -m pipelines.dvc_stages" in stale_train_stages(dvc_yaml, {"m": "methods"}, ["m"])
+    assert [cell_stage_study(s) for s in ("train-m@x-1", "rounds-m@x-3", "evaluate@m", "rounds-a-b@k")] == [
+        "m", "m", None, "a-b"]

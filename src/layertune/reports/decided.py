@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 from layertune.reports.common import StudyResults, markdown_table
 from layertune.rounds import Round, answer, next_round, recorded_rounds, replay
-from layertune.statistics import Estimate, Looks, Verdict, first_seeds
+from layertune.statistics import (
+    Estimate,
+    Looks,
+    Verdict,
+    differences_spread,
+    first_good_enough,
+    first_seeds,
+    within_tolerance,
+)
 
 CLAIMS = {"yes": "within tolerance", "no": "worse", "undecided": "in question"}
 
@@ -33,6 +41,7 @@ class Decision:
     answer: str | None
     looks: Looks
     next: Round | None
+    grid_answer: str  # what the fixed test says of the grid alone (round 1), as the report would without rounds
 
     @property
     def last(self) -> dict[str, Verdict]:
@@ -50,7 +59,19 @@ def decide_question(results: StudyResults, task: str, encoder: str, estimates: M
                     looks)
     order = list(order)
     return Decision(task, encoder, rounds, claims, order, answer(claims[-1], order), looks,
-                    next_round(rounds, claims[-1], order, looks, spec.decide.seeds_per_round))
+                    next_round(rounds, claims[-1], order, looks, spec.decide.seeds_per_round),
+                    _fixed_answer({name: first_seeds(estimate, len(spec.seeds)) for name, estimate in estimates.items()},
+                                  order, options.tolerance, options.confidence))
+
+
+def _fixed_answer(estimates: Mapping[str, Estimate], order: list[str], tolerance: float, confidence: float) -> str:
+    """The answer of the fixed test (`layertune.statistics.within_tolerance` against the best, one look)."""
+    best = max(order, key=lambda name: estimates[name].mean)
+    spread = differences_spread([estimates[name] for name in order if name != best], estimates[best])
+    verdicts = [(name, "yes" if name == best else within_tolerance(estimates[name], estimates[best], tolerance,
+                                                                   confidence, spread).verdict) for name in order]
+    chosen, candidates = first_good_enough(verdicts)
+    return f"**{chosen}**" if chosen is not None else f"cannot decide: {', '.join(candidates)}"
 
 
 def rule_text(results: StudyResults) -> str:
@@ -89,7 +110,8 @@ def rounds_section(results: StudyResults, decision: Decision, setting_header: st
         outcome = (f"Not decided, and all {decision.looks.maximum} rounds are spent: what would settle each "
                    "comparison in question is below.")
     return (f"### Rounds\n\n{markdown_table(header, rows, 'rllrrlll')}\n"
-            f"Training time over all rounds: {total:.1f} s. {outcome}\n")
+            f"Training time over all rounds: {total:.1f} s. {outcome} The grid alone (round 1), by the fixed test at "
+            f"{results.options.confidence:.0%}: {decision.grid_answer}.\n")
 
 
 def rounds_details(decision: Decision) -> dict:
@@ -99,4 +121,5 @@ def rounds_details(decision: Decision) -> dict:
             "rounds": [{"seeds": list(done.seeds), "settings": list(done.settings), "claims": claims}
                        for done, claims in zip(decision.rounds, decision.claims)],
             "next_round": None if decision.next is None else {"seeds": list(decision.next.seeds),
-                                                              "settings": list(decision.next.settings)}}
+                                                              "settings": list(decision.next.settings)},
+            "grid_answer": decision.grid_answer}
