@@ -124,6 +124,8 @@ def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_m
     assert "### Rounds" in report.markdown and "| 2 | 3, 4 | 0, 1, 2 | 6 |" in report.markdown
     assert "the next round would train seed(s) 5, 6 of 1, 2" in report.markdown
     assert "Decided in rounds (at most 3" in report.markdown
+    # What would settle it names the settings in question against the best, never the best against itself.
+    assert sorted(report.details["sst2"]["m"]["what_would_settle"]) == ["1"]
 
 
 def test_a_decided_study_gets_a_second_train_block_over_its_record_and_a_stale_one_is_named():

@@ -252,7 +252,9 @@ def settle_undecided(comparisons: Mapping[str, tuple[Setting, str]], best: Setti
     """For each undecided comparison of a question the data cannot answer (``{name: (setting, verdict)}``), what
     would decide it (`layertune.statistics.what_would_settle`); the undecided settings and the best would all get
     the new seeds, so each adds its degrees of freedom to the pooled spread."""
-    undecided = {name: setting for name, (setting, verdict) in comparisons.items() if verdict == "undecided"}
+    # The best is undecided only under the rounds' rule (the fixed test counts it good enough): no comparison to settle.
+    undecided = {name: setting for name, (setting, verdict) in comparisons.items()
+                 if verdict == "undecided" and setting is not best}
     return {name: what_would_settle(setting.estimate, best.estimate, tolerance, confidence, spread, len(undecided))
             for name, setting in undecided.items()}
 
