@@ -9,7 +9,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from layertune.cell import EncoderSpec, Spec
+from layertune.specs import EncoderSpec, Spec
 from layertune.errors import describe_validation_error
 from layertune.model_paths import model_config, model_layers, model_max_length, require_safe_weights
 from layertune.study import ENCODER_NAME, ENCODER_TAGS, ParamsError, StudySpec, name_problem

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from layertune.cell import CombineSpec, CorpusSpec, EncoderSpec, HeadSpec
+from layertune.specs import CombineSpec, CorpusSpec, EncoderSpec, HeadSpec
 from pipelines.profiles import apply_overrides, dvc_arguments, load_profile
-from layertune.cell import DatasetSpec, SampleSpec
+from layertune.specs import DatasetSpec, SampleSpec
 from layertune.study import ParamsError, ReportKind
 from pipelines.params import validate_params
 from pipelines.plans import dvc_stage, plan_studies

@@ -38,7 +38,7 @@ its cells, stages and report sections get to a `DatasetSpec` (``null``: the buil
 An encoder is a model (``minilm: sentence-transformers/all-MiniLM-L6-v2``), an `EncoderSpec` with settings and a
 learning rate of its own (``roberta: {model: roberta-base, hidden_dropout_prob: 0.4, learning_rate: 1.0e-5}``), or
 several of the study's encoders combined (``dme: {members: [minilm, roberta], combine: dme}``, a `CombineSpec`).
-Each section is the library's own spec (`layertune.cell`), nested, never a copy. Names name folders, so each cell
+Each section is the library's own spec (`layertune.specs`), nested, never a copy. Names name folders, so each cell
 has a readable key, ``<task>-<encoder>-<tunable_layers>-<seed>``.
 
 `study_cells` turns a `StudySpec` into one `StudyCell` per cell, each holding the `CellSpec` that `train_cell`
@@ -66,7 +66,7 @@ from pydantic import (
     model_validator,
 )
 
-from layertune.cell import (
+from layertune.specs import (
     CellSpec,
     CombineSpec,
     CorpusSpec,
