@@ -93,7 +93,7 @@ class SpecTreeDataset(Located, AbstractDataset[dict, dict]):
 class SplitFilesDataset(Located, AbstractDataset[dict, dict]):
     """Downloaded data as it came, ``{name: {split: datasets.Dataset}}`` saved as ``<path>/<name>/<split>.parquet``.
 
-    Loading gives ``{name: {split: path}}``: the files that `layertune.cell.CorpusSpec.load` reads in place of
+    Loading gives ``{name: {split: path}}``: the files that `layertune.specs.CorpusSpec.load` reads in place of
     the mirror or the hub (``files=``).
     """
 

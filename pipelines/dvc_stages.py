@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -26,7 +27,18 @@ import yaml
 
 BEGIN = "  # >>> train stages: written by `python -m pipelines.dvc_stages` from params.yaml's studies; do not edit"
 END = "  # <<< end of the train stages"
-# {axis}: the grid's third axis, `tunable_layers` or (a study of tuning methods) `methods` (`StudySpec.grid_axis`).
+# What trains one cell, whichever block names it; {item}: `tunable_layers` or (a study of tuning methods) `method`.
+CELL_STAGE = """\
+cmd: ${{run}} train --params study={study},cell=${{key}}
+deps:
+  - data/00_plan/{study}/cells/${{key}}.json
+  - data/00_plan/code/train.json
+  - data/02_prepared/{study}/${{item.task}}
+  - data/03_features/{study}/${{item.task}}-${{item.encoder}}-${{item.{item}}}.json
+outs:
+  - data/04_models/{study}/${{key}}
+"""
+# {axis}: the grid's third axis, `tunable_layers` or `methods` (`StudySpec.grid_axis`).
 BLOCK = """\
   train-{study}:
     matrix:
@@ -34,30 +46,14 @@ BLOCK = """\
       encoder: ${{studies.{study}.encoders}}
       {item}: ${{studies.{study}.{axis}}}
       seed: ${{studies.{study}.seeds}}
-    cmd: ${{run}} train --params study={study},cell=${{key}}
-    deps:
-      - data/00_plan/{study}/cells/${{key}}.json
-      - data/00_plan/code/train.json
-      - data/02_prepared/{study}/${{item.task}}
-      - data/03_features/{study}/${{item.task}}-${{item.encoder}}-${{item.{item}}}.json
-    outs:
-      - data/04_models/{study}/${{key}}
-"""
+""" + textwrap.indent(CELL_STAGE, " " * 4)
 # A decided study's later rounds (``decide.rounds``, written by `layertune repro --decide`): the same stage for each
 # recorded cell, iterated with ``foreach`` (a round's cells are not a full grid).
 ROUNDS_BLOCK = """\
   rounds-{study}:
     foreach: ${{studies.{study}.decide.rounds}}
     do:
-      cmd: ${{run}} train --params study={study},cell=${{key}}
-      deps:
-        - data/00_plan/{study}/cells/${{key}}.json
-        - data/00_plan/code/train.json
-        - data/02_prepared/{study}/${{item.task}}
-        - data/03_features/{study}/${{item.task}}-${{item.encoder}}-${{item.{item}}}.json
-      outs:
-        - data/04_models/{study}/${{key}}
-"""
+""" + textwrap.indent(CELL_STAGE, " " * 6)
 CELL_STAGES = ("train-", "rounds-")  # the prefixes of the stages that train a cell
 
 

@@ -4,16 +4,42 @@ one check of it, which names every bad key by its dotted path and asks no model 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from layertune.cell import EncoderSpec, Spec
+from layertune.specs import EncoderSpec, Spec
 from layertune.errors import describe_validation_error
 from layertune.model_paths import model_config, model_layers, model_max_length, require_safe_weights
-from layertune.study import ENCODER_NAME, ENCODER_TAGS, ParamsError, StudySpec, name_problem
+from layertune.study import ENCODER_TAGS, ParamsError, StudySpec
 from layertune.tuning_methods import METHODS
+
+# Names of studies, encoders, tasks and methods name folders and DVC stages, and reach Kedro as `--params
+# study=<name>`, which reads each value as YAML: so a letter first (never a number: `01` would arrive as 1), no dots
+# (DVC reads `${studies.<name>.tasks}` as a path) and none of YAML's words for true, false and null (`yes` would
+# arrive as True). Study, task and method names are lower case; encoder names may name their model
+# (`all-MiniLM-L6-v2`).
+NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+ENCODER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+
+
+def name_problem(name: object, pattern: re.Pattern = NAME) -> str | None:
+    """Why ``name`` cannot name a study, encoder, task or method (see `NAME`), or None."""
+    letters = "lower-case letters" if pattern is NAME else "letters"
+    rule = f"{letters}, digits, '_' and '-', starting with a letter (it names folders, DVC stages and `kedro run " \
+           "--params` values)"
+    if not isinstance(name, str):
+        kind = {bool: "a boolean", int: "a number", float: "a number", type(None): "null"}.get(type(name), "a date")
+        return f"{name!r} is not a valid name: YAML read it as {kind}, not as text; a name is {rule}"
+    if not pattern.match(name):
+        return f"{name!r} is not a valid name: a name is {rule}"
+    if name.lower() in YAML_WORDS:
+        return f"{name!r} is not a valid name: YAML reads it as a boolean or null, not as text"
+    return None
+
 
 class DownloadSection(Spec):
     mirror: str | None = Field(None, description="folder with glue/, imdb/, ner/; $LAYERTUNE_DATA_MIRROR wins; null "
@@ -34,7 +60,8 @@ class StudyParams(Spec):
     @model_validator(mode="before")
     @classmethod
     def _names(cls, params: Any) -> Any:
-        """Study and encoder names, checked before anything else: an error names the key, not the whole mapping."""
+        """Study, encoder, task and method names, checked before anything else: an error names the key, not the
+        whole mapping."""
         studies = params.get("studies") if isinstance(params, Mapping) else None
         if not isinstance(studies, Mapping):
             return params
@@ -46,6 +73,9 @@ class StudyParams(Spec):
             tasks = study.get("tasks") if isinstance(study, Mapping) else None
             problems += [f"studies.{name}.tasks.{task}: {problem}" for task in (tasks or {})
                          if isinstance(tasks, Mapping) and (problem := name_problem(task))]
+            methods = study.get("methods") if isinstance(study, Mapping) else None
+            problems += [f"studies.{name}.methods.{method}: {problem}" for method in (methods or {})
+                         if isinstance(methods, Mapping) and (problem := name_problem(method))]
         if problems:
             raise ParamsError("\n  ".join(problems))
         return params

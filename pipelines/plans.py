@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, PositiveInt
 
-from layertune.cell import CorpusSpec, DatasetSpec, EncoderSpec, Spec
+from layertune.specs import CorpusSpec, DatasetSpec, EncoderSpec, Spec
 from layertune.model_paths import model_fingerprint, model_layers
 from layertune.study import ParamsError, StudyCell, StudyPlan, StudySpec, study_cells
 from layertune.tuning_methods import TopK

@@ -564,7 +564,7 @@ def _outputs_of(folder: Path, run) -> bool:
 
 def spec_digest(spec) -> str:
     """A `CellSpec` (or its JSON)'s digest: equal specs, however their JSON is laid out, give the same one."""
-    from layertune.cell import CellSpec
+    from layertune.specs import CellSpec
 
     if isinstance(spec, str):
         spec = CellSpec.model_validate_json(spec)

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from layertune.cli import main
-from layertune.cell import CellSpec, EncoderSpec
+from layertune.specs import CellSpec, EncoderSpec
 from layertune.training_config import TrainingConfig
 
 

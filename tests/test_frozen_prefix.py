@@ -560,7 +560,7 @@ def test_the_pipeline_names_its_own_cache_setting_when_the_disk_is_full(tiny_ber
 
 
 def frozen_prefix_spec(model):
-    from layertune.cell import EncoderSpec
+    from layertune.specs import EncoderSpec
 
     return EncoderSpec(model=str(model), tunable_layers="all", pooling="cls")
 

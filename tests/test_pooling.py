@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from layertune import LanguageModel, TextClassifier
-from layertune.cell import EncoderSpec
+from layertune.specs import EncoderSpec
 from layertune.model_paths import default_pooling
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from layertune import IA3, LanguageModel, Lora, ModelTrainer, MultiEncoder, TextClassifier
-from layertune.cell import CellSpec
+from layertune.specs import CellSpec
 
 
 def classifier(path, global_seed, **options):
@@ -113,7 +113,8 @@ WORKER = r"""
 import json, random, sys
 import numpy, torch
 from layertune import LanguageModel, ModelTrainer, TextClassifier, load_corpus
-from layertune.cell import CellSpec, train_cell
+from layertune.cell import train_cell
+from layertune.specs import CellSpec
 
 model_path, data_mirror, dirty, caches, cell_cache = sys.argv[1], sys.argv[2], sys.argv[3] == "dirty", \
     json.loads(sys.argv[4]), sys.argv[5]

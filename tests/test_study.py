@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from layertune.cell import CombineSpec, CorpusSpec, EncoderSpec, HeadSpec
+from layertune.specs import CombineSpec, CorpusSpec, EncoderSpec, HeadSpec
 from pipelines.profiles import apply_overrides, dvc_arguments, load_profile
-from layertune.cell import DatasetSpec, SampleSpec
+from layertune.specs import DatasetSpec, SampleSpec
 from layertune.study import ParamsError, ReportKind
 from pipelines.params import validate_params
 from pipelines.plans import dvc_stage, plan_studies
@@ -107,7 +107,8 @@ def test_ci_profile_is_small(params):
         ("studies.methods.encoders.all-MiniLM-L6-v2", {"model": "sentence-transformers/all-MiniLM-L6-v2",
                                                        "method": "lora"},
          r"encoders.all-MiniLM-L6-v2.method: the study's methods axis sets each cell's method"),
-        ("studies.methods.methods.Lora", {"tunable_layers": 2}, r"methods: 'Lora': 'Lora' is not a valid name"),
+        ("studies.methods.methods.Lora", {"tunable_layers": 2},
+         r"studies.methods.methods.Lora: 'Lora' is not a valid name"),
     ],
 )
 def test_bad_values_are_named_by_their_key(params, path, value, message):
@@ -136,7 +137,7 @@ def test_seeds_at_the_edges_of_numpys_range_are_valid(params):
 
 
 def test_every_task_has_a_valid_name():
-    from layertune.study import name_problem
+    from pipelines.params import name_problem
     from layertune.corpora.registry import TASKS
 
     assert {task: name_problem(task) for task in TASKS} == {task: None for task in TASKS}

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from pipelines import tracking
-from layertune.cell import CellSpec, CorpusSpec, EncoderSpec
+from layertune.specs import CellSpec, CorpusSpec, EncoderSpec
 from layertune.study import StudyCell
 from layertune.trainer import TrainingResult
 

@@ -25,7 +25,7 @@ from layertune import (
     TextClassifier,
     TopK,
 )
-from layertune.cell import CellSpec, EncoderSpec
+from layertune.specs import CellSpec, EncoderSpec
 from layertune.cli import main
 from layertune.errors import describe_validation_error
 from layertune.frozen_prefix import FrozenPrefixCache

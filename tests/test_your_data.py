@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from layertune.cell import CorpusSpec, DatasetSpec
+from layertune.specs import CorpusSpec, DatasetSpec
 from layertune.errors import CorpusArgumentError
 from layertune.study import ParamsError
 from pipelines.plans import download_folder, plan_studies

@@ -11,7 +11,7 @@ _EXPORTS = {
     "Encoder": "encoder",
     "TaskModel": "heads", "TextClassifier": "heads", "TextRegressor": "heads", "TokenClassifier": "heads",
     "ModelTrainer": "trainer", "TrainingResult": "trainer", "TrainingConfig": "training_config",
-    "CellSpec": "cell", "train_cell": "cell",
+    "CellSpec": "specs", "train_cell": "cell",
     "TopK": "tuning_methods", "Lora": "tuning_methods", "IA3": "tuning_methods", "BitFit": "tuning_methods",
     "TuningMethod": "tuning_methods",
     "parameter_drift": "drift", "layer_drift": "drift",

@@ -6,7 +6,7 @@ Building a study is the pipeline's work: ``dvc repro``, or ``layertune repro --j
 at a time. Other installed packages add such commands as entry points of group ``layertune.commands`` (the pipeline
 adds ``repro``), so this library knows none of them.
 
-Every option is a field of `layertune.cell.CellSpec` (``--seed`` is the training seed, ``--data-seed`` the
+Every option is a field of `layertune.specs.CellSpec` (``--seed`` is the training seed, ``--data-seed`` the
 subsample's; ``--revision`` the model's, ``--data-revision`` the hub dataset's), generated from it, so the command line
 takes exactly what the library takes, checked the same way.
 """
@@ -113,7 +113,7 @@ def _plugin_commands() -> dict:
 
 def cell_spec(options: dict[str, Any], base: dict | None = None):
     """A `CellSpec` from ``{"section.field": value}`` options over ``base`` (a spec as a dict)."""
-    from layertune.cell import CellSpec
+    from layertune.specs import CellSpec
 
     spec = json.loads(json.dumps(base or {"corpus": {}, "encoders": [{}]}))
     for key, value in options.items():

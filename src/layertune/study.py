@@ -38,7 +38,7 @@ its cells, stages and report sections get to a `DatasetSpec` (``null``: the buil
 An encoder is a model (``minilm: sentence-transformers/all-MiniLM-L6-v2``), an `EncoderSpec` with settings and a
 learning rate of its own (``roberta: {model: roberta-base, hidden_dropout_prob: 0.4, learning_rate: 1.0e-5}``), or
 several of the study's encoders combined (``dme: {members: [minilm, roberta], combine: dme}``, a `CombineSpec`).
-Each section is the library's own spec (`layertune.cell`), nested, never a copy. Names name folders, so each cell
+Each section is the library's own spec (`layertune.specs`), nested, never a copy. Names name folders, so each cell
 has a readable key, ``<task>-<encoder>-<tunable_layers>-<seed>``.
 
 `study_cells` turns a `StudySpec` into one `StudyCell` per cell, each holding the `CellSpec` that `train_cell`
@@ -49,7 +49,6 @@ checked as a parameter file and run lives with the pipeline (``pipelines/``).
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
@@ -66,7 +65,7 @@ from pydantic import (
     model_validator,
 )
 
-from layertune.cell import (
+from layertune.specs import (
     CellSpec,
     CombineSpec,
     CorpusSpec,
@@ -84,13 +83,6 @@ from layertune.model_paths import model_fingerprint
 from layertune.training_config import TrainingConfig
 from layertune.tuning_methods import TopK, TuningMethod
 
-# Names of studies, encoders and tasks name folders and DVC stages, and reach Kedro as `--params study=<name>`,
-# which reads each value as YAML: so a letter first (never a number: `01` would arrive as 1), no dots (DVC reads
-# `${studies.<name>.tasks}` as a path) and none of YAML's words for true, false and null (`yes` would arrive as
-# True). Study and task names are lower case; encoder names may name their model (`all-MiniLM-L6-v2`).
-NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
-ENCODER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
 # Training keys that decide what the tokenize stage caches for every cell (mixed_precision: the autocast its pass
 # computes in), and the seed (the seeds axis).
 STUDY_WIDE_TRAINING = {"max_length", "cache_dtype", "frozen_prefix_cache", "mixed_precision", "seed"}
@@ -98,21 +90,6 @@ STUDY_WIDE_TRAINING = {"max_length", "cache_dtype", "frozen_prefix_cache", "mixe
 
 class ParamsError(ValueError):
     """``params.yaml`` is invalid; the message names every bad key by its dotted path."""
-
-
-def name_problem(name: object, pattern: re.Pattern = NAME) -> str | None:
-    """Why ``name`` cannot name a study, encoder or task (see `NAME`), or None."""
-    letters = "lower-case letters" if pattern is NAME else "letters"
-    rule = f"{letters}, digits, '_' and '-', starting with a letter (it names folders, DVC stages and `kedro run " \
-           "--params` values)"
-    if not isinstance(name, str):
-        kind = {bool: "a boolean", int: "a number", float: "a number", type(None): "null"}.get(type(name), "a date")
-        return f"{name!r} is not a valid name: YAML read it as {kind}, not as text; a name is {rule}"
-    if not pattern.match(name):
-        return f"{name!r} is not a valid name: a name is {rule}"
-    if name.lower() in YAML_WORDS:
-        return f"{name!r} is not a valid name: YAML reads it as a boolean or null, not as text"
-    return None
 
 
 def _unique(values: list, what: str) -> list:
@@ -326,8 +303,6 @@ class StudySpec(Spec):
                              "each with its tunable layers), not both" + (" and not neither" if self.methods is None
                                                                           else ""))
         if self.methods is not None:
-            if problems := [f"{name!r}: {problem}" for name in self.methods if (problem := name_problem(name))]:
-                raise ValueError(f"methods: {'; '.join(problems)}")
             if own := [name for name, entry in self.encoders.items()
                        if isinstance(entry, EncoderSpec) and "method" in entry.model_fields_set]:
                 raise ValueError(f"encoders.{own[0]}.method: the study's methods axis sets each cell's method; "

@@ -46,7 +46,7 @@ METHODS = ("top_k", "lora", "ia3", "bitfit")
 
 
 class _MethodSpec(BaseModel):
-    """Strict like `layertune.cell.Spec` (which cannot be imported here: cell.py imports this module)."""
+    """Strict like `layertune.specs.Spec` (which cannot be imported here: specs.py imports this module)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 

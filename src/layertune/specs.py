@@ -1,0 +1,323 @@
+"""The recipe of one cell, typed and checked: which data, which encoder(s), which head, how it trains.
+
+A `CellSpec` is the whole recipe: a `CorpusSpec`, one `EncoderSpec` per language model (several are combined by a
+`CombineSpec`), a `HeadSpec` and the `TrainingConfig` (seed included). Each spec has exactly the arguments of the
+library object it builds (`LanguageModel`, `MultiEncoder`, the heads, `ModelTrainer.train`), so anything the library
+can do, a cell can do; each is also the saved form (a cell's ``cell.json``, a study's params). Running a cell is
+`layertune.cell.train_cell`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from layertune.corpus import TaskType
+from layertune.training_config import TrainingConfig
+from layertune.tuning_methods import TopK, TuningMethod
+
+if TYPE_CHECKING:
+    import datasets
+    from torch import nn
+
+    from layertune.corpus import Corpus
+    from layertune.heads import TaskModel
+
+TunableLayers = int | Literal["all"]
+
+
+class Spec(BaseModel):
+    """Strict like `TrainingConfig`: no unknown keys, no strings for numbers, no NaN."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+# What numpy and torch take as a seed.
+MAX_SEED = 2**32 - 1
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+
+
+class SampleSpec(Spec):
+    """Which examples of a corpus a cell sees: a seeded subsample (a study's ``data`` section: the same for each of
+    its tasks)."""
+
+    train_size: PositiveInt | None = Field(None, description="at most this many training examples; null: all")
+    dev_size: PositiveInt | None = Field(None, description="at most this many dev examples; null: all")
+    seed: Seed = Field(42, description="seed of the subsample (and of a dev split carved from train)")
+    balanced: bool | None = Field(None, description="equal classes; null: the task's default (IMDb: balanced)")
+    test: bool = Field(True, description="keep a labelled test split (its predictions are scored with the best "
+                                         "weights); false leaves it out")
+
+
+class DatasetSpec(Spec):
+    """Where a task's examples are and how to read them: a built-in task, local files or a Hugging Face dataset,
+    with `load_corpus`'s options (its arguments less the subsample). Exactly one of ``task``, ``path`` and ``hub``.
+
+    In a study's ``tasks`` (``params.yaml``): ``reviews: {path: data/reviews.csv, label: sentiment}``."""
+
+    task: str | None = Field(None, description="a built-in task (`layertune.corpora.TASKS`): cola, sst2, mrpc, rte, "
+                                               "stsb, imdb, conll2003")
+    path: str | None = Field(None, description="a local file, or a folder of train/dev/test files (csv, tsv, json, "
+                                               "jsonl, parquet, CoNLL)")
+    hub: str | None = Field(None, description="a Hugging Face dataset id (owner/name)")
+    config: str | None = Field(None, description="the hub dataset's configuration")
+    revision: str | None = Field(None, description="the hub dataset's commit, branch or tag (a study pins a commit)")
+    text: list[str] | None = Field(None, min_length=1, max_length=2, description="the text column (text: review "
+                                                                                 "or [review]), or two for sentence "
+                                                                                 "pairs; null: inferred")
+    label: str | None = Field(None, description="the label column; null: label (or labels, score, target, class)")
+    task_type: TaskType | None = Field(None, description="classification, regression or token_classification; null:"
+                                                         " inferred from the labels")
+    metric: str | None = Field(None, description="the metric that picks the best epoch and ranks settings; null: "
+                                                 "the task type's default")
+    label_names: list[str] | None = Field(None, min_length=2, description="the classes in order (integer labels: the "
+                                                                          "name of each id); null: sorted")
+    splits: dict[Literal["train", "dev", "test"], str] | None = Field(
+        None, description="which file under path (or hub split) is train, dev and test; null: by name")
+    dev_fraction: float | None = Field(None, gt=0, lt=1, description="share of train carved off as dev when there is "
+                                                                     "no dev split; null: 0.1")
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _one_column(cls, text: object) -> object:
+        """``text: review`` is the one column ``[review]`` (as `load_corpus`'s ``text_columns`` takes a string)."""
+        return [text] if isinstance(text, str) else text
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        from layertune.corpora import TASKS
+        from layertune.corpora.sources import is_registry_name
+        from layertune.errors import choices_hint
+
+        given = [key for key in ("task", "path", "hub") if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of task (a built-in task), path (local files) or hub (a Hugging Face "
+                             f"dataset); got {', '.join(given) or 'none'}")
+        if self.task is not None:
+            if not is_registry_name(self.task, hub=False):
+                raise ValueError(f"unknown task {self.task!r}.{choices_hint(self.task, TASKS)} Local files are "
+                                 "path: <file or folder>, a Hugging Face dataset is hub: <owner/name>")
+            if own := [k for k in ("text", "label", "task_type", "label_names", "splits", "revision")
+                       if getattr(self, k) is not None]:
+                raise ValueError(f"{', '.join(own)}: a built-in task has its own columns, labels, splits and source; "
+                                 f"these keys are for path: or hub: datasets")
+        if self.path is not None and (self.config is not None or self.revision is not None):
+            raise ValueError("config and revision are for hub datasets; local files (path:) have neither")
+        if self.metric is not None:
+            from layertune.corpora import METRICS_BY_TASK_TYPE
+
+            valid = sorted({m for metrics in METRICS_BY_TASK_TYPE.values() for m in metrics})
+            if self.metric not in valid:
+                raise ValueError(f"unknown metric {self.metric!r}.{choices_hint(self.metric, valid)}")
+        return self
+
+    @property
+    def source(self) -> str:
+        """The registry task, local path or hub dataset, as a name (``hub:owner/name@revision``)."""
+        if self.hub is not None:
+            config = f":{self.config}" if self.config else ""
+            return f"hub:{self.hub}{config}" + (f"@{self.revision}" if self.revision else "")
+        return self.task or str(self.path)
+
+    def load(self, data_mirror: str | os.PathLike | None = None, *, files: Mapping[str, str] | None = None,
+             **sample) -> Corpus:
+        """The corpus (`load_corpus` with these options and ``sample``: train_size, dev_size, seed, balanced).
+        ``files``: local copies of the splits (``{split: path}``, the pipeline's download) read instead of the
+        source. An option that does not fit the data raises `CorpusArgumentError` whose ``argument`` is the key
+        of this spec to blame (``label``, ``text``, ``path``, ...)."""
+        from layertune.corpora import load_corpus
+        from layertune.errors import CorpusArgumentError
+
+        reading = {"text_columns": self.text, "label_column": self.label or "label", "task_type": self.task_type,
+                   "label_names": self.label_names, "metric": self.metric, "dev_fraction": self.dev_fraction}
+        if self.task is not None:
+            arguments = {"name": self.task, "config": self.config, "data_files": files, "metric": self.metric,
+                         "data_mirror": data_mirror}
+        elif self.path is not None or files is not None:
+            # A hub dataset's downloaded files: its revision keeps a registry task's hub id from naming the task.
+            arguments = {"name": self.hub or self.path, "data_files": files or self._local_files(),
+                         "revision": self.revision, **reading}
+        else:
+            arguments = {"name": self.hub, "config": self.config, "revision": self.revision, "splits": self.splits,
+                         **reading}
+        try:
+            corpus = load_corpus(**arguments, **sample)
+        except CorpusArgumentError as error:
+            field = {"text_columns": "text", "label_column": "label", "data_files": "path"}.get(error.argument,
+                                                                                                error.argument)
+            raise CorpusArgumentError(field, str(error)) from None
+        except FileNotFoundError as error:
+            raise CorpusArgumentError("splits" if self.splits else "path", str(error)) from None
+        if files is not None:  # where the copies lie differs between machines; what they are copies of does not
+            corpus.notes = [f"Read from a download of {self.source}.",
+                            *(note for note in corpus.notes if not note.startswith("Loaded from"))]
+        return corpus
+
+    def fetch(self) -> dict[str, datasets.Dataset]:
+        """A hub dataset's splits as the hub has them (columns unchanged), under our split names (train, dev,
+        test): what the pipeline downloads, to `load` later with ``files=``."""
+        from layertune.corpora import sources
+
+        if self.hub is None:
+            raise ValueError(f"fetch() downloads hub datasets; {self.source!r} is not one")
+        what = f"hub dataset {self.hub!r}"
+        hub = sources.fetch_dataset(self.hub, self.config, self.revision)
+        found, _ = sources.chosen_splits(hub, self.splits, what) if self.splits else sources.canonical_splits(hub, what)
+        return found
+
+    def _local_files(self) -> str | dict[str, str]:
+        """``path``, or ``{split: path/file}`` when ``splits`` name the files of the folder ``path``."""
+        from layertune.errors import CorpusArgumentError
+
+        if self.splits is None:
+            return self.path
+        folder = Path(self.path).expanduser()
+        if not folder.is_dir():
+            raise CorpusArgumentError("splits", f"splits name files of a folder, but path {self.path!r} is not a "
+                                      "folder")
+        return {split: str(folder / name) for split, name in self.splits.items()}
+
+    def data_files(self) -> list[Path]:
+        """The local files this dataset reads (empty for built-in tasks and hub datasets): what a study
+        fingerprints, so that an edited file re-prepares its task."""
+        from layertune.corpora.sources import split_files
+
+        if self.path is None:
+            return []
+        return sorted(split_files(self._local_files()).values())
+
+
+class CorpusSpec(DatasetSpec, SampleSpec):
+    """A dataset (`DatasetSpec`) and the seeded subsample of it a cell sees (`SampleSpec`)."""
+
+    def load(self, data_mirror: str | os.PathLike | None = None, *, files: Mapping[str, str] | None = None,
+             ) -> Corpus:
+        """The subsample: at most ``train_size`` / ``dev_size`` examples (a smaller split is kept whole), stratified
+        or balanced, dev carved from train when the data has none; the test split unless ``test`` is false."""
+        import dataclasses
+
+        sample = {"seed": self.seed}
+        full = DatasetSpec.load(self, data_mirror, files=files, **sample)
+        sizes = {f"{split}_size": size for split, size in (("train", self.train_size), ("dev", self.dev_size))
+                 if size is not None and size < len(getattr(full, split))}
+        corpus = DatasetSpec.load(self, data_mirror, files=files, **sample, **sizes, balanced=self.balanced) \
+            if sizes or self.balanced is not None else full
+        return corpus if self.test else dataclasses.replace(corpus, test=None)
+
+
+class EncoderSettings(Spec):
+    """Every argument of `LanguageModel` besides the model and its tunable layers."""
+
+    pooling: Literal["cls", "mean", "pooler"] | None = Field(
+        None, description="cls, mean or pooler; null: the model's own (a sentence-transformers pooling config), else "
+                          "cls")
+    hidden_dropout_prob: float | None = Field(None, ge=0, lt=1, description="null: the checkpoint's")
+    freeze_embeddings: bool = False
+    frozen_dropout: bool = False
+    trust_remote_code: bool = False
+    revision: str | None = None
+    layers: str | None = Field(None, description="dotted path of the transformer layer stack (an nn.ModuleList, e.g. "
+                                                 "'encoder.layer'), for models whose stack the generic search misses")
+    method: TuningMethod = Field(TopK(), description="what trains in the tuned layers: top_k (the layers whole), lora, "
+                                                     "ia3 or bitfit; a name, or one with settings: {name: lora, r: 8, "
+                                                     "alpha: 16, dropout: 0.1, target_modules: [query, value]}")
+
+    @model_validator(mode="after")
+    def _method_fits_layers(self) -> EncoderSettings:
+        # EncoderSpec adds tunable_layers; a study's shared settings have none (the grid gives them).
+        self.method.check_tunable_layers(getattr(self, "tunable_layers", "all"))
+        return self
+
+
+class EncoderSpec(EncoderSettings):
+    """One `LanguageModel`, and optionally its own learning rate (a `MultiEncoder` tunes each of its language
+    models at its own rate)."""
+
+    model: str
+    tunable_layers: TunableLayers = "all"
+    learning_rate: PositiveFloat | None = Field(None, description="this language model's own rate; null: "
+                                                                  "training.learning_rate")
+
+    def build(self) -> nn.Module:
+        from layertune.language_model import LanguageModel
+
+        return LanguageModel(self.model, self.tunable_layers,
+                             **self.model_dump(exclude={"model", "tunable_layers", "learning_rate"}))
+
+
+class CombineSpec(Spec):
+    """How a `MultiEncoder` combines its language models."""
+
+    method: Literal["concat", "dme"]
+    dropout: float = Field(0.0, ge=0, lt=1, description="on the combined vector")
+    projection_size: PositiveInt | None = Field(None, description="dme's common size; null: the largest hidden size")
+
+
+class HeadSpec(Spec):
+    """The task head's arguments (`TextClassifier`, `TextRegressor`, `TokenClassifier`)."""
+
+    head: Literal["linear", "mlp"] = "linear"
+    head_hidden_size: PositiveInt | None = None
+    head_dropout: NonNegativeFloat = Field(0.1, lt=1)
+
+
+class CellSpec(Spec):
+    """Everything one cell trains with. Two or more encoders need ``combine``; one must not have it."""
+
+    corpus: CorpusSpec
+    encoders: list[EncoderSpec] = Field(min_length=1)
+    combine: CombineSpec | None = None
+    head: HeadSpec = HeadSpec()
+    training: TrainingConfig = TrainingConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CellSpec:
+        if (len(self.encoders) > 1) != (self.combine is not None):
+            raise ValueError(f"{len(self.encoders)} encoder(s) with combine={self.combine}: several language "
+                             "models need a combine method (concat or dme), a single one has none")
+        rates = self.training.learning_rate
+        if isinstance(rates, list) and len(rates) != len(self.encoders):
+            raise ValueError(f"training.learning_rate lists {len(rates)} rates for {len(self.encoders)} encoders: "
+                             "give one rate, or one per encoder in the same order")
+        if isinstance(rates, list) and any(spec.learning_rate is not None for spec in self.encoders):
+            raise ValueError("learning rates are given twice: as a list in training.learning_rate and as an "
+                             "encoder's own learning_rate; give one or the other")
+        return self
+
+    def training_config(self) -> TrainingConfig:
+        """``training``, with each encoder's own ``learning_rate`` in place of the shared one (one per encoder)."""
+        own = [spec.learning_rate for spec in self.encoders]
+        if all(rate is None for rate in own):
+            return self.training
+        rates = [rate or self.training.learning_rate for rate in own]
+        return self.training.model_copy(update={"learning_rate": rates if len(rates) > 1 else rates[0]})
+
+    def build_model(self, corpus: Corpus) -> TaskModel:
+        """The encoder(s) and the head that fits ``corpus``, initialised from ``training.seed``."""
+        import transformers
+
+        from layertune.heads import build_model
+        from layertune.multi_encoder import MultiEncoder
+
+        transformers.set_seed(self.training.seed)  # before the head is built: its initial weights are part of the cell
+        language_models = [spec.build() for spec in self.encoders]
+        encoder = language_models[0] if self.combine is None else MultiEncoder(
+            language_models, self.combine.method, self.combine.dropout, self.combine.projection_size)
+        model = build_model(encoder, corpus, **self.head.model_dump())
+        # Drawn under the seed just set, so `train` keeps them: a cell's numbers stay what they were before models
+        # drew their new parts from the seed when training begins.
+        model.drawn_from(self.training.seed)
+        return model
