@@ -31,9 +31,9 @@ _SECTIONS = (("corpus", "CorpusSpec", {"seed": "data_seed", "revision": "data_re
 
 
 def _models() -> list[tuple[str, type[BaseModel], dict[str, str]]]:
-    from layertune import cell
+    from layertune import specs
 
-    return [(section, getattr(cell, name), renamed) for section, name, renamed in _SECTIONS]
+    return [(section, getattr(specs, name), renamed) for section, name, renamed in _SECTIONS]
 
 
 def _value(text: str) -> Any:
