@@ -350,7 +350,8 @@ class StudySpec(Spec):
                                        "encoder"), (setting, settings, axis.replace("_", " ").rstrip("s"))):
                 if value not in known:
                     raise ValueError(f"{where}: {what} {value!r} is not on the study's grid."
-                                     f"{choices_hint(value, known)}")
+                                     f"{choices_hint(value, known)} (a profile or -S that changes the grid sets "
+                                     "decide.rounds: {} too: the record is of another grid)")
             if key != (own := cell_key(cell.task, cell.encoder, setting, cell.seed)):
                 raise ValueError(f"{where}: this cell's key is {own}")
             if cell.seed in self.seeds:
