@@ -164,11 +164,12 @@ def test_a_node_lost_mid_build_costs_no_cell(origin, cluster, tmp_path):
 
 @pytest.fixture(scope="module")
 def slow_origin(tmp_path_factory):
-    """Tiny models, long cells (400 epochs of the toy data); the `diverges` setting's rate makes its loss NaN."""
+    """Tiny models, long cells (4,000 epochs of the toy data: a cached head-only cell trains 400 in seconds, so a
+    cell could end before the Ctrl-C meant to cancel it); the `diverges` setting's rate makes its loss NaN."""
     params = {"download": {"mirror": "mirror"}, "studies": {"tuning": {
         **study("methods", ["sst2"], {"tiny": "models/tiny-a"}, None, [1, 2]), "tunable_layers": None,
         "methods": {"top_k-0": {"tunable_layers": 0}, "diverges": {"tunable_layers": "all", "learning_rate": 1.0e30}}}}}
-    params["studies"]["tuning"]["training"]["epochs"] = 400
+    params["studies"]["tuning"]["training"]["epochs"] = 4000
     return make_dvc_project(tmp_path_factory.mktemp("slow"), params)
 
 
@@ -242,7 +243,7 @@ def test_a_build_while_the_tracking_server_is_down_keeps_every_run(slow_origin, 
 
     driver = clone(slow_origin, tmp_path / "driver", tmp_path / "remote")
     params = (driver / "params.yaml").read_text()
-    (driver / "params.yaml").write_text(params.replace("1.0e+30", "0.001").replace("epochs: 400", "epochs: 2"))
+    (driver / "params.yaml").write_text(params.replace("1.0e+30", "0.001").replace("epochs: 4000", "epochs: 2"))
     sh(driver, "git", "commit", "--quiet", "-am", "short cells, none diverging")
     port = free_port()
     url = f"http://127.0.0.1:{port}"  # nothing listens there yet
