@@ -6,8 +6,8 @@ and DVC remote, where ``dvc pull`` fetches the cell's inputs, ``dvc repro --pull
 (or restores it, when the remote's run-cache holds it already) and ``dvc push --run-cache`` sends its outputs and
 run-cache entry back. Its commands run in a process group of their own (`pipelines.parallel.Children`), which a
 cancelled task stops; a watcher process stops it if the task's worker dies (its node lost), so that no cell trains
-on, orphaned, beside its retry. The workspaces of a build live in one folder per machine (with the build's DVC and
-frozen-prefix caches), removed once every cell has stopped: Ray reports a cancelled task ended before it has stopped
+on, orphaned, beside its retry. The workspaces of a build live in one folder per machine (with the build's
+frozen-prefix cache), removed once every cell has stopped: Ray reports a cancelled task ended before it has stopped
 its commands, and may even start one it was asked to cancel, hence the gate.
 """
 
@@ -66,13 +66,15 @@ class NodeWorkspace:
                 [*dvc, "push", "--quiet", "--run-cache", stage]]
 
     def prepare(self, folder: Path) -> None:
-        """``folder``: a clone of the commit with the driver's dvc.lock and remote; DVC's cache and the frozen-prefix
-        cache are shared by this build's cells on this node (each writes its entries atomically)."""
+        """``folder``: a clone of the commit with the driver's dvc.lock and remote. The frozen-prefix cache is shared
+        by this build's cells on this node (each entry is written atomically); DVC's cache is not: DVC puts a pulled
+        object in its cache in place (its reflink attempt creates the file empty first), so a cell pulling beside
+        another can find that object present and check out an empty file (CI saw a 0-byte dev.parquet)."""
         _check(["git", "clone", "--quiet", "--no-checkout", self.repository, str(folder)], "git clone")
         _check(["git", "-C", str(folder), "checkout", "--quiet", self.commit], f"git checkout {self.commit}")
         shared = build_folder(self.build)
-        (folder / ".dvc" / "config.local").write_text(
-            f"{self.remote_config}[cache]\n    dir = {shared / 'dvc-cache'}\n")
+        (folder / ".dvc" / "config.local").write_text(  # its own cache even where the project's config names one
+            f"{self.remote_config}[cache]\n    dir = {folder / '.dvc' / 'cache'}\n")
         (folder / "dvc.lock").write_text(self.dvc_lock)
         (shared / "feature-cache").mkdir(exist_ok=True)
         (folder / "data").mkdir(exist_ok=True)

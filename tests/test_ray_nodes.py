@@ -69,6 +69,35 @@ def test_a_cells_folder_is_in_its_builds_folder_and_goes_with_the_cell(node_tmp)
     assert list(node_tmp.iterdir()) == []
 
 
+def test_each_cell_of_a_build_has_its_own_dvc_cache_even_where_the_project_names_a_shared_one(node_tmp, tmp_path):
+    """DVC puts a pulled object in its cache in place (created empty, then filled), so two cells pulling into one
+    cache can check out an empty file: CI saw a 0-byte dev.parquet. Each workspace gets a cache of its own."""
+    from dvc.repo import Repo
+
+    repository = tmp_path / "repository"
+    subprocess.run(["git", "init", "--quiet", str(repository)], check=True)
+    (repository / ".dvc").mkdir()
+    (repository / ".dvc" / "config").write_text(f"[cache]\n    dir = {tmp_path / 'everyones-cache'}\n")
+    subprocess.run(["git", "-C", str(repository), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet",
+                    "-m", "dvc"], check=True)
+    commit = subprocess.run(["git", "-C", str(repository), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    workspace = ray_node.NodeWorkspace(repository=str(repository), commit=commit, dvc_lock="",
+                                       remote_config="[core]\n    remote = r\n['remote \"r\"']\n    url = /r\n",
+                                       inputs={}, build="build-1", env={})
+    caches = []
+    for stage in ("train-s@a", "train-s@b"):
+        with ray_node.cell_folder("build-1", stage) as folder:
+            workspace.prepare(folder)
+            with Repo(str(folder)) as repo:
+                caches.append(repo.cache.local.path)
+                assert repo.config["core"]["remote"] == "r"
+            assert (folder / "data" / "cache").resolve() == (node_tmp / "build-1" / "feature-cache").resolve()
+    assert caches[0] != caches[1]
+    assert all(cache.startswith(str(node_tmp / "build-1")) for cache in caches)
+
+
 def test_a_cells_cleanup_runs_to_its_end_through_another_cancel():
     """Ray may deliver a cancel (KeyboardInterrupt in the task's thread) again while the cell stops its commands."""
     ended = []

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from layertune.io import write_json
 from tests.projects import make_project, project_env, run, study
@@ -171,9 +172,11 @@ def test_kill_9_of_dvc_repro_stops_its_stage_and_a_rerun_at_once_gives_one_finis
     from tests.projects import make_dvc_project
 
     slow = study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [1], [1])
-    # ~15 s of training (the cached tiny cell trains 40 epochs in under 2 s): the kill lands while it runs
-    slow["training"]["epochs"] = 300
-    project = make_dvc_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"slow": slow}})
+    # Hours of training, so the kill lands while the cell trains however loaded the machine is (with 300 epochs, CI
+    # once saw the run FINISHED first); the rerun trains 40.
+    slow["training"]["epochs"] = 20_000
+    params = {"download": {"mirror": "mirror"}, "studies": {"slow": slow}}
+    project = make_dvc_project(tmp_path / "project", params)
     env = {**os.environ, **project_env(project), "LAYERTUNE_WARM_IDLE": "60"}
 
     def command_of(stage):
@@ -186,6 +189,8 @@ def test_kill_9_of_dvc_repro_stops_its_stage_and_a_rerun_at_once_gives_one_finis
                              lambda process: command_of("train")(process) and cell_runs(project) == ["RUNNING"])
         assert _left_alone(project, _warm_servers(project)) == []
         assert cell_runs(project) == ["KILLED"]  # ended by the SIGTERM its parent's death sent, not left RUNNING
+        slow["training"]["epochs"] = 40
+        (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         done = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert cell_runs(project) == ["FINISHED", "KILLED"]
