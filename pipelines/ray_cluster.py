@@ -215,12 +215,15 @@ class RayCluster:
             tracking.sync(uri=self.tracking_uri)
 
     def _cancel(self, pending: dict) -> None:
-        """Every task not done is cancelled: a running one gets KeyboardInterrupt, which stops its cell's process
-        group (the cell's run ends KILLED) and removes its workspace. Waits until Ray reports them ended (which
-        may come before a cancelled cell has stopped its commands: `close` waits for those, through the gate)."""
+        """Every task not done is cancelled: the gate closed first (a running cell that finds it closed stops: under
+        load Ray was seen not to deliver a cancel), then Ray's cancel, which raises KeyboardInterrupt in a running
+        one. Either way the cell's process group is stopped (its run ends KILLED) and its workspace removed. Waits
+        until Ray reports them ended (which may come before a cancelled cell has stopped its commands: `close` waits
+        for those, through the gate)."""
         ray = self.ray
         print(f"layertune repro: cancelling {len(pending)} cell(s): {', '.join(sorted(pending.values()))}",
               file=sys.stderr, flush=True)
+        self.gate.close.remote([node["NodeID"] for node in ray.nodes() if node["Alive"]], sorted(self.completed))
         for ref in pending:
             ray.cancel(ref)
         ray.wait(list(pending), num_returns=len(pending), timeout=60)

@@ -8,7 +8,8 @@ run-cache entry back. Its commands run in a process group of their own (`pipelin
 cancelled task stops; a watcher process stops it if the task's worker dies (its node lost), so that no cell trains
 on, orphaned, beside its retry. The workspaces of a build live in one folder per machine (with the build's
 frozen-prefix cache), removed once every cell has stopped: Ray reports a cancelled task ended before it has stopped
-its commands, and may even start one it was asked to cancel, hence the gate.
+its commands, may even start one it was asked to cancel, and under load was seen not to interrupt a running one at
+all; hence the gate, which a running cell also asks about once a second whether the build goes on.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.parallel import Children
 
 LOG_TAIL = 6000  # characters of a failed cell's log shown by the driver
+GATE_POLL_S = 1.0  # how often a running cell asks its build's gate whether the build goes on
 
 
 class CellFailed(RuntimeError):
@@ -89,7 +91,9 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
     while, and a cell still starting then (on a loaded machine) would write into the folder after its removal.
 
     Ray's own signal handling stays: a cancel raises KeyboardInterrupt here, SIGTERM exits the worker (which Ray
-    counts as a worker death, and retries); either way the cell's process group is stopped first."""
+    counts as a worker death, and retries); either way the cell's process group is stopped first. A cancel Ray does
+    not deliver (seen under load) is caught by the gate: the driver closes it before cancelling, and a running cell
+    that finds it closed, or gone with the driver, stops as if cancelled."""
     import ray
 
     attempt = uuid.uuid4().hex
@@ -97,7 +101,7 @@ def train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[st
         where = Place(node=ray.get_runtime_context().get_node_id(), host=socket.gethostname())
         if not ray.get(gate.enter.remote(stage, attempt, where)):
             raise CellFailed(f"{stage}: not started, the build has ended")
-        return _train_on_node(workspace, stage, study, env)
+        return _train_on_node(workspace, stage, study, env, _GateWatch(gate))
     finally:  # after the cell's cleanup; sent even if `enter` was interrupted (the gate takes calls in order)
         _to_the_end(_leave, gate, attempt, workspace.build)
 
@@ -110,7 +114,31 @@ def _leave(gate, attempt: str, build: str) -> None:
             remove_build_folder(build)
 
 
-def _train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str]) -> CellResult:
+class _GateWatch:
+    """Whether the build has ended, from its gate: asked about once every `GATE_POLL_S`, never waited for (a slow
+    answer from a loaded driver is no reason to stop, nor to hold up Ray's own cancel)."""
+
+    def __init__(self, gate) -> None:
+        self.gate, self.asked, self.last = gate, None, time.monotonic()
+
+    def build_ended(self) -> bool:
+        import ray
+
+        if self.asked is None:
+            if time.monotonic() - self.last >= GATE_POLL_S:
+                self.asked, self.last = self.gate.is_open.remote(), time.monotonic()
+            return False
+        if not ray.wait([self.asked], timeout=0)[0]:
+            return False
+        asked, self.asked = self.asked, None
+        try:
+            return not ray.get(asked)
+        except ray.exceptions.RayActorError:  # the gate is gone, with the driver or its node: so is the build
+            return True
+
+
+def _train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str],
+                   watch: _GateWatch) -> CellResult:
     import ray
 
     started = time.monotonic()
@@ -127,8 +155,10 @@ def _train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[s
                 env = {**os.environ, **workspace.env, **env, "PATH": path, "LAYERTUNE_WARM": "0"}
                 for command in workspace.commands(stage, study):
                     began = time.monotonic()
-                    done = _interruptible(children.run, command, started=_watch, cwd=folder, env=env, text=True,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                    done = _interruptible(watch.build_ended, children.run, command, started=_watch, cwd=folder,
+                                          env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                    if done is None:
+                        raise CellFailed(f"{stage}: stopped, the build has ended")
                     steps[command[3]] = time.monotonic() - began
                     log.append(f"$ dvc {' '.join(command[3:])}\n{done.stdout}")
                     if done.returncode:
@@ -168,10 +198,11 @@ def _to_the_end(function, *args) -> None:
             thread.join()
 
 
-def _interruptible(function, *args, **kwargs):
+def _interruptible(build_ended: Callable[[], bool], function, *args, **kwargs):
     """``function(*args, **kwargs)`` in a thread, waited for in short slices. Ray cancels a running task by raising
     KeyboardInterrupt in its main thread, which happens between two bytecodes: not while a read of the command's
-    output blocks, but between two slices here (`train_on_node` then stops the command)."""
+    output blocks, but between two slices here (`train_on_node` then stops the command). Once ``build_ended()``,
+    checked between slices, returns None at once: the caller stops the command."""
     outcome: dict = {}
 
     def call() -> None:
@@ -184,6 +215,8 @@ def _interruptible(function, *args, **kwargs):
     thread.start()
     while thread.is_alive():
         thread.join(0.2)
+        if build_ended():
+            return None
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -271,6 +304,9 @@ class BuildGate:
     def enter(self, stage: str, attempt: str, where: Place) -> bool:
         if self.open:
             self.inside[attempt] = (stage, where)
+        return self.open
+
+    def is_open(self) -> bool:
         return self.open
 
     def leave(self, attempt: str) -> bool:

@@ -133,6 +133,52 @@ def test_a_cell_that_leaves_a_closed_build_last_on_its_machine_removes_the_build
     assert list(node_tmp.iterdir()) == []
 
 
+def test_a_running_cell_stops_its_command_once_the_driver_has_closed_the_gate(monkeypatch):
+    """Under load Ray was seen not to deliver a cancel to a running cell (the build then waited minutes for cells
+    that trained on): the driver closes the gate before it cancels, and a running cell that finds it closed stops."""
+    import ray
+
+    from pipelines.parallel import Children
+
+    class Actor:  # the gate as a Ray actor handle: `gate.is_open.remote()` is what `ray.get` returns
+        def __init__(self, gate):
+            self.is_open = type("Method", (), {"remote": staticmethod(gate.is_open)})
+
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (refs, []))
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    monkeypatch.setattr(ray_node, "GATE_POLL_S", 0.1)
+    gate, children = ray_node.BuildGate(), Children(grace_s=5.0)
+    watch = ray_node._GateWatch(Actor(gate))
+    threading.Timer(1.0, gate.close, [ALIVE]).start()
+    started = time.monotonic()
+    done = ray_node._interruptible(watch.build_ended, children.run,
+                                   [sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE)
+    assert done is None and 1.0 <= time.monotonic() - started < 5.0
+    children.stop()
+    assert time.monotonic() - started < 10.0
+
+
+def test_a_cell_whose_gate_is_gone_stops(monkeypatch):
+    """The gate dies with the driver (or its node): nobody is left to collect the cell, which stops."""
+    import ray
+
+    class Gone:
+        class is_open:  # noqa: N801 - the actor method's name
+            @staticmethod
+            def remote():
+                return "ref"
+
+    def get(value, timeout=None):
+        raise ray.exceptions.RayActorError()
+
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (refs, []))
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray_node, "GATE_POLL_S", 0.0)
+    watch = ray_node._GateWatch(Gone())
+    assert not watch.build_ended()  # asked, no answer read yet
+    assert watch.build_ended()
+
+
 def test_the_watcher_stops_a_cells_commands_once_its_worker_is_gone():
     """A node lost (the worker killed with SIGKILL): the detached watcher sees it (psutil) and ends the cell's process
     group, so no cell trains on beside its retry."""
