@@ -4,8 +4,10 @@ round, until each question is answered, its looks are spent, or the next round w
 A round is ordinary DVC cells. After each build the driver reads each question's claims and the round the rule
 would run next from the report (``reports/<study>/details.json``, ``decided``: `layertune.reports.decided`), records
 that round's cells in params.yaml (``studies.<study>.decide.rounds``, comments kept), writes dvc.yaml's train stages
-for them (`pipelines.dvc_stages`) and builds again: only the new cells train. The record is what a rebuild
-replays: `dvc repro` of the same params.yaml trains the same cells and writes the same reports, byte for byte.
+for them (`pipelines.dvc_stages`) and builds again: only the new cells train. A round that adds the evaluation
+examples instead is recorded in ``decide.evaluation_rounds``: the evaluate stage scores the saved cells on them. The
+record is what a rebuild replays: `dvc repro` of the same params.yaml trains the same cells and writes the same
+reports, byte for byte.
 """
 
 from __future__ import annotations
@@ -31,28 +33,34 @@ def check_decided(studies: Sequence[str], params: dict) -> None:
                          "docs/pipeline.md, \"Deciding in rounds\")")
 
 
-def next_cells(study: str, params: dict) -> dict[str, dict]:
-    """The cells of the round the rule runs next, by key, from the study's report (every question still open)."""
+def next_round(study: str, params: dict) -> tuple[dict[str, dict], dict[str, dict[str, int]]]:
+    """The round the rule runs next for every question still open, from the study's report: the cells to train, by
+    key, and the questions that get the evaluation examples instead (``{task: {encoder: round}}``)."""
     details = json.loads((Path("reports") / study / "details.json").read_text())
     axis = "tunable_layers" if params["studies"][study].get("methods") is None else "method"
-    cells = {}
+    cells: dict[str, dict] = {}
+    evaluation: dict[str, dict[str, int]] = {}
     for task, encoders in details.items():
         for encoder, entry in encoders.items():
             following = (entry.get("decided") or {}).get("next_round")
             if following is None:
                 continue
             number = len(entry["decided"]["rounds"]) + 1
+            if following.get("examples"):
+                evaluation.setdefault(task, {})[encoder] = number
+                continue
             for setting in following["settings"]:
                 value = (setting if setting == "all" else int(setting)) if axis == "tunable_layers" else setting
                 for seed in following["seeds"]:
                     cells[cell_key(task, encoder, value, seed)] = {"task": task, "encoder": encoder, axis: value,
                                                                   "seed": seed, "round": number}
-    return cells
+    return cells, evaluation
 
 
-def record(additions: dict[str, dict[str, dict]]) -> None:
-    """``additions`` ({study: {key: cell}}) appended to params.yaml's ``decide.rounds`` (a round trip that keeps
-    its comments and layout), and dvc.yaml's train stages written for them."""
+def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]]]) -> None:
+    """``additions`` ({study: (cells by key, evaluation rounds)}) appended to params.yaml's ``decide.rounds`` and
+    ``decide.evaluation_rounds`` (a round trip that keeps its comments and layout), and dvc.yaml's train stages
+    written for the cells."""
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
 
@@ -62,15 +70,22 @@ def record(additions: dict[str, dict[str, dict]]) -> None:
     yaml.preserve_quotes = True
     yaml.width = 120
     params = yaml.load(PARAMS.read_text())
-    for study, cells in additions.items():
+    for study, (cells, evaluation) in additions.items():
         decide = params["studies"][study]["decide"]
         decide.fa.set_block_style()  # `decide: {looks: 4}` grows a block of rounds
-        if decide.get("rounds") is None:
+        if cells and decide.get("rounds") is None:
             decide["rounds"] = CommentedMap()
         for key, cell in cells.items():
             entry = CommentedMap(cell)
             entry.fa.set_flow_style()
             decide["rounds"][key] = entry
+        if evaluation and decide.get("evaluation_rounds") is None:
+            decide["evaluation_rounds"] = CommentedMap()
+        for task, encoders in evaluation.items():
+            if decide["evaluation_rounds"].get(task) is None:
+                decide["evaluation_rounds"][task] = CommentedMap()
+                decide["evaluation_rounds"][task].fa.set_flow_style()
+            decide["evaluation_rounds"][task].update(encoders)
     staging = PARAMS.with_name(f".{PARAMS.name}.decide")
     with staging.open("w") as out:
         yaml.dump(params, out)
@@ -96,22 +111,28 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
         if cells:
             per_cell = (time.monotonic() - round_started) / cells
         params = yaml.safe_load(PARAMS.read_text())
-        additions = {study: found for study in studies if (found := next_cells(study, params))}
+        additions = {study: found for study in studies if any(found := next_round(study, params))}
         spent = time.monotonic() - started
         if not additions:
             print(f"{PROG}: every question of {', '.join(studies)} is decided or has spent its rounds, in "
                   f"{spent / 60:.1f} min: see reports/<study>.md, \"Rounds\"", flush=True)
             return 0
-        count = sum(map(len, additions.values()))
-        cost = count * (per_cell or 0.0)
+        count = sum(len(cells) for cells, _ in additions.values())
+        cost = count * (per_cell or 0.0)  # scoring the evaluation examples costs little beside training
         if budget is not None and spent + cost > 60 * budget:
             print(f"{PROG}: the next round ({count} cell(s), about {cost / 60:.1f} min at {per_cell or 0:.0f} s a "
                   f"cell) would end past the budget of {budget:g} min ({spent / 60:.1f} min spent): stopped; the "
                   "reports say what each open question would need", flush=True)
             return 0
-        print(f"{PROG}: next round, {count} cell(s): "
-              + "; ".join(f"{study}: {', '.join(found)}" for study, found in additions.items()), flush=True)
+        print(f"{PROG}: next round, {count} cell(s): " + "; ".join(
+            f"{study}: {', '.join([*cells, *_evaluation_text(evaluation)])}" for study, (cells, evaluation)
+            in additions.items()), flush=True)
         record(additions)
+
+
+def _evaluation_text(evaluation: dict[str, dict[str, int]]) -> list[str]:
+    return [f"evaluation examples for {task} {encoder}" for task, encoders in evaluation.items()
+            for encoder in encoders]
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ from layertune.statistics import Estimate, Looks, Resamples
 
 ORDER = ("0", "1", "2", "all")  # cheapest first
 ACCURACY = {"0": 0.70, "1": 0.795, "2": 0.80, "all": 0.80}
-EXAMPLES = 2000
-WEIGHTS = np.stack([np.bincount(row, minlength=EXAMPLES) for row in Resamples.draw(EXAMPLES, 200).examples])
+EXAMPLES, DEV = 2000, 500  # the first DEV examples are the dev set; the rest, the evaluation examples
+WEIGHTS = {n: np.stack([np.bincount(row, minlength=n) for row in Resamples.draw(n, 200).examples]) for n in
+           (DEV, EXAMPLES)}
 DIFFICULTY = np.random.default_rng(0).random(EXAMPLES)
 
 
@@ -21,16 +22,23 @@ def cell(setting: str, seed: int) -> np.ndarray:
     return np.where(rng.random(EXAMPLES) < 0.95, DIFFICULTY < p, rng.random(EXAMPLES) < p).astype(float)
 
 
-def estimate(setting: str, seeds) -> Estimate:
-    cells = [cell(setting, seed) for seed in seeds]
-    return Estimate(np.array([c.mean() for c in cells]), np.stack([WEIGHTS @ c / EXAMPLES for c in cells]), EXAMPLES)
+def estimate(setting: str, seeds, extended: bool = True) -> Estimate:
+    """On all the examples (the tests of seeds alone), or on the dev ones until a round adds the rest."""
+    n = EXAMPLES if extended else DEV
+    cells = [cell(setting, seed)[:n] for seed in seeds]
+    return Estimate(np.array([c.mean() for c in cells]), np.stack([WEIGHTS[n] @ c / n for c in cells]), n)
+
+
+def on_all(setting: str, seeds, extended: bool) -> Estimate:
+    """A study whose dev set is all the examples (no evaluation examples to add)."""
+    return estimate(setting, seeds)
 
 
 def test_a_rebuild_replaying_the_recorded_rounds_reaches_the_claims_the_study_made():
     looks = Looks(4)
     rounds, live = [Round((1, 2), ORDER)], []
     while True:
-        live = replay(rounds, estimate, 0.01, looks)  # what the study sees after its latest round
+        live = replay(rounds, on_all, 0.01, looks)  # what the study sees after its latest round
         following = next_round(rounds, live[-1], ORDER, looks, 2)
         if following is None:
             break
@@ -38,8 +46,30 @@ def test_a_rebuild_replaying_the_recorded_rounds_reaches_the_claims_the_study_ma
     assert live[0]["0"] == "no" and rounds[1] == Round((3, 4), ("1", "2", "all"))  # K = 0 stopped after round 1
     assert seeds_by_setting(rounds)["0"] == [1, 2] and seeds_by_setting(rounds)["all"][-2:] == [2 * len(rounds) - 1,
                                                                                                 2 * len(rounds)]
-    assert replay(rounds, estimate, 0.01, looks) == live  # the same cells, the same rounds: the same claims
+    assert replay(rounds, on_all, 0.01, looks) == live  # the same cells, the same rounds: the same claims
     assert "yes" in live[-1].values() and answer(live[-1], ORDER) in ("1", "2", None) and len(rounds) <= 4
+
+
+def test_where_the_dev_sample_dominates_the_next_round_adds_the_evaluation_examples_once():
+    """Cheaper than seeds (nothing trains) and what helps when the dev sample is the noise; a rebuild replays it."""
+    looks = Looks(4)
+    rounds = [Round((1, 2), ORDER)]
+    live = replay(rounds, estimate, 0.01, looks)
+    assert live[0]["1"] == "undecided"  # on 500 dev examples, 1 and 2 cannot be told apart
+    following = next_round(rounds, live[-1], ORDER, looks, 2, evaluation_size=EXAMPLES - DEV, dev_dominates=True)
+    contenders = tuple(setting for setting in ORDER if live[-1][setting] != "no")
+    assert following == Round((), contenders, EXAMPLES - DEV)
+    rounds.append(following)
+    live = replay(rounds, estimate, 0.01, looks)
+    widths = [estimate("2", (1, 2), extended).minus(estimate("1", (1, 2), extended)).samples.mean(axis=0).std()
+              for extended in (False, True)]
+    assert widths[1] < 0.7 * widths[0]  # 4 times the examples: about half the dev part
+    # Once added, the next round gives seeds again, even where the dev sample still dominates.
+    assert next_round(rounds, live[-1], ORDER, looks, 2, EXAMPLES - DEV, True) in (None, Round((3, 4), contenders)) \
+        or next_round(rounds, live[-1], ORDER, looks, 2, EXAMPLES - DEV, True).seeds == (3, 4)
+    assert replay(rounds, estimate, 0.01, looks) == live
+    assert next_round(rounds[:1], live[0], ORDER, looks, 2, None, True).seeds == (3, 4)  # no examples to add
+    assert next_round(rounds[:1], live[0], ORDER, looks, 2, 1500, False).seeds == (3, 4)  # the seeds dominate
 
 
 def test_the_next_round_gives_new_seeds_to_every_setting_not_shown_worse():
@@ -55,7 +85,7 @@ def test_it_stops_when_the_answer_is_decided_or_the_looks_are_spent():
     assert answer({"0": "undecided", "1": "yes"}, ORDER) is None  # a cheaper one is still open
     assert next_round(rounds * 4, {}, ORDER, Looks(4), 2) is None
     with pytest.raises(ValueError, match="5 rounds recorded, more than the 4 looks the rule allows"):
-        replay(rounds * 5, estimate, 0.01, Looks(4))
+        replay(rounds * 5, on_all, 0.01, Looks(4))
     with pytest.raises(ValueError, match="seeds per round must be at least 1; got 0"):
         next_round(rounds, {}, ORDER, Looks(4), 0)
 
@@ -90,7 +120,7 @@ def test_a_recorded_round_adds_its_cells_to_the_plan_each_its_own_dvc_stage(tiny
     (dict([round_cell(1, 3, 3)]), r"rounds \[3\] are recorded; they are numbered 2, 3"),
     (dict([round_cell(1, 3, 2), round_cell(2, 4, 2)]), "the settings of round 2 have different seeds"),
     (dict([round_cell(1, 3, 2), round_cell(1, 5, 3), round_cell(2, 5, 3)]),
-     r"round 3 trains \('sst2', 'm', 2\), which round 2 did not"),
+     r"round 3 trains 2, which an earlier round stopped"),
     ({"sst2-m-1-9": round_cell(1, 3, 2)[1]}, "decide.rounds.sst2-m-1-9: this cell's key is sst2-m-1-3"),
 ])
 def test_a_record_the_rule_could_not_have_written_is_refused_naming_it(tiny_model_dirs, rounds, message):
@@ -100,6 +130,35 @@ def test_a_record_the_rule_could_not_have_written_is_refused_naming_it(tiny_mode
     with pytest.raises(ParamsError, match=message):
         plan_studies({"download": {"mirror": None},
                       "studies": {"s": decided_study(str(tiny_model_dirs["bert"]), rounds)}})
+
+
+@pytest.mark.parametrize("decide, message", [
+    ({"evaluation_rounds": {"sst2": {"m": 2}}}, "evaluation_rounds: recorded, but decide.evaluation_size is not set"),
+    ({"evaluation_size": 50, "evaluation_rounds": {"sst2": {"m": 2}}}, "round 2 trained cells of this question"),
+    ({"evaluation_size": 50, "evaluation_rounds": {"mrpc": {"m": 3}}}, "task 'mrpc' is not on the study's grid"),
+    ({"evaluation_size": 50, "evaluation_rounds": {"sst2": {"m": 4}}}, r"rounds \[2, 4\] are recorded"),
+])
+def test_a_record_of_the_evaluation_round_the_rule_could_not_have_written_is_refused(tiny_model_dirs, decide, message):
+    from layertune.study import ParamsError
+    from pipelines.plans import plan_studies
+
+    rounds = dict(round_cell(k, seed, 2) for k in (1, 2) for seed in (3, 4))
+    with pytest.raises(ParamsError, match=message):
+        plan_studies({"download": {"mirror": None},
+                      "studies": {"s": decided_study(str(tiny_model_dirs["bert"]), rounds, **decide)}})
+
+
+def test_the_evaluation_round_sits_between_rounds_of_seeds(tiny_model_dirs):
+    """Round 2 gave seeds, round 3 the evaluation examples, round 4 seeds again to settings round 2 had."""
+    from pipelines.plans import plan_studies
+
+    rounds = dict([*(round_cell(k, seed, 2) for k in (1, 2) for seed in (3, 4)), round_cell(1, 5, 4),
+                   round_cell(1, 6, 4)])
+    study = decided_study(str(tiny_model_dirs["bert"]), rounds, evaluation_size=50,
+                          evaluation_rounds={"sst2": {"m": 3}})
+    study["decide"]["looks"] = 4
+    plan = plan_studies({"download": {"mirror": None}, "studies": {"s": study}}).studies["s"]
+    assert plan.spec.decide.evaluation_rounds == {"sst2": {"m": 3}}
 
 
 def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_model_dirs):
@@ -126,6 +185,40 @@ def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_m
     assert "Decided in rounds (at most 3" in report.markdown
     # What would settle it names the settings in question against the best, never the best against itself.
     assert sorted(report.details["sst2"]["m"]["what_would_settle"]) == ["1"]
+
+
+def test_a_round_of_evaluation_examples_is_replayed_on_the_dev_and_evaluation_examples_together(tiny_model_dirs):
+    """Round 3 added 1,600 evaluation examples (the evaluate stage scored every cell of the question on them): the
+    report lists it as a round that trained nothing, and looks 3 and after pair the settings on all 2,000."""
+    import dataclasses
+
+    from layertune.reports import build_report
+    from layertune.reports.decided import evaluation_estimates
+    from tests.test_reports import synthetic_results
+
+    rounds = dict(round_cell(k, seed, 2) for k in (0, 1, 2) for seed in (3, 4))
+    study = decided_study(str(tiny_model_dirs["bert"]), rounds, evaluation_size=1600,
+                          evaluation_rounds={"sst2": {"m": 3}})
+    study["decide"]["looks"] = 4
+    accuracy = {"0": 0.6, "1": 0.85, "2": 0.86}
+    results = synthetic_results(study, accuracy)
+    rng = np.random.default_rng(1)
+    references = rng.integers(0, 2, 1600).tolist()
+    results = dataclasses.replace(results, evaluation={"sst2": {"references": references, "predictions": {
+        cell.key: [r if rng.random() < accuracy[str(cell.setting[2])] else 1 - r for r in references]
+        for cell in results.plan.cells}}})
+    assert {estimate.examples for estimate in evaluation_estimates(results, "sst2", "m").values()} == {2000}
+
+    report = build_report(results)
+    decided = report.details["sst2"]["m"]["decided"]
+    assert [(r["seeds"], r.get("examples")) for r in decided["rounds"]] == [([1, 2], None), ([3, 4], None),
+                                                                          ([], 1600)]
+    assert decided["rounds"][2]["settings"] == decided["rounds"][1]["settings"]
+    assert decided["rounds"][1]["claims"]["0"] == decided["rounds"][2]["claims"]["0"] == "no"
+    assert "| 3 | +1,600 evaluation examples | – | 0 | 0.0 |" in report.markdown
+    assert "1,600 more labelled examples the study does not train on" in report.markdown
+    if decided["next_round"] is not None:  # once added, never again: the next round gives seeds
+        assert decided["next_round"]["seeds"] == [5, 6] and "examples" not in decided["next_round"]
 
 
 def test_a_decided_study_gets_a_second_train_block_over_its_record_and_a_stale_one_is_named():

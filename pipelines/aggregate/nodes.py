@@ -16,10 +16,10 @@ LOSSES = {"train": "train_loss", "dev": "eval_loss"}
 
 
 def report(plan: StudyPlan, scores: pd.DataFrame, cells: dict[str, CellFolder],
-           corpora: dict[str, Callable[..., Corpus]]) -> tuple:
+           corpora: dict[str, Callable[..., Corpus]], evaluation: dict) -> tuple:
     """Markdown, headline metrics (for `dvc metrics` and `dvc exp show`), every number (details), tables and
     figures; then the plots' tables: score per setting, loss per epoch."""
-    built = build_report(StudyResults(plan, scores, cells, corpora))
+    built = build_report(StudyResults(plan, scores, cells, corpora, evaluation))
     return (built.markdown, built.metrics, built.details, built.tables, built.figures,
             score_points(plan, built.tables), loss_points(plan, cells))
 

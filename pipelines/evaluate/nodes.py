@@ -1,15 +1,44 @@
-"""evaluate: every cell of a study scored from the predictions it saved (dev, and test where it has labels)."""
+"""evaluate: every cell of a study scored from the predictions it saved (dev, and test where it has labels); and, for a
+decided study whose rounds added evaluation examples, the saved cells scored on those."""
 
+import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from layertune.cell import CellFolder
 from layertune.corpus import Corpus
 from layertune.reports.scores import score_cells
 from layertune.study import StudyPlan
+from pipelines.plans import PreparePlan
 
 
 def evaluate(plan: StudyPlan, cells: dict[str, CellFolder], corpora: dict[str, Callable[..., Corpus]]) -> pd.DataFrame:
     """One row per cell of the plan (cells left over from older grids are ignored)."""
     return score_cells(plan, cells, {task: corpora[task]() for task in plan.spec.tasks})
+
+
+def score_evaluation_examples(plan: StudyPlan, cells: dict[str, CellFolder],
+                              corpora: dict[str, Callable[..., Corpus]], downloaded: dict[str, dict[str, str]],
+                              prepare: PreparePlan, cache_root: Path) -> dict:
+    """Per task whose questions a round gave evaluation examples (``decide.evaluation_rounds``): the examples'
+    references, and the predictions on them of every cell of those questions, from its saved folder (nothing
+    trains; the frozen-prefix cache serves the cells of one boundary). Empty for every other study."""
+    decide = plan.spec.decide
+    found = {}
+    for task, encoders in sorted(decide.evaluation_rounds.items() if decide else ()):
+        folder = prepare.downloaded[task]
+        try:
+            examples = prepare.corpora[task].evaluation_sample(decide.evaluation_size,
+                                                               files=downloaded[folder] if folder else None)
+        except ValueError as error:
+            raise ValueError(f"studies.{plan.name}.decide.evaluation_size: {task}: {error}; set it to null") from None
+        corpus = dataclasses.replace(corpora[task](), dev=examples, test=None)
+        keys = [cell.key for cell in plan.cells if cell.task == task and cell.encoder in encoders]
+        scored = {key: cells[key].predict(corpus, cache_dir=cache_root)["dev"]
+                  for key in tqdm(keys, desc=f"{task}: {len(examples):,} evaluation examples", unit="cell")}
+        found[task] = {"references": scored[keys[0]]["references"],
+                       "predictions": {key: result["predictions"] for key, result in scored.items()}}
+    return found

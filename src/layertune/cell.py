@@ -99,3 +99,11 @@ class CellFolder:
         from layertune.heads import TaskModel
 
         return TaskModel.from_pretrained(self.path / "model", trust_remote_code=trust_remote_code)
+
+    def predict(self, corpus: Corpus, *, cache_dir: str | Path | None = None) -> dict[str, dict[str, list]]:
+        """The saved model's predictions and the references on ``corpus``'s scored splits (dev, test), computed as
+        its training scored dev: with its own training settings, from the frozen-prefix cache in ``cache_dir``
+        where it has a frozen prefix (cells of one boundary share the entries)."""
+        from layertune.trainer import ModelTrainer
+
+        return ModelTrainer(self.model(), corpus, cache_dir=cache_dir).predict(args=self.spec().training_config())

@@ -217,6 +217,18 @@ class CorpusSpec(DatasetSpec, SampleSpec):
             if sizes or self.balanced is not None else full
         return corpus if self.test else dataclasses.replace(corpus, test=None)
 
+    def evaluation_sample(self, size: int, data_mirror: str | os.PathLike | None = None, *,
+                          files: Mapping[str, str] | None = None) -> datasets.Dataset:
+        """At most ``size`` labelled examples of the task's training data that this subsample neither trains nor
+        evaluates on (their text in neither its train nor its dev split), stratified by class and seeded by
+        ``seed``: a larger evaluation sample, the same rows every time (`layertune.corpora.sampling.unused_sample`)."""
+        from layertune.corpora.sampling import unused_sample
+
+        full = DatasetSpec.load(self, data_mirror, files=files, seed=self.seed)
+        used = self.load(data_mirror, files=files)
+        return unused_sample(full.train, [used.train, used.dev], size, seed=self.seed, text_columns=full.text_columns,
+                             label_names=full.label_names if full.task_type == "classification" else ())
+
 
 class EncoderSettings(Spec):
     """Every argument of `LanguageModel` besides the model and its tunable layers."""

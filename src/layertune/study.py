@@ -156,6 +156,14 @@ class DecideSpec(Spec):
                                                                    "that would end past it (--budget wins)")
     rounds: dict[str, RoundCell] = Field({}, description="cell key → the cell a later round trained (written by "
                                                          "`layertune repro --decide`)")
+    evaluation_size: PositiveInt | None = Field(
+        None, description="labelled examples of each task that the study neither trains nor evaluates on, carved "
+                          "once (data.seed) from its training data: once the dev sample is most of an open "
+                          "comparison's uncertainty, a round adds them to the dev examples, scored from the saved "
+                          "cells (no training); null: only seeds")
+    evaluation_rounds: dict[str, dict[str, int]] = Field(
+        {}, description="task → encoder → the round that added the evaluation examples to that question (written "
+                        "by `layertune repro --decide`)")
 
 
 class MethodSetting(Spec):
@@ -333,45 +341,63 @@ class StudySpec(Spec):
         return tunable_layers if self.methods is None else method
 
     def _check_rounds(self, decide: DecideSpec) -> None:
-        """The record of the rounds is one the rule could have written: each later round gives the same new seeds
-        (none of the grid's) to settings of the grid, and a setting stopped in one round gets none after it."""
+        """The record of the rounds is one the rule could have written: per question (task and encoder), rounds 2,
+        3, … without a gap, each either new seeds (none of the grid's, the same for each of its settings) for
+        settings still in question (a setting stopped gets none after), or the evaluation examples, once."""
         if self.report.kind not in ("layers", "methods"):
             raise ValueError(f"decide: a {self.report.kind!r} report has no question to decide in rounds; "
                              "decide works with the layers and methods reports")
         axis, settings = self.grid_axis, [self.setting_name(k, m) for m, k in self.grid_settings]
-        by_round: dict[int, dict[tuple, set[int]]] = {}
+        questions: dict[tuple[str, str], dict[int, dict[str, set[int]]]] = {}
         for key, cell in decide.rounds.items():
             where = f"decide.rounds.{key}"
             setting = cell.tunable_layers if axis == "tunable_layers" else cell.method
             if (cell.tunable_layers if axis == "methods" else cell.method) is not None or setting is None:
                 raise ValueError(f"{where}: a cell of this study names its {axis.replace('_', ' ')} "
                                  f"({'tunable_layers' if axis == 'tunable_layers' else 'method'}) and nothing else")
-            for value, known, what in ((cell.task, list(self.tasks), "task"), (cell.encoder, list(self.encoders),
-                                       "encoder"), (setting, settings, axis.replace("_", " ").rstrip("s"))):
-                if value not in known:
-                    raise ValueError(f"{where}: {what} {value!r} is not on the study's grid."
-                                     f"{choices_hint(value, known)} (a profile or -S that changes the grid sets "
-                                     "decide.rounds: {} too: the record is of another grid)")
+            self._check_on_grid(where, cell.task, cell.encoder, (setting, settings, axis.replace("_", " ").rstrip("s")))
             if key != (own := cell_key(cell.task, cell.encoder, setting, cell.seed)):
                 raise ValueError(f"{where}: this cell's key is {own}")
             if cell.seed in self.seeds:
                 raise ValueError(f"{where}: seed {cell.seed} is one of the grid's seeds {self.seeds}")
-            by_round.setdefault(cell.round, {}).setdefault((cell.task, cell.encoder, setting), set()).add(cell.seed)
-        rounds = sorted(by_round)
-        if rounds and rounds != list(range(2, rounds[-1] + 1)):
-            raise ValueError(f"decide.rounds: rounds {rounds} are recorded; they are numbered 2, 3, … without a gap")
-        if len(rounds) + 1 > decide.looks:
-            raise ValueError(f"decide.rounds: {len(rounds) + 1} rounds with the grid's, more than decide.looks "
-                             f"({decide.looks})")
-        for number in rounds:
-            seeds = {frozenset(found) for found in by_round[number].values()}
-            if len(seeds) != 1:
-                raise ValueError(f"decide.rounds: the settings of round {number} have different seeds; a round "
-                                 "gives each of its settings the same seeds")
-            if number > 2 and not set(by_round[number]) <= set(by_round[number - 1]):
-                stopped = sorted(map(str, set(by_round[number]) - set(by_round[number - 1])))
-                raise ValueError(f"decide.rounds: round {number} trains {', '.join(stopped)}, which round "
-                                 f"{number - 1} did not: a setting stopped stays stopped")
+            rounds = questions.setdefault((cell.task, cell.encoder), {})
+            rounds.setdefault(cell.round, {}).setdefault(str(setting), set()).add(cell.seed)
+        if decide.evaluation_rounds and decide.evaluation_size is None:
+            raise ValueError("decide.evaluation_rounds: recorded, but decide.evaluation_size is not set")
+        for task, encoders in decide.evaluation_rounds.items():
+            for encoder, number in encoders.items():
+                where = f"decide.evaluation_rounds.{task}.{encoder}"
+                self._check_on_grid(where, task, encoder)
+                rounds = questions.setdefault((task, encoder), {})
+                if number in rounds:
+                    raise ValueError(f"{where}: round {number} trained cells of this question; the round that adds "
+                                     "the evaluation examples trains none")
+                rounds[number] = {}
+        for (task, encoder), rounds in questions.items():
+            numbers, where = sorted(rounds), f"decide (task {task}, encoder {encoder})"
+            if numbers != list(range(2, numbers[-1] + 1)):
+                raise ValueError(f"{where}: rounds {numbers} are recorded; they are numbered 2, 3, … without a gap")
+            if len(numbers) + 1 > decide.looks:
+                raise ValueError(f"{where}: {len(numbers) + 1} rounds with the grid's, more than decide.looks "
+                                 f"({decide.looks})")
+            trained = set(map(str, settings))
+            for number in numbers:
+                if not rounds[number]:  # the evaluation examples' round
+                    continue
+                if len({frozenset(seeds) for seeds in rounds[number].values()}) != 1:
+                    raise ValueError(f"{where}: the settings of round {number} have different seeds; a round gives "
+                                     "each of its settings the same seeds")
+                if stopped := sorted(set(rounds[number]) - trained):
+                    raise ValueError(f"{where}: round {number} trains {', '.join(stopped)}, which an earlier round "
+                                     "stopped: a setting stopped stays stopped")
+                trained = set(rounds[number])
+
+    def _check_on_grid(self, where: str, task: str, encoder: str, *more: tuple) -> None:
+        for value, known, what in ((task, list(self.tasks), "task"), (encoder, list(self.encoders), "encoder"), *more):
+            if value not in known:
+                raise ValueError(f"{where}: {what} {value!r} is not on the study's grid.{choices_hint(value, known)} "
+                                 "(a profile or -S that changes the grid sets decide.rounds: {} too: the record is of "
+                                 "another grid)")
 
     def _check_distinct_keys(self) -> None:
         """Names may hold '-', the keys' separator: tasks a and a-b with encoders b-c and c would both name a cell

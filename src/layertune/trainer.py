@@ -190,6 +190,22 @@ class ModelTrainer:
         accelerator.wait_for_everyone()  # no process goes on before the outputs exist
         return result
 
+    def predict(self, *, args: TrainingConfig | None = None, **arguments) -> dict[str, dict[str, list]]:
+        """The model's predictions and the references on the corpus's scored splits (dev, and test if it has one),
+        computed as `train` scores them: under the same autocast, longest examples first, from the frozen-prefix
+        cache where the model has a frozen prefix (its entries are shared with training and with other models of
+        the same boundary). ``args`` as for `train`: its truncation, batch size and cache settings count."""
+        args = training_arguments(args, arguments)
+        accelerator = _accelerator(args)
+        task_model = self.model
+        with accelerator.main_process_first():
+            splits, _ = task_model.encoder.prepare_examples(
+                self.corpus, args, cache_dir=self.cache_dir, device=accelerator.device,
+                autocast=autocast_dtype(accelerator.mixed_precision))
+        _, score_loaders = _loaders(splits, args, accelerator)
+        task_model.to(accelerator.device)
+        return {split: self.evaluate(loader, accelerator)[1] for split, loader in score_loaders.items()}
+
     def _train_epoch(self, model, train_loader, optimizer, scheduler, accelerator: Accelerator,
                      args: TrainingConfig, epoch: int, progress: bool) -> list[float]:
         """One pass over the training batches; returns each batch's loss. ``model`` may be accelerate's wrapper."""

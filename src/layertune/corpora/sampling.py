@@ -46,6 +46,26 @@ def finish(loaded: Loaded, *, train_size: int | None, dev_size: int | None, seed
                   max_length=loaded.max_length)
 
 
+def unused_sample(full: datasets.Dataset, used: list[datasets.Dataset], size: int, *, seed: int,
+                  text_columns: tuple[str, ...], label_names: tuple[str, ...]) -> datasets.Dataset:
+    """At most ``size`` rows of ``full`` whose text is in none of ``used`` (a study's train and dev samples: no
+    example scored twice, none trained on), a seeded subsample stratified by class when ``label_names`` are given,
+    in their original order: the same arguments always give the same rows."""
+    import json
+
+    def texts(dataset: datasets.Dataset) -> list[str]:
+        return [json.dumps(row) for row in zip(*(dataset[column] for column in text_columns))]
+
+    taken = {text for dataset in used for text in texts(dataset)}
+    pool = full.select([i for i, text in enumerate(texts(full)) if text not in taken])
+    if not len(pool):
+        raise ValueError(f"every one of the {len(full):,} training examples is in the study's train or dev sample: "
+                         "none is left to evaluate on")
+    sample, _ = _subsample(pool, min(size, len(pool)), seed=seed, balanced=False, label_names=label_names,
+                           split="evaluation")
+    return sample
+
+
 def _carve_dev(train: datasets.Dataset, dev_size: int | None, seed: int, label_names: tuple[str, ...], where: str,
                fraction: float):
     """Dev carved from train, stratified by class when ``label_names`` are given (classification).

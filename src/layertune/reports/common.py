@@ -48,6 +48,9 @@ class StudyResults:
     scores: pd.DataFrame
     cells: Mapping[str, CellFolder]
     corpora: Mapping[str, Callable[[], Corpus]]
+    # task -> the evaluation examples a decided study added (`layertune.reports.decided`): their references, and
+    # each scored cell's predictions by key
+    evaluation: Mapping[str, dict] = field(default_factory=dict)
 
     @property
     def options(self):

@@ -13,14 +13,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from layertune.reports.common import StudyResults, markdown_table
-from layertune.rounds import Round, answer, next_round, recorded_rounds, replay
+from layertune.rounds import Round, answer, next_round, recorded_rounds, replay, seeds_by_setting
 from layertune.statistics import (
     Estimate,
     Looks,
+    Resamples,
+    SeedSpread,
     Verdict,
     differences_spread,
     first_good_enough,
     first_seeds,
+    what_would_settle,
     within_tolerance,
 )
 
@@ -54,14 +57,61 @@ def decide_question(results: StudyResults, task: str, encoder: str, estimates: M
     setting's estimate over all its seeds, in round order; ``order``: cheapest first)."""
     spec, options = results.plan.spec, results.options
     looks = Looks(spec.decide.looks, alpha=1 - options.confidence, spending=spec.decide.spending)
-    rounds = [Round(done.seeds, tuple(map(str, done.settings))) for done in recorded_rounds(spec)[(task, encoder)]]
-    claims = replay(rounds, lambda setting, seeds: first_seeds(estimates[setting], len(seeds)), options.tolerance,
-                    looks)
+    rounds = [Round(done.seeds, tuple(map(str, done.settings)), done.examples)
+              for done in recorded_rounds(spec)[(task, encoder)]]
+    extended = evaluation_estimates(results, task, encoder) if any(done.examples for done in rounds) else {}
+
+    def estimate_of(setting: str, seeds, on_evaluation_examples: bool) -> Estimate:
+        return first_seeds((extended if on_evaluation_examples else estimates)[setting], len(seeds))
+
+    claims = replay(rounds, estimate_of, options.tolerance, looks)
     order = list(order)
+    last = {setting: estimate_of(setting, seeds, bool(extended))
+            for setting, seeds in seeds_by_setting(rounds).items()}
+    # Scored from the saved cells' sentence-level predictions: not for token classification.
+    evaluation_size = spec.decide.evaluation_size if results.corpora[task]().task_type != "token_classification" \
+        else None
+    grid = {name: first_seeds(estimate, len(spec.seeds)) for name, estimate in estimates.items()}
     return Decision(task, encoder, rounds, claims, order, answer(claims[-1], order), looks,
-                    next_round(rounds, claims[-1], order, looks, spec.decide.seeds_per_round),
-                    _fixed_answer({name: first_seeds(estimate, len(spec.seeds)) for name, estimate in estimates.items()},
-                                  order, options.tolerance, options.confidence))
+                    next_round(rounds, claims[-1], order, looks, spec.decide.seeds_per_round, evaluation_size,
+                               _dev_dominates(last, claims[-1], options)),
+                    _fixed_answer(grid, order, options.tolerance, options.confidence))
+
+
+def evaluation_estimates(results: StudyResults, task: str, encoder: str) -> dict[str, Estimate]:
+    """Each setting of a question (by name, its seeds in plan order) on its dev examples and the evaluation
+    examples together: the saved cells' predictions on both (evaluate scored the latter), resampled alike for
+    every setting (paired)."""
+    from layertune.metrics import compute_metrics, metric_for
+
+    extra, corpus = results.evaluation[task], results.corpora[task]()
+    metrics = metric_for(corpus.main_metric, corpus.metrics)
+    cells = [cell for cell in results.plan.cells if cell.task == task and cell.encoder == encoder]
+    references = results.cells[cells[0].key].predictions()["dev"]["references"] + extra["references"]
+    draws = Resamples.draw(len(references), results.options.resamples)
+    found = {}
+    for setting in dict.fromkeys(str(cell.setting[2]) for cell in cells):
+        group = [cell for cell in cells if str(cell.setting[2]) == setting]
+        predictions = [results.cells[cell.key].predictions()["dev"]["predictions"] + extra["predictions"][cell.key]
+                       for cell in group]
+        scores = [compute_metrics(metrics, each, references)[corpus.main_metric] for each in predictions]
+        found[setting] = draws.estimate(metrics, corpus.main_metric, predictions, references, scores)
+    return found
+
+
+# The dev examples' share of an open comparison's uncertainty from which the rule adds evaluation examples rather
+# than seeds: more seeds cannot shrink the part of the dev noise they share, nor quickly the rest.
+DEV_DOMINATES = 0.5
+
+
+def _dev_dominates(estimates: Mapping[str, Estimate], claims: Mapping[str, Verdict], options) -> bool:
+    """Whether the dev examples are most of the uncertainty of some open comparison (a setting in question against
+    the best), as `what_would_settle` splits it."""
+    best = max(estimates, key=lambda name: estimates[name].mean)
+    spread = SeedSpread.pooled(list(estimates.values()))
+    return any(what_would_settle(estimates[name], estimates[best], options.tolerance, options.confidence,
+                                 spread).dev_share >= DEV_DOMINATES
+               for name, claim in claims.items() if claim == "undecided" and name != best)
 
 
 def _fixed_answer(estimates: Mapping[str, Estimate], order: list[str], tolerance: float, confidence: float) -> str:
@@ -78,7 +128,11 @@ def rule_text(results: StudyResults) -> str:
     decide = results.plan.spec.decide
     return (f"Decided in rounds (at most {decide.looks}, the grid's seeds the first): after each round the settings "
             "shown worse than the best by more than the tolerance stop, and the others get the next "
-            f"{decide.seeds_per_round} seed(s). *Within tolerance?* shows the claims of the sequential rule after "
+            f"{decide.seeds_per_round} seed(s)"
+            + (f", or, once the dev examples are most of an open comparison's uncertainty, {decide.evaluation_size:,} "
+               "more labelled examples the study does not train on, carved from the task's training data and scored "
+               "from the saved cells (once)" if decide.evaluation_size else "")
+            + ". *Within tolerance?* shows the claims of the sequential rule after "
             f"the last round: {1 - results.options.confidence:.0%} one-sided error spent over the {decide.looks} "
             f"looks ({decide.spending} spending), so that the claims hold however often one looks (docs/pipeline.md, "
             "\"Deciding in rounds\"). The intervals shown are the fixed ones, on the seeds both settings have.\n")
@@ -96,12 +150,19 @@ def rounds_section(results: StudyResults, decision: Decision, setting_header: st
         total += spent
         by_claim = {claim: ", ".join(name for name in decision.order if claims[name] == claim) or "–"
                     for claim in CLAIMS}
-        rows.append([number, ", ".join(map(str, done.seeds)), ", ".join(done.settings), len(keys), f"{spent:.1f}",
+        added = f"+{done.examples:,} evaluation examples" if done.examples else ", ".join(map(str, done.seeds))
+        rows.append([number, added, ", ".join(done.settings) if done.seeds else "–", len(keys), f"{spent:.1f}",
                      by_claim["yes"], by_claim["no"], by_claim["undecided"]])
-    header = ["round", "seeds", f"{setting_header} trained", "cells", "training time (s)",
+    header = ["round", "seeds" if not any(done.examples for done in decision.rounds) else "seeds or examples",
+              f"{setting_header} trained", "cells", "training time (s)",
               *[f"then {text}" for text in CLAIMS.values()]]
     if decision.answer is not None:
         outcome = f"Decided after round {len(decision.rounds)}: **{decision.answer}**."
+    elif decision.next is not None and decision.next.examples:
+        outcome = (f"Not decided after round {len(decision.rounds)} of at most {decision.looks.maximum}: the dev "
+                   f"examples are most of the uncertainty, so the next round would add {decision.next.examples:,} "
+                   "evaluation examples (scored from the saved cells; nothing trains) "
+                   f"(`layertune repro --decide {study}`).")
     elif decision.next is not None:
         outcome = (f"Not decided after round {len(decision.rounds)} of at most {decision.looks.maximum}: the next "
                    f"round would train seed(s) {', '.join(map(str, decision.next.seeds))} of "
@@ -118,8 +179,13 @@ def rounds_details(decision: Decision) -> dict:
     """What a rebuild reproduces byte for byte (no times): each round's seeds, settings and claims, the answer and
     the round that would come next."""
     return {"order": decision.order, "answer": decision.answer, "looks": decision.looks.maximum,
-            "rounds": [{"seeds": list(done.seeds), "settings": list(done.settings), "claims": claims}
+            "rounds": [{**_round_details(done), "claims": claims}
                        for done, claims in zip(decision.rounds, decision.claims)],
-            "next_round": None if decision.next is None else {"seeds": list(decision.next.seeds),
-                                                              "settings": list(decision.next.settings)},
+            "next_round": None if decision.next is None else _round_details(decision.next),
             "grid_answer": decision.grid_answer}
+
+
+def _round_details(done: Round) -> dict:
+    # "examples" only for the round that adds them: the details of a study with none stay as they were
+    return {"seeds": list(done.seeds), "settings": list(done.settings),
+            **({"examples": done.examples} if done.examples else {})}

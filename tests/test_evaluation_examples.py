@@ -1,0 +1,63 @@
+"""A decided study's evaluation examples (#29): labelled data of the task that the study neither trains nor evaluates
+on, carved the same way every time, and the saved cells scored on it as their training scored dev."""
+
+import dataclasses
+import json
+from collections import Counter
+
+import pytest
+
+from layertune.cell import CellFolder, train_cell
+from layertune.specs import CellSpec, CorpusSpec
+
+
+def texts(dataset, columns) -> set[str]:
+    return {json.dumps(row) for row in zip(*(dataset[column] for column in columns))}
+
+
+@pytest.mark.parametrize("task, columns", [("sst2", ("sentence",)), ("stsb", ("sentence1", "sentence2"))])
+def test_the_evaluation_sample_is_labelled_data_the_study_does_not_use_the_same_every_time(data_mirror, task,
+                                                                                           columns):
+    spec = CorpusSpec(task=task, train_size=300, seed=42)
+    study = spec.load(data_mirror)
+    sample = spec.evaluation_sample(500, data_mirror)
+    assert len(sample) == 500 and sample.column_names == study.train.column_names
+    assert not texts(sample, columns) & (texts(study.train, columns) | texts(study.dev, columns))
+    assert sample[:] == spec.evaluation_sample(500, data_mirror)[:]
+    assert sample[:] != CorpusSpec(task=task, train_size=300, seed=7).evaluation_sample(500, data_mirror)[:]
+    if task == "sst2":  # stratified: the classes in train's proportions, to the example
+        train = Counter(spec.load(data_mirror).train["label"])
+        share = train[1] / sum(train.values())
+        assert abs(Counter(sample["label"])[1] - share * 500) <= 1
+
+
+def test_a_dev_split_carved_from_train_is_left_out_too(tmp_path):
+    import pandas as pd
+
+    rows = pd.DataFrame({"text": [f"review {i}" for i in range(400)], "label": ["good", "bad"] * 200})
+    rows.to_csv(tmp_path / "reviews.csv", index=False)
+    spec = CorpusSpec(path=str(tmp_path / "reviews.csv"), train_size=100, seed=1)
+    study = spec.load()
+    sample = spec.evaluation_sample(1000, None)  # more than is left: all of it
+    used = texts(study.train, ("text",)) | texts(study.dev, ("text",))
+    assert not texts(sample, ("text",)) & used
+    assert len(sample) + len(used) == 400
+    with pytest.raises(ValueError, match="none is left to evaluate on"):
+        CorpusSpec(path=str(tmp_path / "reviews.csv"), seed=1).evaluation_sample(10, None)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("tunable_layers", [0, 2])
+def test_a_saved_cell_scored_again_gives_the_predictions_its_training_saved(minilm_l3, data_mirror, tmp_path,
+                                                                          tunable_layers):
+    """What the evaluate stage does with the evaluation examples, checked on dev: the cell folder's model, its own
+    training settings, the frozen-prefix cache its training filled."""
+    spec = CellSpec.model_validate({
+        "corpus": {"task": "sst2", "train_size": 64, "dev_size": 48, "seed": 0},
+        "encoders": [{"model": str(minilm_l3), "tunable_layers": tunable_layers, "pooling": "mean"}],
+        "training": {"epochs": 1, "batch_size": 16, "seed": 3, "max_length": 48, "learning_rate": 1e-4}})
+    cache = tmp_path / "cache"
+    trained = train_cell(spec, tmp_path / "cell", data_mirror=data_mirror, cache_dir=cache, progress=False)
+    corpus = spec.corpus.load(data_mirror)
+    again = CellFolder(tmp_path / "cell").predict(dataclasses.replace(corpus, test=None), cache_dir=cache)
+    assert again["dev"] == trained.result.predictions["dev"]
