@@ -73,13 +73,13 @@ def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]
     for study, (cells, evaluation) in additions.items():
         decide = params["studies"][study]["decide"]
         decide.fa.set_block_style()  # `decide: {looks: 4}` grows a block of rounds
-        if cells and decide.get("rounds") is None:
+        if cells and not decide.get("rounds"):  # none, or `rounds: {}` (flow style: it would stay on one line)
             decide["rounds"] = CommentedMap()
         for key, cell in cells.items():
             entry = CommentedMap(cell)
             entry.fa.set_flow_style()
             decide["rounds"][key] = entry
-        if evaluation and decide.get("evaluation_rounds") is None:
+        if evaluation and not decide.get("evaluation_rounds"):
             decide["evaluation_rounds"] = CommentedMap()
         for task, encoders in evaluation.items():
             if decide["evaluation_rounds"].get(task) is None:
