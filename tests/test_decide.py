@@ -57,3 +57,31 @@ def test_decide_without_a_decide_section_is_refused_before_any_work(tmp_path):
                                  text=True, timeout=60)
         assert refused.returncode == 2 and message in refused.stderr, refused.stderr
     assert not (project / "data" / "00_plan").exists()
+
+
+def test_a_round_of_evaluation_examples_is_recorded_beside_the_rounds_of_cells(tmp_path, monkeypatch):
+    """The report's next round for one question is the evaluation examples, for another new seeds: params.yaml
+    records both, its comments kept, and dvc.yaml gets train stages for the cells only."""
+    import json
+
+    from pipelines import decide
+
+    decided = study("layers", ["sst2"], {"tiny": "models/tiny-a", "other": "models/tiny-b"}, [0, 1], [1, 2],
+                    decide={"looks": 3, "evaluation_size": 50, "rounds": {}})
+    project = make_dvc_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"s": decided}})
+    params = (project / "params.yaml").read_text().replace("studies:\n", "studies:  # the user's comment\n", 1)
+    (project / "params.yaml").write_text(params)
+    (project / "reports" / "s").mkdir(parents=True)
+    (project / "reports" / "s" / "details.json").write_text(json.dumps({"sst2": {
+        "tiny": {"decided": {"rounds": [{}], "next_round": {"seeds": [], "settings": ["0", "1"], "examples": 50}}},
+        "other": {"decided": {"rounds": [{}], "next_round": {"seeds": [3], "settings": ["1"]}}}}}))
+    monkeypatch.chdir(project)
+    found = decide.next_round("s", yaml.safe_load(params))
+    assert found == ({"sst2-other-1-3": {"task": "sst2", "encoder": "other", "tunable_layers": 1, "seed": 3,
+                                         "round": 2}}, {"sst2": {"tiny": 2}})
+    decide.record({"s": found})
+    written = (project / "params.yaml").read_text()
+    assert "# the user's comment" in written
+    recorded = yaml.safe_load(written)["studies"]["s"]["decide"]
+    assert recorded["evaluation_rounds"] == {"sst2": {"tiny": 2}} and list(recorded["rounds"]) == ["sst2-other-1-3"]
+    assert "rounds-s:" in (project / "dvc.yaml").read_text()

@@ -60,6 +60,9 @@ def decide_question(results: StudyResults, task: str, encoder: str, estimates: M
     rounds = [Round(done.seeds, tuple(map(str, done.settings)), done.examples)
               for done in recorded_rounds(spec)[(task, encoder)]]
     extended = evaluation_estimates(results, task, encoder) if any(done.examples for done in rounds) else {}
+    if extended:  # as many as there were to carve (at most evaluation_size)
+        carved = len(results.evaluation[task]["references"])
+        rounds = [Round(done.seeds, done.settings, carved) if done.examples else done for done in rounds]
 
     def estimate_of(setting: str, seeds, on_evaluation_examples: bool) -> Estimate:
         return first_seeds((extended if on_evaluation_examples else estimates)[setting], len(seeds))
@@ -105,13 +108,13 @@ DEV_DOMINATES = 0.5
 
 
 def _dev_dominates(estimates: Mapping[str, Estimate], claims: Mapping[str, Verdict], options) -> bool:
-    """Whether the dev examples are most of the uncertainty of some open comparison (a setting in question against
-    the best), as `what_would_settle` splits it."""
+    """Whether, for some open comparison (a setting in question against the best), the dev examples are most of the
+    uncertainty, or more seeds cannot decide it at all, as `what_would_settle` says."""
     best = max(estimates, key=lambda name: estimates[name].mean)
     spread = SeedSpread.pooled(list(estimates.values()))
-    return any(what_would_settle(estimates[name], estimates[best], options.tolerance, options.confidence,
-                                 spread).dev_share >= DEV_DOMINATES
-               for name, claim in claims.items() if claim == "undecided" and name != best)
+    settlements = [what_would_settle(estimates[name], estimates[best], options.tolerance, options.confidence, spread)
+                   for name, claim in claims.items() if claim == "undecided" and name != best]
+    return any(settle.dev_share >= DEV_DOMINATES or settle.seeds_cannot_decide for settle in settlements)
 
 
 def _fixed_answer(estimates: Mapping[str, Estimate], order: list[str], tolerance: float, confidence: float) -> str:
