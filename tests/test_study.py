@@ -28,6 +28,7 @@ def params() -> dict:
     for study in params["studies"].values():
         if study.get("decide"):
             study["decide"]["rounds"] = {}
+            study["decide"]["evaluation_rounds"] = {}
     return params
 
 
