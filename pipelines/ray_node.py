@@ -133,8 +133,10 @@ class _GateWatch:
         asked, self.asked = self.asked, None
         try:
             return not ray.get(asked)
-        except ray.exceptions.RayActorError:  # the gate is gone, with the driver or its node: so is the build
+        except ray.exceptions.ActorDiedError:  # the gate is gone, with the driver or its node: so is the build
             return True
+        except ray.exceptions.RayActorError:  # unavailable for now (a loaded driver node): ask again later
+            return False
 
 
 def _train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[str, str],

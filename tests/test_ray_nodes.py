@@ -158,25 +158,28 @@ def test_a_running_cell_stops_its_command_once_the_driver_has_closed_the_gate(mo
     assert time.monotonic() - started < 10.0
 
 
-def test_a_cell_whose_gate_is_gone_stops(monkeypatch):
-    """The gate dies with the driver (or its node): nobody is left to collect the cell, which stops."""
+@pytest.mark.parametrize("error, ended", [("ActorDiedError", True), ("ActorUnavailableError", False)])
+def test_a_cell_whose_gate_is_gone_stops_and_one_whose_gate_is_slow_goes_on(monkeypatch, error, ended):
+    """The gate dies with the driver (or its node): nobody is left to collect the cell, which stops. A gate only
+    unavailable for now (a loaded driver node) is asked again: a healthy cell must not fail the build."""
     import ray
 
-    class Gone:
+    class Gate:
         class is_open:  # noqa: N801 - the actor method's name
             @staticmethod
             def remote():
                 return "ref"
 
     def get(value, timeout=None):
-        raise ray.exceptions.RayActorError()
+        raise (ray.exceptions.ActorDiedError() if error == "ActorDiedError"
+               else ray.exceptions.ActorUnavailableError("the driver's node is busy", None))
 
     monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (refs, []))
     monkeypatch.setattr(ray, "get", get)
     monkeypatch.setattr(ray_node, "GATE_POLL_S", 0.0)
-    watch = ray_node._GateWatch(Gone())
+    watch = ray_node._GateWatch(Gate())
     assert not watch.build_ended()  # asked, no answer read yet
-    assert watch.build_ended()
+    assert watch.build_ended() is ended
 
 
 def test_the_watcher_stops_a_cells_commands_once_its_worker_is_gone():

@@ -34,7 +34,9 @@ def score_evaluation_examples(plan: StudyPlan, cells: dict[str, CellFolder],
             examples = prepare.corpora[task].evaluation_sample(decide.evaluation_size,
                                                                files=downloaded[folder] if folder else None)
         except ValueError as error:
-            raise ValueError(f"studies.{plan.name}.decide.evaluation_size: {task}: {error}; set it to null") from None
+            raise ValueError(f"studies.{plan.name}.decide.evaluation_size: {task}: {error}; set it to null, and "
+                             f"studies.{plan.name}.decide.evaluation_rounds to {{}}, or train on fewer examples "
+                             "(data.train_size)") from None
         corpus = dataclasses.replace(corpora[task](), dev=examples, test=None)
         keys = [cell.key for cell in plan.cells if cell.task == task and cell.encoder in encoders]
         scored = {key: cells[key].predict(corpus, cache_dir=cache_root)["dev"]
