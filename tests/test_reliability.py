@@ -177,7 +177,9 @@ def test_kill_9_of_dvc_repro_stops_its_stage_and_a_rerun_at_once_gives_one_finis
     slow["training"]["epochs"] = 20_000
     params = {"download": {"mirror": "mirror"}, "studies": {"slow": slow}}
     project = make_dvc_project(tmp_path / "project", params)
-    env = {**os.environ, **project_env(project), "LAYERTUNE_WARM_IDLE": "60"}
+    # DVC runs a stage's command with $SHELL -c: /bin/sh (dash, which forks the command rather than becoming it)
+    # is the shell that leaves a stage running after `kill -9` unless the command is exec'd (CI has no $SHELL).
+    env = {**os.environ, **project_env(project), "LAYERTUNE_WARM_IDLE": "60", "SHELL": "/bin/sh"}
 
     def command_of(stage):
         return lambda process: f"--pipelines {stage}" in " ".join(process.cmdline())
