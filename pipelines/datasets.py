@@ -1,5 +1,6 @@
 """Kedro datasets for what the stages exchange: typed plans, corpora, the feature cache, trained cells, and plain
-JSON/CSV/text/PNG files (one, or a tree of them). Each writes atomically or sorted, so equal data gives equal bytes.
+JSON/CSV/text/PNG files (one, or a tree of them). Each write is atomic (`layertune.io.atomic_file`,
+`atomic_directory`), and sorted where order is free, so equal data gives equal bytes.
 
 Why not kedro-datasets' `json.JSONDataset`, `pandas.CSVDataset`, `matplotlib.MatplotlibDataset` and
 `PartitionedDataset`: they write through fsspec in place (an interrupted stage leaves a half-written file that DVC
@@ -13,13 +14,14 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
 
-from layertune.io import atomic_directory, write_json
+from layertune.io import atomic_directory, atomic_file, write_json
 
 
 def _class(dotted: str) -> type:
@@ -58,8 +60,8 @@ class SpecDataset(Located, AbstractDataset[Any, Any]):
         return _class(self._spec).model_validate_json(self._path.read_text())
 
     def save(self, data: Any) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._path.write_text(data.model_dump_json(indent=2) + "\n")
+        with atomic_file(self._path) as staging:
+            staging.write_text(data.model_dump_json(indent=2) + "\n")
 
     def _exists(self) -> bool:
         return self._path.is_file()
@@ -76,8 +78,7 @@ class SpecTreeDataset(Located, AbstractDataset[dict, dict]):
 
     def load(self) -> dict:
         spec = _class(self._spec)
-        return {str(f.relative_to(self._path))[: -len(self._suffix)]: spec.model_validate_json(f.read_text())
-                for f in sorted(self._path.rglob(f"*{self._suffix}"))}
+        return {key: spec.model_validate_json(file.read_text()) for key, file in _files(self._path, self._suffix)}
 
     def save(self, data: dict) -> None:
         for key, value in data.items():
@@ -229,19 +230,31 @@ def _read(path: Path) -> Any:
 
 
 def _write(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".json":
-        write_json(path, data)
-    elif path.suffix == ".csv":
-        data.to_csv(path, index=False, lineterminator="\n")
-    elif path.suffix == ".png":
-        import matplotlib.pyplot as plt
+        write_json(path, data)  # atomic itself, and refuses NaN before writing anything
+        return
+    with atomic_file(path) as staging:
+        if path.suffix == ".csv":
+            data.to_csv(staging, index=False, lineterminator="\n")
+        elif path.suffix == ".png":
+            import matplotlib.pyplot as plt
 
-        # No timestamp or software version in the file: a figure of the same data is the same bytes.
-        data.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
-        plt.close(data)
-    else:
-        path.write_text(data)
+            # No timestamp or software version in the file: a figure of the same data is the same bytes.
+            try:
+                data.savefig(staging, dpi=110, bbox_inches="tight", metadata={"Software": None})
+            finally:
+                plt.close(data)
+        else:
+            staging.write_text(data)
+
+
+def _files(root: Path, suffix: str) -> Iterator[tuple[str, Path]]:
+    """``(key, file)`` for every file below ``root`` named ``<key><suffix>``, in order; what an unfinished write
+    stages (dot-named) is not one."""
+    for file in sorted(root.rglob(f"*{suffix}")):
+        relative = file.relative_to(root)
+        if not any(part.startswith(".") for part in relative.parts):
+            yield str(relative)[: -len(suffix)], file
 
 
 class FileDataset(Located, AbstractDataset[Any, Any]):
@@ -273,12 +286,7 @@ class FileTreeDataset(Located, AbstractDataset[dict, dict]):
         self._suffix = suffix
 
     def load(self) -> dict:
-        found = {}
-        for file in sorted(self._path.rglob(f"*{self._suffix}")):
-            relative = file.relative_to(self._path)
-            if not any(part.startswith(".") for part in relative.parts):  # staging folders of unfinished writes
-                found[str(relative)[: -len(self._suffix)]] = _read(file)
-        return found
+        return {key: _read(file) for key, file in _files(self._path, self._suffix)}
 
     def save(self, data: dict) -> None:
         for key, value in data.items():

@@ -16,9 +16,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, PositiveInt
 
 from layertune.specs import CorpusSpec, DatasetSpec, EncoderSpec, Spec
-from layertune.model_paths import model_fingerprint, model_layers
+from layertune.frozen_prefix import cache_boundary, states_spec
+from layertune.model_paths import model_fingerprint
 from layertune.study import ParamsError, StudyCell, StudyPlan, StudySpec, study_cells
-from layertune.tuning_methods import TopK
 from pipelines.params import validate_params
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -134,29 +134,22 @@ class Plan(BaseModel):
 
 
 def feature_plan(study: StudySpec, cells: list[StudyCell]) -> FeaturePlan:
-    from layertune.training_config import cache_decision
-
+    """Every cache entry the study's cells read: per distinct frozen part (`frozen_prefix.states_spec`), the
+    boundaries its cells train from (`frozen_prefix.cache_boundary`), and per setting which of them it reads."""
     models: list[EncoderSpec] = []
     boundaries: list[set[int]] = []
     layout: dict[str, CellFeatures] = {}
     for cell in cells:
         indices, cell_boundaries = [], []
         for spec in cell.spec.encoders:
-            # The frozen states depend on the weights and config, not on which top layers train or how they pool.
-            # A method restricted to the top K (LoRA, IA3, BitFit) leaves the bottom as top-K does: the same states.
-            base = spec.model_copy(update={"tunable_layers": "all", "pooling": "cls", "learning_rate": None,
-                                           "method": TopK()})
+            base = states_spec(spec)
             if base not in models:
                 models.append(base)
                 boundaries.append(set())
             indices.append(models.index(base))
-            frozen = None if spec.tunable_layers == "all" else model_layers(spec.model, revision=spec.revision) - \
-                spec.tunable_layers
-            used, _ = cache_decision(frozen, spec.frozen_dropout, cell.spec.training.frozen_prefix_cache,
-                                     method=spec.method.name)
-            cell_boundaries.append(frozen if used else None)
-            if used:
-                boundaries[indices[-1]].add(frozen)
+            cell_boundaries.append(boundary := cache_boundary(spec, cell.spec.training.frozen_prefix_cache))
+            if boundary is not None:
+                boundaries[indices[-1]].add(boundary)
         layout[cell.setting_key] = CellFeatures(task=cell.task, models=indices, boundaries=cell_boundaries)
     return FeaturePlan(tasks=list(study.tasks), models=models, boundaries=[sorted(b) for b in boundaries], settings=layout,
                        max_length=study.training.max_length, cache_dtype=study.training.cache_dtype,

@@ -2,11 +2,13 @@
 a folder holding files layertune did not write, unless asked to."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from layertune.io import MARKER, OutputDirectoryError, atomic_directory, check_output_directory, output_directory
+from layertune.io import (MARKER, OutputDirectoryError, atomic_directory, atomic_file, check_output_directory,
+                          output_directory, write_json)
 
 
 def test_atomic_directory_has_the_permissions_of_a_plain_folder(tmp_path):
@@ -28,6 +30,37 @@ def test_atomic_directory_failure_leaves_the_old_folder_and_no_partial_one(tmp_p
     with atomic_directory(tmp_path / "out") as staging:  # the next complete write replaces it whole
         (staging / "new.txt").write_text("new")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]
+
+
+def test_an_interrupted_file_write_leaves_the_old_file_and_no_staging_file(tmp_path):
+    write_json(tmp_path / "metrics.json", {"score": 1})
+    with pytest.raises(RuntimeError), atomic_file(tmp_path / "metrics.json") as staging:
+        assert staging.suffix == ".json" and staging.parent == tmp_path
+        staging.write_text('{"score": ')  # half of it
+        raise RuntimeError("interrupted")
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"score": 1}
+    with pytest.raises(ValueError, match="not JSON compliant"):  # refused before anything is written
+        write_json(tmp_path / "metrics.json", {"score": float("nan")})
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+def test_a_write_replaces_a_link_and_never_writes_through_it(tmp_path):
+    target = tmp_path / "users-file.json"
+    target.write_text("mine")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "metrics.json").symlink_to(target)
+    write_json(tmp_path / "out" / "metrics.json", {"score": 1})
+    assert target.read_text() == "mine"
+    assert not (tmp_path / "out" / "metrics.json").is_symlink()
+
+
+def test_the_staging_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    (tmp_path / ".report.md.partial-999999999-0123abcd.md").write_text("half")  # no such process
+    (tmp_path / f".report.md.partial-{os.getpid()}-4567ef.md").write_text("a live writer's")
+    with atomic_file(tmp_path / "report.md") as staging:
+        staging.write_text("whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".report.md.partial-{os.getpid()}-4567ef.md", "report.md"]
 
 
 def foreign_folder(path: Path) -> Path:
@@ -126,3 +159,53 @@ def test_model_trainer_refuses_a_foreign_folder_before_training_and_replaces_its
     trainer.train(thesis, progress=False, epochs=2, batch_size=8)  # its own output: replaced without overwrite
     assert len(json.loads((thesis / "history.json").read_text())) == 2 != len(json.loads(first))
     assert json.loads((thesis / MARKER).read_text())["written_by"] == "ModelTrainer.train"
+
+
+def test_every_catalog_write_is_atomic_and_a_tree_reads_no_staging_file(tmp_path):
+    """The pipeline's datasets write through `atomic_file`: a figure or table whose writing fails leaves the file
+    of the last build, and a tree of files reads only whole ones."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from kedro.io import DatasetError
+
+    from pipelines.datasets import FileDataset, FileTreeDataset, SpecDataset
+    from pipelines.plans import DownloadPlan
+
+    figures = FileTreeDataset(str(tmp_path / "figures"), ".png")
+    figure, axes = plt.subplots()
+    axes.plot([1, 2])
+    figures.save({"scores": figure})
+    before = (tmp_path / "figures" / "scores.png").read_bytes()
+
+    class Broken:  # a figure that fails half-way through its file
+        def savefig(self, path, **kwargs):
+            Path(path).write_bytes(b"\x89PNG half")
+            raise OSError("disk full")
+
+    with pytest.raises(DatasetError, match="disk full"), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plt, "close", lambda figure: None)
+        figures.save({"scores": Broken()})
+    assert (tmp_path / "figures" / "scores.png").read_bytes() == before
+    assert [p.name for p in (tmp_path / "figures").iterdir()] == ["scores.png"]
+
+    class BadFrame(pd.DataFrame):
+        def to_csv(self, path, **kwargs):
+            Path(path).write_text("a,b\n1,")
+            raise KeyboardInterrupt
+
+    table = FileDataset(str(tmp_path / "scores.csv"))
+    table.save(pd.DataFrame({"a": [1], "b": [2]}))
+    with pytest.raises(KeyboardInterrupt):
+        table.save(BadFrame({"a": [3]}))
+    assert table.load().to_dict("list") == {"a": [1], "b": [2]}
+
+    tables = FileTreeDataset(str(tmp_path / "tables"), ".csv")
+    tables.save({"sst2/scores": pd.DataFrame({"a": [1]})})
+    (tmp_path / "tables" / "sst2" / ".other.csv.partial-1-ab.csv").write_text("a\n")  # a live writer's (pid 1)
+    assert list(tables.load()) == ["sst2/scores"]
+    plan = SpecDataset(str(tmp_path / "download.json"), "pipelines.plans.DownloadPlan")
+    plan.save(DownloadPlan(tasks=["sst2"], mirror=None))
+    assert plan.load().tasks == ["sst2"] and [p.name for p in tmp_path.glob(".*")] == []

@@ -48,6 +48,7 @@ from layertune.training_config import cache_decision
 
 if TYPE_CHECKING:
     from layertune.language_model import LanguageModel
+    from layertune.specs import EncoderSpec
     from layertune.training_config import TrainingConfig
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,31 @@ _DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # no space 
 
 def default_cache_root() -> Path:
     return Path(os.environ.get("LAYERTUNE_CACHE", Path.home() / ".cache" / "layertune"))
+
+
+# ----------------------------------------------------------------------------------- planning a study's entries
+
+
+def states_spec(spec: EncoderSpec) -> EncoderSpec:
+    """What the frozen layers' output of an encoder built from ``spec`` depends on: its weights and config, not which
+    top layers train, how it pools, its rate or its method (LoRA, IA3 or BitFit on the top K leave the layers below
+    as top-K does). Encoders with equal ``states_spec`` share their cache entries."""
+    from layertune.tuning_methods import TopK
+
+    return spec.model_copy(update={"tunable_layers": "all", "pooling": "cls", "learning_rate": None,
+                                   "method": TopK()})
+
+
+def cache_boundary(spec: EncoderSpec, frozen_prefix_cache: bool | str = "auto") -> int | None:
+    """The boundary (number of frozen layers) whose cached states a run of ``spec`` reads, or None where it trains
+    without the cache (`layertune.training_config.cache_decision`: every layer tuned, frozen dropout, or disabled).
+    Read from the model's config, without loading weights, so a plan knows every entry before anything trains."""
+    from layertune.model_paths import model_layers
+
+    frozen = None if spec.tunable_layers == "all" else (
+        model_layers(spec.model, revision=spec.revision) - spec.tunable_layers)
+    used, _ = cache_decision(frozen, spec.frozen_dropout, frozen_prefix_cache, method=spec.method.name)
+    return frozen if used else None
 
 
 def prepare_examples(lm: LanguageModel, corpus, args: TrainingConfig | None = None, *, cache_dir=None,

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-_PARTIAL = ".partial-"  # staging folders: .<name>.partial-<pid>-<random>
+_PARTIAL = ".partial-"  # staging folders and files: .<name>.partial-<pid>-<random>[<suffix>]
 # In every folder `output_directory` writes: what proves that replacing the folder loses nothing of the user's.
 MARKER = ".layertune-output"
 
@@ -86,6 +86,22 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         _remove(staging)
 
 
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a staging file path beside ``path`` (same suffix, so writers that go by it still do); it replaces
+    ``path`` in one atomic step only if the block finishes without error: a reader sees the old file or the new
+    one, never half of one. Staging files left by processes that died are removed, as `atomic_directory`'s are."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(path.parent)
+    staging = path.parent / f".{path.name}{_PARTIAL}{os.getpid()}-{uuid.uuid4().hex}{path.suffix}"
+    try:
+        yield staging
+        os.replace(staging, path)
+    finally:
+        _remove(staging)
+
+
 def _remove(path: Path) -> None:
     """``path`` gone, ignoring errors; a link (what the swap left if ``path`` was one) is unlinked, never followed."""
     if path.is_symlink() or path.is_file():
@@ -151,5 +167,7 @@ def file_digest(path: str | Path) -> str:
 
 def write_json(path: str | Path, data: object) -> None:
     """Sorted keys and a trailing newline: equal data gives byte-identical files. NaN and infinity are refused:
-    they are not JSON."""
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    they are not JSON. Written atomically (`atomic_file`)."""
+    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"  # a refusal leaves no file
+    with atomic_file(path) as staging:
+        staging.write_text(text)
