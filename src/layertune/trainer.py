@@ -129,11 +129,7 @@ class ModelTrainer:
         # The new, untrained parts drawn from the seed, whatever the process drew before; before the frozen-prefix
         # cache, as a checkpoint's gaps may lie in the frozen layers.
         task_model.begin_training(args.seed)
-        with accelerator.main_process_first():  # the main process fills the caches, the others then read them
-            # The cache pass computes as training will (its autocast), on the training device.
-            splits, cache_info = task_model.encoder.prepare_examples(
-                self.corpus, args, cache_dir=self.cache_dir, device=accelerator.device,
-                autocast=autocast_dtype(accelerator.mixed_precision))
+        splits, cache_info = self._examples(args, accelerator)
         train_loader, score_loaders = _loaders(splits, args, accelerator)
 
         task_model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by parameter device
@@ -197,14 +193,19 @@ class ModelTrainer:
         the same boundary). ``args`` as for `train`: its truncation, batch size and cache settings count."""
         args = training_arguments(args, arguments)
         accelerator = _accelerator(args)
-        task_model = self.model
-        with accelerator.main_process_first():
-            splits, _ = task_model.encoder.prepare_examples(
-                self.corpus, args, cache_dir=self.cache_dir, device=accelerator.device,
-                autocast=autocast_dtype(accelerator.mixed_precision))
+        splits, _ = self._examples(args, accelerator)
         _, score_loaders = _loaders(splits, args, accelerator)
-        task_model.to(accelerator.device)
+        self.model.to(accelerator.device)
         return {split: self.evaluate(loader, accelerator)[1] for split, loader in score_loaders.items()}
+
+    def _examples(self, args: TrainingConfig, accelerator: Accelerator) -> tuple[dict, dict]:
+        """Every split tokenized, with the frozen prefix's cached states where the run uses them, on the training
+        device (`layertune.frozen_prefix.prepare_examples`). The cache pass computes as training will, under its
+        autocast; the main process fills the caches, the others then read them."""
+        with accelerator.main_process_first():
+            return self.model.encoder.prepare_examples(self.corpus, args, cache_dir=self.cache_dir,
+                                                       device=accelerator.device,
+                                                       autocast=autocast_dtype(accelerator.mixed_precision))
 
     def _train_epoch(self, model, train_loader, optimizer, scheduler, accelerator: Accelerator,
                      args: TrainingConfig, epoch: int, progress: bool) -> list[float]:
