@@ -6,10 +6,10 @@ each cell is its own process (its own DVC stage), so a parent run would have no 
 one experiment per study is what the MLflow UI compares side by side (its runs table, charts and parallel
 coordinates over the cells' parameters).
 
-A cell never fails for its tracking: what MLflow does not take is kept and sent later (`pipelines.tracking`). A
-cell, as it starts, sends what earlier cells of its study kept; a stage that reads every cell of a study (evaluate,
-then aggregate), which runs once each cell is trained or restored by DVC, ends the runs that killed cells left
-RUNNING.
+The cell folder is the record and MLflow shows it (`pipelines.tracking`): a cell never fails for its tracking,
+and what MLflow does not take is logged later from the folder. A cell, as it starts, logs the folders of its study
+that MLflow lacks; so does a stage that reads every cell of a study (evaluate, then aggregate), which runs once each
+cell is trained or restored by DVC, and which also ends the runs that killed cells left RUNNING.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pipelines.processes import on_signals
 logger = logging.getLogger(__name__)
 
 MLFLOW_TAG = "mlflow"  # nodes with this tag are tracked: one MLflow run per run of the node
-STUDY_CELLS = "study_cells"  # a node that reads every cell of a study settles their runs (`tracking.settle`)
+STUDY_CELLS = "study_cells"  # a node that reads every cell of a study syncs their runs (`tracking.sync`)
 
 
 class ModelMirrorHook:
@@ -109,12 +109,14 @@ class StageLockHook:
 
 
 class MlflowCellHook:
-    """A run per tagged node: parameters before it runs; history, final metrics and the model's path after it;
-    FINISHED only once the whole Kedro run (outputs saved included) succeeded. An error ends it FAILED; Ctrl-C or
-    SIGTERM ends it KILLED (at interpreter exit at the latest, since neither reaches Kedro's error hooks)."""
+    """A run per tagged node: parameters and dataset inputs before it runs; once the whole Kedro run succeeded (the
+    cell's folder saved), the folder logged onto it (`tracking.log_cell`: history, metrics, the model's path) and
+    FINISHED. An error ends it FAILED; Ctrl-C or SIGTERM ends it KILLED (at interpreter exit at the latest, since
+    neither reaches Kedro's error hooks)."""
 
     def __init__(self) -> None:
         self.run = None
+        self.folder: Path | None = None  # the folder of the cell being trained, logged onto its run once saved
         self.catalog = None
         self._signals = contextlib.ExitStack()
 
@@ -129,15 +131,18 @@ class MlflowCellHook:
 
         if not is_main_process():  # a data-parallel cell is one run
             return
-        if STUDY_CELLS in inputs and "study_plan" in inputs:
-            self._settle(inputs["study_plan"].name)
-        if MLFLOW_TAG not in node.tags:
-            return
         from pipelines import tracking
 
+        if STUDY_CELLS in inputs and "study_plan" in inputs:
+            study = inputs["study_plan"].name
+            tracking.sync(tracking.experiment_name(study), self._path(STUDY_CELLS) or tracking.MODELS_ROOT / study)
+        if MLFLOW_TAG not in node.tags:
+            return
         cell = inputs["cell_plan"]
         experiment = tracking.experiment_name(cell.study)
-        tracking.sync(experiment=experiment)
+        trained = self._path("trained_cell")  # where the cell's folder is saved (the catalog's trained_cell)
+        self.folder = Path(trained) if trained else tracking.MODELS_ROOT / cell.study / cell.key
+        tracking.sync(experiment, self.folder.parent)
         corpora = self._path("prepared_corpora")
         self.run = tracking.CellRun.start(
             experiment=experiment, run_name=cell.key, params=tracking.cell_params(cell),
@@ -147,27 +152,10 @@ class MlflowCellHook:
         self._signals.enter_context(tracking.sigterm_raises())
         atexit.register(self.end_open_run)
 
-    def _settle(self, study: str) -> None:
-        from pipelines import tracking
-
-        experiment = tracking.experiment_name(study)
-        tracking.sync(experiment=experiment)
-        if cells := self._path(STUDY_CELLS):
-            tracking.settle(experiment, cells)
-
     def _path(self, dataset: str) -> str | None:
         """Where a dataset of the catalog lives (None outside a Kedro run)."""
         found = self.catalog.get(dataset) if self.catalog is not None else None
         return str(found.path) if found is not None else None
-
-    @hook_impl
-    def after_node_run(self, node, outputs) -> None:
-        if MLFLOW_TAG not in node.tags or self.run is None:
-            return
-        from pipelines import tracking
-
-        model_path = self._path("trained_cell")
-        tracking.log_result(self.run, outputs["trained_cell"].result, model_path=model_path and f"{model_path}/model")
 
     @hook_impl
     def on_node_error(self, error, node) -> None:
@@ -193,8 +181,11 @@ class MlflowCellHook:
         run, self.run = self.run, None
         self._signals.close()
         atexit.unregister(self.end_open_run)
-        try:
-            run.end(end_status(error))  # a store that does not answer is handled there: this is a bug of ours
+        try:  # a store that does not answer is handled there: an error is a bug of ours
+            if error is None:
+                run.finish(self.folder)
+            else:
+                run.end(end_status(error))
         except Exception:  # never hide the cell's own error behind a tracking one
             logger.exception("Could not end MLflow run %s", run.run_id)
         if error is None:

@@ -17,8 +17,9 @@ last cell to leave a closed build on its machine, however late.
 
 MLflow: cells log to the driver's tracking server (a team server for a real cluster: every node must reach it). For
 each study the driver opens a parent run for the build; each cell's run is its child (``mlflow.parentRunId``), so the
-runs table shows a build as one row that opens into its cells. A run a cell kept while the server did not answer is
-sent back with the cell's result and replayed here.
+runs table shows a build as one row that opens into its cells. A cell whose run the server did not take comes back
+as its folder, like any other, and is logged from it later (`pipelines.tracking.sync`: the study's evaluate stage,
+or ``python -m pipelines.tracking sync``), outside the build's parent run.
 """
 
 from __future__ import annotations
@@ -142,7 +143,6 @@ class RayCluster:
                 for finished in range(1, len(cells) + 1):
                     result = self._next(pending, signals)
                     self.completed.add(result.stage)
-                    self._keep_journals(result)
                     bar.update()
                     steps = ", ".join(f"{step} {seconds:.1f}" for step, seconds in result.steps.items())
                     bar.write(f"layertune repro: [{finished}/{len(cells)}] {result.stage} "
@@ -204,15 +204,6 @@ class RayCluster:
             params={"commit": self.commit, "studies": ",".join(self.studies), "cells": cells,
                     "cpus_per_cell": self.cpus_per_cell, "gpus_per_cell": int(self.gpus)},
             tags={**tracking.cell_tags(study=study), BUILD_TAG: self.build})
-
-    def _keep_journals(self, result: CellResult) -> None:
-        """Runs a cell kept while MLflow did not answer, written here and replayed (or kept for a later sync)."""
-        from pipelines import tracking
-
-        for path, text in result.journals.items():
-            tracking.write_pending(Path(path), tracking.PendingRun.model_validate_json(text))
-        if result.journals:
-            tracking.sync(uri=self.tracking_uri)
 
     def _cancel(self, pending: dict) -> None:
         """Every task not done is cancelled: the gate closed first (a running cell that finds it closed stops: under

@@ -45,7 +45,6 @@ class CellResult:
     seconds: float
     trained: bool  # False: restored from the remote's run-cache
     steps: dict[str, float] = field(default_factory=dict)  # seconds of each step: workspace, pull, repro, push
-    journals: dict[str, str] = field(default_factory=dict)  # runs kept while MLflow did not answer: path -> JSON
 
 
 @dataclass(frozen=True)
@@ -165,11 +164,8 @@ def _train_on_node(workspace: NodeWorkspace, stage: str, study: str, env: dict[s
                     log.append(f"$ dvc {' '.join(command[3:])}\n{done.stdout}")
                     if done.returncode:
                         raise CellFailed(f"{stage} failed on {socket.gethostname()}:\n{''.join(log)[-LOG_TAIL:]}")
-                journals = {str(path.relative_to(folder)): path.read_text()
-                            for path in sorted((folder / "data" / "09_tracking").glob("*/*.json"))}
                 return CellResult(stage=stage, node=ray.get_runtime_context().get_node_id()[:8],
-                                  seconds=time.monotonic() - started, trained="Running stage" in log[1],
-                                  steps=steps, journals=journals)
+                                  seconds=time.monotonic() - started, trained="Running stage" in log[1], steps=steps)
             finally:  # a cancel or an error stops the cell's commands (their runs end KILLED) before the folder goes
                 _to_the_end(children.stop)
     except (KeyboardInterrupt, SystemExit, CellFailed):

@@ -1,27 +1,30 @@
-"""MLflow tracking: one run per study cell, one experiment per study; a run ends FINISHED only on success, and a
-tracking outage never costs a trained cell.
+"""MLflow tracking: the cell folder is the record, and MLflow shows it. One run per study cell, one experiment per
+study; a run ends FINISHED only once its cell's folder is saved, and a tracking outage never costs a trained cell.
+
+A cell's run opens as the cell starts (RUNNING, with its parameters and dataset inputs, so the UI shows what
+trains). Once the folder is saved, `log_cell` projects it onto the run: per-epoch history, final metrics, the
+model's path and the frozen-prefix cache's decision (tags), and the folder's summary, history and run info as
+artifacts. Then the run ends FINISHED. A failed cell ends FAILED; Ctrl-C or SIGTERM (what ``kill`` and CI timeouts
+send) ends it KILLED.
 
 Runs are driven through `mlflow.MlflowClient` with explicit run ids, never mlflow's active-run globals: mlflow ends a
 still-active run as FINISHED when the interpreter exits, which would mark an interrupted cell as finished.
-A failed cell ends FAILED; Ctrl-C or SIGTERM (what ``kill`` and CI timeouts send) ends it KILLED.
+
+Whatever MLflow could not take is logged later, from the folder, by `sync`. Three callers run it: the next cell of
+the study as it starts, the evaluate stage before it reads the cells, and ``python -m pipelines.tracking sync``.
+It finds each folder's run by the cell's name and its spec's digest (`SPEC_TAG`):
+- a FINISHED run: the folder is logged already, so syncing again changes nothing;
+- a run left RUNNING by a process that died on this machine after saving the folder: completed from the folder;
+- none: a run is created from the folder.
+A run that a dead process left RUNNING without saving a folder of its spec ends KILLED. So a server that is down
+for a whole build, a killed cell, or outputs that DVC restored from its run-cache all end with one FINISHED run per
+cell and none RUNNING. A cell trained again with the same spec (its earlier run FINISHED, but DVC never recorded
+it, or ``dvc repro --force``) ends that earlier run KILLED once it FINISHES itself (`end_superseded_runs`).
 
 The tracking URI is ``$MLFLOW_TRACKING_URI`` when set (a team server, say), else ``sqlite:///mlflow.db`` in the
 working directory (MLflow 3 no longer accepts a plain folder as its store); artifacts of a SQLite store go to
-``mlartifacts/`` beside the database.
-
-A store that does not answer (a server that is down, or killed mid-cell) does not fail the cell: the first failed
-call logs one warning, and from then on the run's calls are kept, in order, in a journal in the project,
-``data/09_tracking/<experiment>/<run name>.json`` (a `PendingRun`). `sync` replays the journals of cells that have
-ended once the store answers again: the next cell of the study does it as it starts, and so does
-``python -m pipelines.tracking sync``. HTTP calls give up within seconds rather than MLflow's minutes
-(`HTTP_RETRY_DEFAULTS`, unless you set those variables yourself).
-
-A cell killed with SIGKILL leaves its run RUNNING. Its next run ends it KILLED (`end_abandoned_runs`); if the cell
-is not trained again (DVC restored its outputs from its run-cache), `settle`, run by the evaluate stage and by
-``sync``, ends it: FINISHED, with the metrics of its folder, if the folder was written after the run began and holds
-that run's spec and metrics; KILLED otherwise. A cell trained again with the same spec (its earlier run FINISHED,
-but DVC never recorded it, or ``dvc repro --force``) ends that earlier run KILLED once it FINISHES itself
-(`end_superseded_runs`): one FINISHED run per cell.
+``mlartifacts/`` beside the database. A store that does not answer costs one warning line per process, and HTTP
+calls give up within seconds rather than MLflow's minutes (`HTTP_RETRY_DEFAULTS`, unless you set those variables).
 """
 
 from __future__ import annotations
@@ -35,14 +38,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel
 
 logger = logging.getLogger(__name__)
 
@@ -50,17 +50,20 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST_TAG, PID_TAG = "layertune.host", "layertune.pid"  # which process owns a run: a dead owner's run is abandoned
 PARENT_RUN_ENV, PARENT_TAG = "LAYERTUNE_PARENT_RUN_ID", "mlflow.parentRunId"  # a cell's run as a build's child
 BUILD_ENV, BUILD_TAG = "LAYERTUNE_BUILD", "layertune.build"  # the build a parent run and its cells' runs belong to
-SPEC_TAG = "layertune.spec"  # digest of the cell's spec: which outputs are this run's (`settle`)
+SPEC_TAG = "layertune.spec"  # digest of the cell's spec: which folder is this run's (`sync`)
 SUPERSEDED_TAG = "layertune.superseded_by"  # a FINISHED run whose cell was trained again: the run that did
+LOGGED_FROM_TAG = "layertune.logged_from"  # a run created by `sync` from a folder MLflow had not seen
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 # The kind of experiment the MLflow UI (3.x) shows: a model-training experiment opens on its runs table. Without it
 # the UI guesses, and opens ours on its GenAI overview page.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
-# Relative to the project folder, where every stage runs; Kedro's layer for tracking data. Not a DVC output.
-JOURNAL_ROOT = Path("data") / "09_tracking"
-MODELS_ROOT = Path("data") / "04_models"  # the cell folders, data/04_models/<study>/<cell> (conf/base/catalog.yml)
+# Relative to the project folder, where every stage runs (conf/base/catalog.yml): the cell folders, their specs in
+# the study's grid, and their prepared data (a run created from a folder logs these as its parameters and inputs).
+MODELS_ROOT, PLANS_ROOT, PREPARED_ROOT = (Path("data") / "04_models", Path("data") / "00_plan",
+                                         Path("data") / "02_prepared")
+SYNC_LOCK = Path("data") / ".locks" / "tracking-sync.lock"  # one process at a time logs a study's folders
 # MLflow's own defaults retry an unreachable server for about four minutes per call (7 retries, backoff factor 2,
-# 120 s timeout). A cell keeps what it cannot log, so a few seconds are enough.
+# 120 s timeout). What a run cannot log now is logged later from the cell's folder, so a few seconds are enough.
 HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 RETRY_AFTER_S = 60.0  # a store that failed is not called again by this process for this long
@@ -97,203 +100,224 @@ def end_status(error: BaseException | None) -> str:
     return FAILED
 
 
-# ------------------------------------------------------------------------------------------ what a run logs
-
-
-class MetricRecord(BaseModel):
-    key: str
-    value: float
-    timestamp: int
-    step: int
-
-
-class DatasetRecord(BaseModel):
-    """A dataset input of a run (`mlflow.entities.Dataset`) and its context (training, eval)."""
-
-    name: str
-    digest: str
-    source_type: str
-    source: str
-    data_schema: str | None = None
-    profile: str | None = None
-    context: str
-
-
-class Operation(BaseModel):
-    """One logging call of a run: a batch (params, metrics, tags), dataset inputs, or a JSON artifact. Replaying
-    one is harmless: MLflow keeps a metric, a dataset or a same-valued param once, and overwrites tags and files."""
-
-    params: dict[str, str] = {}
-    metrics: list[MetricRecord] = []
-    tags: dict[str, str] = {}
-    datasets: list[DatasetRecord] = []
-    artifact: str | None = None  # the file name `data` is logged as
-    data: Any = None
-
-
-class PendingRun(BaseModel):
-    """What a run could not log yet: its creation (when ``run_id`` is None), its calls in order, and its end."""
-
-    uri: str
-    experiment: str
-    run_name: str
-    run_id: str | None = None
-    start_time: int
-    tags: dict[str, str]  # the run's tags at creation, its owner's host and pid included
-    operations: list[Operation] = []
-    status: str | None = None  # set once the cell ended
-    end_time: int | None = None
-
-
-def apply(client, run_id: str, operation: Operation) -> None:
-    """One `Operation` on the run, in as few calls as MLflow's limits allow (1,000 metrics a batch)."""
-    from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
-
-    if operation.params or operation.tags:
-        client.log_batch(run_id, params=[Param(k, v) for k, v in sorted(operation.params.items())],
-                         tags=[RunTag(k, v) for k, v in sorted(operation.tags.items())])
-    metrics = [Metric(m.key, m.value, m.timestamp, m.step) for m in operation.metrics]
-    for start in range(0, len(metrics), 1000):
-        client.log_batch(run_id, metrics=metrics[start : start + 1000])
-    if operation.datasets:
-        client.log_inputs(run_id, [DatasetInput(
-            Dataset(d.name, d.digest, d.source_type, d.source, d.data_schema, d.profile),
-            tags=[InputTag("mlflow.data.context", d.context)]) for d in operation.datasets])
-    if operation.artifact:
-        client.log_dict(run_id, operation.data, operation.artifact)
-
-
-def metric_records(metrics: Mapping[str, Any], step: int = 0, history: Iterable[Mapping[str, Any]] = ()
-                   ) -> list[MetricRecord]:
-    """Final ``metrics`` at ``step`` and per-epoch ``history`` records (``step`` = epoch)."""
-    now = _now()
-    records = [MetricRecord(key=k, value=float(v), timestamp=now, step=int(record["epoch"])) for record in history
-               for k, v in sorted(record.items()) if k != "epoch" and _is_number(v)]
-    return records + [MetricRecord(key=k, value=float(v), timestamp=now, step=step)
-                      for k, v in sorted(metrics.items()) if _is_number(v)]
-
-
-def result_operations(summary: Mapping[str, Any], history: list[Mapping[str, Any]],
-                      model_path: str | None = None, run_info: Mapping[str, Any] | None = None) -> list[Operation]:
-    """What a cell's results log: per-epoch history, final metrics, the model's path and the frozen-prefix cache's
-    decision (tags), and the summary, history and run info (the decision's estimates) as JSON artifacts."""
-    tags = {"model_path": model_path} if model_path else {}
-    operations = [Operation(artifact="metrics.json", data=dict(summary)),
-                  Operation(artifact="history.json", data=list(history))]
-    if run_info:
-        cache = run_info["frozen_prefix_cache"]
-        tags.update({"frozen_prefix_cache.used": str(cache["used"]), "frozen_prefix_cache.reason": cache["reason"]})
-        operations.append(Operation(artifact="run_info.json", data=dict(run_info)))
-    return [Operation(metrics=metric_records(final_metrics(summary), history=history), tags=tags), *operations]
-
-
 # ---------------------------------------------------------------------------------------------------- a run
 
 
 class CellRun:
-    """One MLflow run. Start it with :meth:`start`; :meth:`end` is idempotent (the first status wins). Once the
-    store fails to answer, the run is offline: what is left to log goes to its journal (`PendingRun`)."""
+    """One MLflow run. `start` opens it (without a ``run_id`` when the store did not answer: nothing is kept then,
+    `sync` logs the cell's folder later); `finish` logs the saved folder onto it and ends it FINISHED; `end` ends it
+    with a status. The first ending wins."""
 
-    def __init__(self, pending: PendingRun, journal: Path, client=None) -> None:
-        self.pending = pending
-        self.journal = journal
-        self.client = client  # None: offline
+    def __init__(self, uri: str, experiment: str, run_name: str) -> None:
+        self.uri, self.experiment, self.run_name = uri, experiment, run_name
+        self.client = None
+        self.run = None  # the `mlflow.entities.Run` as created
         self.ended: str | None = None
 
     @property
     def run_id(self) -> str | None:
-        return self.pending.run_id
+        return self.run.info.run_id if self.run is not None else None
 
     @classmethod
     def start(cls, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
-              uri: str | None = None, datasets: Iterable[DatasetRecord] = (),
-              journal_root: str | Path = JOURNAL_ROOT) -> CellRun:
-        """A new run ``run_name`` with ``params`` and dataset inputs; runs of the same name that a dead process left
-        RUNNING end KILLED first."""
-        uri = uri or tracking_uri()
-        use_quick_http_retries(uri)
-        owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
-        pending = PendingRun(uri=uri, experiment=experiment, run_name=run_name, start_time=_now(),
-                             tags={**(tags or {}), **owner})
-        run = cls(pending, journal_path(experiment, run_name, journal_root))
-        if _reachable(uri):
-            try:
-                run._create()
-            except Exception as error:  # whatever the store's failure (down, refusing, broken), the cell goes on
-                _warn_unreachable(uri, error)
-        run._log(Operation(params={k: _param_text(v) for k, v in params.items()}))
-        if datasets := list(datasets):
-            run._log(Operation(datasets=datasets))
+              uri: str | None = None, datasets: Iterable = ()) -> CellRun:
+        """A new run ``run_name`` with ``params`` and dataset inputs (`corpus_datasets`). (Runs that a dead process
+        left RUNNING are ended by `sync`, which the hook runs first.)"""
+        run = cls(uri or tracking_uri(), experiment, run_name)
+        use_quick_http_retries(run.uri)
+        if not _reachable(run.uri):
+            return run
+        try:
+            client = connect(run.uri)
+            experiment_id = ensure_experiment(client, run.uri, experiment)
+            with _quiet_retries():
+                run.run = client.create_run(experiment_id, tags={**(tags or {}), **_owner()}, run_name=run_name)
+                run.client = client
+                _log_params(client, run.run_id, params)
+                if datasets := list(datasets):
+                    client.log_inputs(run.run_id, datasets)
+        except Exception as error:  # whatever the store's failure (down, refusing, broken), the cell goes on
+            _warn_unreachable(run.uri, error)
+            return run
+        local = not run.uri.startswith(("http://", "https://"))
+        logger.info("MLflow run %s (%s) in experiment %r at %s; the study's runs: %s%s", run.run_id, run_name,
+                    experiment, run.uri, runs_page(run.uri, experiment_id),
+                    f" (mlflow ui --backend-store-uri {run.uri})" if local else "")
         return run
 
-    def _create(self) -> None:
-        pending = self.pending
-        client = connect(pending.uri)
-        experiment_id = ensure_experiment(client, pending.uri, pending.experiment)
-        end_abandoned_runs(client, experiment_id, pending.run_name)
-        with _quiet_retries():
-            run = client.create_run(experiment_id, start_time=pending.start_time, tags=pending.tags,
-                                    run_name=pending.run_name)
-        pending.run_id, self.client = run.info.run_id, client
-        logger.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_id, pending.run_name,
-                    pending.experiment, pending.uri)
-        local = not pending.uri.startswith(("http://", "https://"))
-        logger.info("The study's runs: %s%s", runs_page(pending.uri, experiment_id),
-                    f" (mlflow ui --backend-store-uri {pending.uri})" if local else "")
-
-    def _log(self, operation: Operation) -> None:
-        if self.client is not None:
-            try:
-                with _quiet_retries():
-                    apply(self.client, self.run_id, operation)
-                return
-            except Exception as error:
-                self._go_offline(error)
-        self.pending.operations.append(operation)
-        self._keep()
-
-    def _go_offline(self, error: Exception) -> None:
-        self.client = None
-        _warn_unreachable(self.pending.uri, error)
-
-    def _keep(self) -> None:
-        """The journal, rewritten whole and atomically: a reader never sees half of it."""
-        try:
-            write_pending(self.journal, self.pending)
-        except OSError as error:
-            logger.error("Could not keep the MLflow run of %s in %s (%s): its tracking is lost, the cell is not",
-                         self.pending.run_name, self.journal, error)
-
-    def log_metrics(self, metrics: Mapping[str, Any], step: int = 0,
-                    history: Iterable[Mapping[str, Any]] = (), tags: Mapping[str, str] | None = None) -> None:
-        """Final ``metrics`` and per-epoch ``history`` records (``step`` = epoch), with ``tags``."""
-        self._log(Operation(metrics=metric_records(metrics, step, history), tags=dict(tags or {})))
-
-    def log_dict(self, data: Any, artifact_file: str) -> None:
-        self._log(Operation(artifact=artifact_file, data=data))
-
-    def log_operations(self, operations: Iterable[Operation]) -> None:
-        for operation in operations:
-            self._log(operation)
+    def finish(self, folder: str | Path) -> None:
+        """The saved cell ``folder`` logged onto the run (`log_cell`), which ends FINISHED. Without a run (the store
+        did not answer as the cell started), the folder's study is synced instead: whatever the store takes now."""
+        if self.ended is None and self.run is None:
+            self.ended = FINISHED
+            sync(self.experiment, Path(folder).parent, self.uri)
+        elif self.ended is None and self._call(log_cell, self.run, Path(folder)):
+            self.end(FINISHED)
 
     def end(self, status: str) -> None:
+        """Ends the run ``status``; FINISHED also ends earlier FINISHED runs of the same cell and spec KILLED
+        (`end_superseded_runs`)."""
         if self.ended is not None:
             return
         self.ended = status
-        if self.client is not None:
-            try:
-                with _quiet_retries():
-                    self.client.set_terminated(self.run_id, status=status)
-                    if status == FINISHED:
-                        end_superseded_runs(self.client, self.run_id, self.pending.tags)
-                logger.info("MLflow run %s ended %s", self.run_id, status)
-                return
-            except Exception as error:
-                self._go_offline(error)
-        self.pending.status, self.pending.end_time = status, _now()
-        self._keep()
-        logger.info("MLflow run of %s ended %s, kept in %s until MLflow answers", self.pending.run_name, status,
-                    self.journal)
+        if self._call(lambda client: client.set_terminated(self.run_id, status=status)):
+            if status == FINISHED:
+                self._call(end_superseded_runs, self.run_id, self.run.data.tags)
+            logger.info("MLflow run %s ended %s", self.run_id, status)
+
+    def _call(self, function, *args) -> bool:
+        """``function(client, *args)``, unless the store failed (then, or a moment ago): a warning, no error."""
+        if self.client is None or not _reachable(self.uri):
+            return False
+        try:
+            with _quiet_retries():
+                function(self.client, *args)
+            return True
+        except Exception as error:
+            _warn_unreachable(self.uri, error)
+            return False
+
+
+# ------------------------------------------------------------------------------ a cell folder, projected
+
+
+def log_cell(client, run, folder: Path) -> None:
+    """A saved cell folder projected onto ``run`` (an `mlflow.entities.Run`): per-epoch history (step = epoch) and
+    final metrics (`final_metrics`); the model's path and the frozen-prefix cache's decision, and why, as tags; the
+    folder's ``metrics.json``, ``history.json`` and ``run_info.json`` as artifacts. Logging it again changes
+    nothing: every value carries the run's start time, and MLflow keeps an equal metric, tag or file once."""
+    from mlflow.entities import Metric, RunTag
+
+    from layertune.cell import CellFolder
+
+    cell, run_id, when = CellFolder(folder), run.info.run_id, run.info.start_time
+    summary, history, run_info = cell.metrics(), cell.history(), cell.run_info()
+    metrics = [Metric(key, float(value), when, int(record["epoch"])) for record in history
+               for key, value in sorted(record.items()) if key != "epoch" and _is_number(value)]
+    metrics += [Metric(key, float(value), when, 0) for key, value in sorted(final_metrics(summary).items())]
+    tags = {"model_path": str(folder / "model")}
+    if cache := run_info.get("frozen_prefix_cache"):
+        tags |= {"frozen_prefix_cache.used": str(cache["used"]), "frozen_prefix_cache.reason": cache["reason"]}
+    client.log_batch(run_id, tags=[RunTag(key, value) for key, value in sorted(tags.items())])
+    for start in range(0, len(metrics), 1000):  # MLflow takes at most 1,000 metrics a call
+        client.log_batch(run_id, metrics=metrics[start : start + 1000])
+    for name, data in (("metrics.json", summary), ("history.json", history), ("run_info.json", run_info)):
+        if data:
+            client.log_dict(run_id, data, name)
+
+
+def sync(experiment: str, cells: str | Path, uri: str | None = None, wait_s: float = 0) -> dict[str, str]:
+    """Brings ``experiment`` up to date with the cell folders right below ``cells`` (see the module's docstring):
+    every saved folder gets a FINISHED run of its spec, and runs a dead process left RUNNING without saving theirs
+    end KILLED. Returns ``{run name: status}`` for each run it ended. A store that does not answer changes nothing
+    (one warning); nor does a second process syncing at the same time, unless it is done within ``wait_s``."""
+    uri = uri or tracking_uri()
+    folders = saved_cells(cells)
+    if not _reachable(uri) or (uri.startswith("sqlite:///") and not _database(uri).exists() and not folders):
+        return {}  # a store that failed a moment ago; or no store, and nothing to log
+    with _sync_lock(wait_s) as locked:
+        if not locked:
+            return {}  # another process is syncing
+        try:
+            client = connect(uri)
+            experiment_id = ensure_experiment(client, uri, experiment)
+            with _quiet_retries():
+                return _sync_runs(client, experiment_id, folders)
+        except Exception as error:
+            _warn_unreachable(uri, error)
+            return {}
+
+
+def saved_cells(cells: str | Path) -> list[Path]:
+    """The complete cell folders right below ``cells`` (an unfinished write is dot-named)."""
+    return [spec.parent for spec in sorted(Path(cells).glob("*/cell.json"))
+            if not spec.parent.name.startswith(".") and (spec.parent / "metrics.json").is_file()]
+
+
+def _sync_runs(client, experiment_id: str, folders: list[Path]) -> dict[str, str]:
+    from layertune.io import process_alive
+
+    runs = client.search_runs([experiment_id], max_results=50_000)
+    ended, adopted = {}, set()
+    for folder in folders:
+        digest = spec_digest((folder / "cell.json").read_text())
+        of_spec = [run for run in runs if run.info.run_name == folder.name and run.data.tags.get(SPEC_TAG) == digest]
+        if any(run.info.status == FINISHED or run.info.status == "RUNNING" and
+               _owner_alive(run.data.tags, process_alive) for run in of_spec):
+            continue  # logged already, or its own process is about to log it
+        # A run whose process died after it saved this folder is completed; any other folder gets a run of its own.
+        run = next((run for run in of_spec if run.info.status == "RUNNING" and _outputs_of(folder, run)), None)
+        run = run or _run_from_folder(client, experiment_id, folder)
+        log_cell(client, run, folder)
+        client.set_terminated(run.info.run_id, status=FINISHED)
+        end_superseded_runs(client, run.info.run_id, run.data.tags)
+        ended[folder.name] = FINISHED
+        adopted.add(run.info.run_id)
+        logger.info("MLflow run %s of %s: logged from its folder %s", run.info.run_id, folder.name, folder)
+    for run in runs:
+        if run.info.status == "RUNNING" and run.info.run_id not in adopted and \
+                not _owner_alive(run.data.tags, process_alive):
+            client.set_terminated(run.info.run_id, status=KILLED)
+            ended[run.info.run_name] = KILLED
+            logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended KILLED", run.info.run_id,
+                        run.info.run_name)
+    return ended
+
+
+def _run_from_folder(client, experiment_id: str, folder: Path):
+    """A new run for a folder MLflow never saw (the store did not answer while its cell trained), with the
+    parameters, tags and inputs the cell's own run would have had: its place in the grid comes from the plan."""
+    from layertune.cell import CellFolder
+    from layertune.study import StudyCell
+    from pipelines.plans import dvc_stage
+
+    study, spec = folder.parent.name, CellFolder(folder).spec()
+    plan = PLANS_ROOT / study / "cells" / f"{folder.name}.json"
+    cell = StudyCell.model_validate_json(plan.read_text()) if plan.is_file() else None
+    cell = cell if cell is not None and cell.spec == spec else None  # a plan that moved on does not describe it
+    tags = {**cell_tags(stage=cell and dvc_stage(cell), study=study, spec=spec), **_owner(),
+            LOGGED_FROM_TAG: f"its folder {folder}: MLflow did not answer while the cell trained"}
+    started = int((folder / "metrics.json").stat().st_mtime * 1000)  # when the cell saved its results
+    run = client.create_run(experiment_id, start_time=started, tags=tags, run_name=folder.name)
+    _log_params(client, run.info.run_id, cell_params(cell) if cell else {"study": study})
+    prepared = PREPARED_ROOT / study / (cell.task if cell else "")
+    if cell and (datasets := corpus_datasets(prepared, cell.task)):
+        client.log_inputs(run.info.run_id, datasets)
+    return run
+
+
+def _outputs_of(folder: Path, run) -> bool:
+    """Whether ``folder`` holds what ``run``'s process saved: written after the run began (older outputs are not
+    the run's, such as those DVC restored from its run-cache), of the same spec."""
+    written = max(folder.stat().st_mtime, (folder / "metrics.json").stat().st_mtime)  # DVC may keep old times
+    return written * 1000 >= run.info.start_time and \
+        run.data.tags.get(SPEC_TAG) == spec_digest((folder / "cell.json").read_text())
+
+
+@contextlib.contextmanager
+def _sync_lock(wait_s: float = 0) -> Iterator[bool]:
+    """Whether this process may sync: one process at a time does (two would create a run for one folder twice)."""
+    from filelock import FileLock, Timeout
+
+    SYNC_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = FileLock(SYNC_LOCK).acquire(timeout=wait_s)
+    except Timeout:
+        yield False
+        return
+    with lock:
+        yield True
+
+
+def _log_params(client, run_id: str, params: Mapping[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    client.log_batch(run_id, params=[Param(key, _param_text(value)) for key, value in sorted(params.items())])
+
+
+def _owner() -> dict[str, str]:
+    """The tags that name the process owning a run: a run whose owner died on this machine is abandoned."""
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
 
 
 def connect(uri: str):
@@ -332,18 +356,6 @@ def _store_lock(uri: str) -> Iterator[None]:
     database.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{database}.lock"):
         yield
-
-
-def end_abandoned_runs(client, experiment_id: str, run_name: str) -> list[str]:
-    """Runs named ``run_name`` still RUNNING whose process died on this machine (a SIGKILL, a power cut) end KILLED:
-    a rerun of a cell leaves one live run, never a run forever RUNNING. Returns the ids it ended."""
-    ended = []
-    for run in _abandoned_runs(client, experiment_id, f"attributes.run_name = '{run_name}'"):
-        client.set_terminated(run.info.run_id, status=KILLED)
-        ended.append(run.info.run_id)
-        logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended KILLED", run.info.run_id,
-                    run_name)
-    return ended
 
 
 def end_superseded_runs(client, run_id: str, tags: Mapping[str, str]) -> list[str]:
@@ -387,179 +399,11 @@ def end_children(uri: str, parent_run_id: str) -> list[str]:
     return ended
 
 
-def _abandoned_runs(client, experiment_id: str, condition: str | None = None) -> list:
-    from layertune.io import process_alive
-
-    running = "attributes.status = 'RUNNING'"
-    with _quiet_retries():
-        runs = client.search_runs([experiment_id], filter_string=f"{condition} and {running}" if condition else running)
-    return [run for run in runs if not _owner_alive(run.data.tags, process_alive)]
-
-
 def _owner_alive(tags: Mapping[str, str], process_alive) -> bool:
     """Whether the process that owns a run may still be running: it does unless it is known dead on this machine
     (another machine's processes cannot be checked)."""
     host, pid = tags.get(HOST_TAG), tags.get(PID_TAG, "")
     return not (host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)))
-
-
-# ------------------------------------------------------------------------------- the journal, and its replay
-
-
-def journal_path(experiment: str, run_name: str, root: str | Path = JOURNAL_ROOT) -> Path:
-    return Path(root) / experiment / f"{run_name}.json"
-
-
-def write_pending(path: Path, pending: PendingRun) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as staging:
-        staging.write(pending.model_dump_json(indent=1) + "\n")
-    os.replace(staging.name, path)
-
-
-def sync(uri: str | None = None, experiment: str | None = None, root: str | Path = JOURNAL_ROOT) -> list[str]:
-    """Replays, to ``uri``, the journals of runs kept while their store did not answer (of ``experiment``, else of
-    every experiment), then removes them. A journal is replayed once its cell has ended, or its process has died
-    (then its run stays RUNNING until `settle` or the cell's next run). Returns the ids of the runs it completed;
-    a store that still does not answer leaves every journal in place, with one warning."""
-    uri = uri or tracking_uri()
-    paths = sorted(Path(root).glob(f"{experiment}/*.json" if experiment else "*/*.json"))
-    if not (ready := [path for path in paths if _ready(path, uri)]) or not _reachable(uri):
-        return []
-    done = []
-    with _sync_lock(Path(root)) as locked:
-        if not locked:
-            return []  # another process is replaying these journals
-        try:
-            client = connect(uri)
-            for path in ready:
-                if path.exists():  # read again: a process that held the lock before may have replayed it, or begun
-                    done.append(replay(client, path, PendingRun.model_validate_json(path.read_text())))
-        except Exception as error:
-            _warn_unreachable(uri, error)
-    return done
-
-
-def _ready(path: Path, uri: str) -> PendingRun | None:
-    from pydantic import ValidationError
-
-    from layertune.io import process_alive
-
-    try:
-        pending = PendingRun.model_validate_json(path.read_text())
-    except (OSError, ValidationError) as error:
-        logger.warning("Skipping %s, not a journal of an MLflow run: %s", path, str(error).splitlines()[0])
-        return None
-    if pending.uri != uri:
-        logger.info("%s is kept for MLflow at %s (set MLFLOW_TRACKING_URI to it to send it there)", path, pending.uri)
-        return None
-    return pending if pending.status or not _owner_alive(pending.tags, process_alive) else None
-
-
-def replay(client, path: Path, pending: PendingRun) -> str:
-    """One journal to its store, in order; the journal is removed once all of it is there."""
-    with _quiet_retries():
-        if pending.run_id is None:
-            experiment_id = ensure_experiment(client, pending.uri, pending.experiment)
-            pending.run_id = client.create_run(experiment_id, start_time=pending.start_time, tags=pending.tags,
-                                               run_name=pending.run_name).info.run_id
-            write_pending(path, pending)  # replayed again after an interruption, it must not create a second run
-        for operation in pending.operations:
-            apply(client, pending.run_id, operation)
-        if pending.status:
-            client.set_terminated(pending.run_id, status=pending.status, end_time=pending.end_time)
-            if pending.status == FINISHED:
-                end_superseded_runs(client, pending.run_id, pending.tags)
-        if BUILD_TAG in pending.tags:
-            _nest(client, pending.run_id, pending.tags)
-    path.unlink()
-    logger.info("MLflow run %s (%s): logged what %s kept, %s", pending.run_id, pending.run_name, path,
-                pending.status or "still RUNNING (its process died)")
-    return pending.run_id
-
-
-def _nest(client, run_id: str, tags: Mapping[str, str]) -> None:
-    """A replayed run of a build, nested as if the server had never been down: a cell's run under its build's parent
-    run, or a parent run over the cells of its build that reached MLflow without a parent (the parent was kept in a
-    journal when the build opened it, so the cells could not name it). Whichever comes first, the other links them."""
-    experiment_id = client.get_run(run_id).info.experiment_id
-    runs = client.search_runs([experiment_id], f"tags.`{BUILD_TAG}` = '{tags[BUILD_TAG]}'")
-    if "dvc_stage" in tags:  # a cell's run
-        parent = next((run.info.run_id for run in runs if "dvc_stage" not in run.data.tags), None)
-        if parent and PARENT_TAG not in tags:
-            client.set_tag(run_id, PARENT_TAG, parent)
-        return
-    for run in runs:
-        if "dvc_stage" in run.data.tags and PARENT_TAG not in run.data.tags:
-            client.set_tag(run.info.run_id, PARENT_TAG, run_id)
-
-
-@contextlib.contextmanager
-def _sync_lock(root: Path) -> Iterator[bool]:
-    """Whether this process may replay the journals below ``root``: one process at a time does."""
-    from filelock import FileLock, Timeout
-
-    root.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = FileLock(root / ".sync.lock").acquire(timeout=0)
-    except Timeout:
-        yield False
-        return
-    with lock:
-        yield True
-
-
-# ------------------------------------------------------------------------------------ runs left RUNNING
-
-
-def settle(experiment: str, cells: str | Path, uri: str | None = None) -> dict[str, str]:
-    """Ends the runs of ``experiment`` that a process which died on this machine left RUNNING, for cells whose
-    folders are in ``cells``: FINISHED, with the folder's metrics, if the folder was written after the run began
-    and holds that run's spec and final metrics (DVC restored the cell's outputs from its run-cache, so its
-    training did not run again); KILLED otherwise. Returns ``{run id: status}``. Run it once every cell is settled
-    (the evaluate stage does): a cell that is trained again ends its own abandoned runs."""
-    uri = uri or tracking_uri()
-    if (uri.startswith("sqlite:///") and not _database(uri).exists()) or not _reachable(uri):
-        return {}  # no store, no run to settle
-    try:
-        client = connect(uri)
-        with _quiet_retries():
-            found = client.get_experiment_by_name(experiment)
-        return _settle_runs(client, found.experiment_id, Path(cells)) if found else {}
-    except Exception as error:
-        _warn_unreachable(uri, error)
-        return {}
-
-
-def _settle_runs(client, experiment_id: str, cells: Path) -> dict[str, str]:
-    from layertune.cell import CellFolder
-
-    ended = {}
-    for run in _abandoned_runs(client, experiment_id):
-        folder = cells / run.info.run_name
-        status = FINISHED if _outputs_of(folder, run) else KILLED
-        with _quiet_retries():
-            if status == FINISHED:
-                cell = CellFolder(folder)
-                for operation in result_operations(cell.metrics(), cell.history(), str(folder / "model"),
-                                                   cell.run_info()):
-                    apply(client, run.info.run_id, operation)
-                client.set_tag(run.info.run_id, "layertune.settled", f"its process died; outputs found in {folder}")
-            client.set_terminated(run.info.run_id, status=status)
-        ended[run.info.run_id] = status
-        logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended %s", run.info.run_id,
-                    run.info.run_name, status)
-    return ended
-
-
-def _outputs_of(folder: Path, run) -> bool:
-    """Whether ``folder`` holds the outputs of ``run``'s cell: written after the run began (older outputs are not
-    the run's), of the same spec, with its final metrics."""
-    spec, metrics = folder / "cell.json", folder / "metrics.json"
-    if not (spec.is_file() and metrics.is_file()):
-        return False
-    written = max(folder.stat().st_mtime, metrics.stat().st_mtime)  # DVC may link files, keeping their old times
-    return written * 1000 >= run.info.start_time and run.data.tags.get(SPEC_TAG) == spec_digest(spec.read_text())
 
 
 def spec_digest(spec) -> str:
@@ -591,9 +435,9 @@ def _warn_unreachable(uri: str, error: BaseException) -> None:
     warned = uri in _failed
     _failed[uri] = time.monotonic()
     if not warned:
-        logger.warning("MLflow at %s failed (%s): tracking goes on offline, in %s/, and reaches MLflow once it "
-                       "answers (the next cell of the study sends it, or: python -m pipelines.tracking sync)",
-                       uri, _cause(error), JOURNAL_ROOT)
+        logger.warning("MLflow at %s failed (%s): cells go on, and their folders are logged once it answers (by the "
+                       "next cell of the study, its evaluate stage, or: python -m pipelines.tracking sync)",
+                       uri, _cause(error))
 
 
 def _cause(error: BaseException) -> str:
@@ -661,13 +505,15 @@ def cell_params(cell) -> dict[str, Any]:
     }
 
 
-def corpus_datasets(folder: str | Path, task: str) -> list[DatasetRecord]:
-    """A prepared corpus's train and dev splits (``<folder>/<split>.parquet``) as dataset inputs: name
-    (``<task>-<split>``), MLflow's digest of the data, the file as source, schema and row count."""
+def corpus_datasets(folder: str | Path, task: str) -> list:
+    """A prepared corpus's train and dev splits (``<folder>/<split>.parquet``) as MLflow dataset inputs: name
+    (``<task>-<split>``), MLflow's digest of the data, the file as source, schema and row count; context training
+    or eval."""
     import mlflow.data
     import pandas as pd
+    from mlflow.entities import Dataset, DatasetInput, InputTag
 
-    records = []
+    inputs = []
     for split, context in (("train", "training"), ("dev", "eval")):
         path = Path(folder) / f"{split}.parquet"
         if not path.is_file():
@@ -676,10 +522,10 @@ def corpus_datasets(folder: str | Path, task: str) -> list[DatasetRecord]:
             warnings.simplefilter("ignore")
             entity = mlflow.data.from_pandas(pd.read_parquet(path), source=str(path.absolute()),
                                              name=f"{task}-{split}").to_dict()  # what MLflow's entity is made of
-        records.append(DatasetRecord(name=entity["name"], digest=entity["digest"], source_type=entity["source_type"],
-                                     source=entity["source"], data_schema=entity.get("schema"),
-                                     profile=entity.get("profile"), context=context))
-    return records
+        dataset = Dataset(entity["name"], entity["digest"], entity["source_type"], entity["source"],
+                          entity.get("schema"), entity.get("profile"))
+        inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
+    return inputs
 
 
 def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
@@ -691,13 +537,6 @@ def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
             continue
         metrics[f"best_{key}" if key.startswith("eval_") else key] = value
     return metrics
-
-
-def log_result(run: CellRun, result, model_path: str | None = None) -> None:
-    """What a cell's `TrainingResult` reports: per-epoch history, final metrics, the saved model's path (a tag), and
-    the summary and history as JSON artifacts."""
-    run.log_operations(result_operations(result.summary(), result.history, model_path,
-                                         {"frozen_prefix_cache": result.frozen_prefix_cache}))
 
 
 def cell_tags(stage: str | None = None, study: str | None = None, spec=None) -> dict[str, str]:
@@ -755,25 +594,25 @@ def _now() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.tracking sync [--study NAME]``, in the project folder: what cells kept while MLflow did
-    not answer is sent to ``$MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``), and runs that killed cells left
-    RUNNING are ended (see `settle`)."""
+    """``python -m pipelines.tracking sync [--study NAME]``, in the project folder: every saved cell folder that
+    ``$MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``) lacks is logged there, and runs that killed cells left
+    RUNNING are ended (see `sync`). Exit status 1 if the store did not answer."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.tracking", description=main.__doc__)
     parser.add_argument("command", choices=["sync"])
     parser.add_argument("--study", action="append", help="only this study (repeatable; default: every study)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     uri = tracking_uri()
-    studies = args.study or sorted({p.name.removeprefix("layertune-") for p in JOURNAL_ROOT.glob("layertune-*")}
-                                   | {p.name for p in MODELS_ROOT.glob("*") if p.is_dir()})
-    synced = [run for study in studies for run in sync(uri, experiment_name(study))]
-    settled = {run: status for study in studies
-               for run, status in settle(experiment_name(study), MODELS_ROOT / study, uri).items()}
-    left = sorted(str(p) for study in studies for p in (JOURNAL_ROOT / experiment_name(study)).glob("*.json"))
-    print(f"{len(synced)} kept run(s) sent to {uri}; {len(settled)} run(s) left RUNNING by killed cells ended "
-          f"({sum(s == FINISHED for s in settled.values())} FINISHED from their saved outputs)"
-          + (f"; still kept: {', '.join(left)}" if left else ""))
-    return 1 if left else 0
+    studies = args.study or sorted(p.name for p in MODELS_ROOT.glob("*") if p.is_dir())
+    ended = {f"{study}/{name}": status for study in studies
+             for name, status in sync(experiment_name(study), MODELS_ROOT / study, uri, wait_s=120).items()}
+    if not _reachable(uri):
+        print(f"MLflow at {uri} did not answer: nothing was logged; run this again once it does")
+        return 1
+    logged = sum(status == FINISHED for status in ended.values())
+    print(f"{logged} cell folder(s) logged to {uri} as FINISHED runs; {len(ended) - logged} run(s) left RUNNING by "
+          "killed cells ended KILLED")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""MLflow: a run per cell that ends FINISHED only on success; FAILED on an error, KILLED on Ctrl-C or SIGTERM. A
-tracking store that does not answer costs a cell seconds, never its outputs; what it kept reaches MLflow later."""
+"""MLflow: a run per cell that ends FINISHED only on success; FAILED on an error, KILLED on Ctrl-C or SIGTERM. The
+cell folder is the record: a tracking store that does not answer costs a cell seconds, never its outputs, and the
+folder is logged once it answers."""
 
+import contextlib
 import json
 import logging
 import os
@@ -84,19 +86,31 @@ def test_sigterm_raises_within_the_block_and_restores_the_handler():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def run_hook(uri, study: str):
+def save_folder(folder: Path, spec: CellSpec = CELL.spec) -> Path:
+    """What the train node saves for a cell (`layertune.cell.TrainedCell.save`), less the model."""
+    folder.mkdir(parents=True)
+    (folder / "cell.json").write_text(spec.model_dump_json(indent=2) + "\n")
+    (folder / "metrics.json").write_text(json.dumps(result().summary()))
+    (folder / "history.json").write_text(json.dumps(result().history))
+    (folder / "run_info.json").write_text(json.dumps({"frozen_prefix_cache": result().frozen_prefix_cache}))
+    return folder
+
+
+def run_hook(uri, study: str, folder: Path | None = None):
     from pipelines.hooks import MLFLOW_TAG, MlflowCellHook
 
     hook, node = MlflowCellHook(), SimpleNamespace(tags={MLFLOW_TAG})
+    hook.catalog = catalog(trained_cell=folder) if folder else None
     hook.before_node_run(node=node, inputs={"cell_plan": cell(study)})
     return hook, node
 
 
-def test_hook_finishes_only_after_the_whole_run_with_history_metrics_and_artifacts(uri, store):
-    hook, node = run_hook(uri, "e1")
-    hook.after_node_run(node=node, outputs={"trained_cell": SimpleNamespace(result=result())})
+def test_hook_finishes_only_after_the_whole_run_with_history_metrics_and_artifacts(uri, store, tmp_path):
+    folder = tmp_path / "04_models" / "e1" / "sst2-m-2-1"
+    hook, node = run_hook(uri, "e1", folder)
+    save_folder(folder)  # the node's output, saved by Kedro after the node ran
     client, found = only_run(uri, "layertune-e1")
-    assert found.info.status == "RUNNING"  # outputs are not saved yet
+    assert found.info.status == "RUNNING"  # the run is not over yet
     hook.after_pipeline_run()
     client, found = only_run(uri, "layertune-e1")
     assert found.info.status == "FINISHED" and found.info.run_name == "sst2-m-2-1"
@@ -111,6 +125,13 @@ def test_hook_finishes_only_after_the_whole_run_with_history_metrics_and_artifac
     assert found.data.tags["frozen_prefix_cache.used"] == "True"
     assert found.data.tags["frozen_prefix_cache.reason"].startswith("cached, by estimate")
     assert (store / "mlartifacts" / "layertune-e1").is_dir()  # artifacts beside the database, not in the cwd
+    assert found.data.tags["model_path"] == str(folder / "model")
+    tracking.sync("layertune-e1", folder.parent)  # the folder is logged: logging it again changes nothing
+    again = client.get_run(found.info.run_id)
+    assert (again.info.status, again.data.metrics, again.data.params, again.data.tags) == (
+        found.info.status, found.data.metrics, found.data.params, found.data.tags)
+    assert len(client.get_metric_history(found.info.run_id, "eval_accuracy")) == 2
+    assert len(client.search_runs([found.info.experiment_id])) == 1
 
 
 def test_hook_failed_on_node_error(uri):
@@ -159,19 +180,26 @@ def catalog(**paths):
                            if name in paths else None)
 
 
-def train_cell_hook(study: str, seed: int = 1, **paths):
-    """The hook through a whole cell: started, trained, outputs saved."""
+def train_cell_hook(study: str, project: Path, seed: int = 1, **paths) -> Path:
+    """The hook through a whole cell of ``project`` (its plan, then its folder saved), run in the project's folder
+    as stages are; returns the cell's folder."""
     from pipelines.hooks import MLFLOW_TAG, MlflowCellHook
 
+    planned = cell(study).model_copy(update={"seed": seed})
+    plan = project / "data" / "00_plan" / study / "cells" / f"{planned.key}.json"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    plan.write_text(planned.model_dump_json())
+    folder = project / "data" / "04_models" / study / planned.key
     hook, node = MlflowCellHook(), SimpleNamespace(tags={MLFLOW_TAG})
-    hook.catalog = catalog(**paths) if paths else None
-    hook.before_node_run(node=node, inputs={"cell_plan": cell(study).model_copy(update={"seed": seed})})
-    hook.after_node_run(node=node, outputs={"trained_cell": SimpleNamespace(result=result())})
-    hook.after_pipeline_run()
-    return hook
+    hook.catalog = catalog(trained_cell=folder, **paths)
+    with contextlib.chdir(project):
+        hook.before_node_run(node=node, inputs={"cell_plan": planned})
+        save_folder(folder, planned.spec)
+        hook.after_pipeline_run()
+    return folder
 
 
-def test_an_unreachable_server_costs_seconds_and_one_warning_and_the_run_is_kept(tmp_path, monkeypatch, caplog):
+def test_an_unreachable_server_costs_seconds_and_one_warning_and_keeps_only_the_folder(tmp_path, monkeypatch, caplog):
     from tests.team_server import free_port
 
     for name in RETRY_VARIABLES:
@@ -179,9 +207,8 @@ def test_an_unreachable_server_costs_seconds_and_one_warning_and_the_run_is_kept
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")  # the user's own setting is kept
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
     started = time.monotonic()
-    train_cell_hook("down")
+    folder = train_cell_hook("down", tmp_path)
     elapsed = time.monotonic() - started
     assert elapsed < 30, elapsed  # MLflow's own retries took 256 s per call
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
@@ -189,21 +216,18 @@ def test_an_unreachable_server_costs_seconds_and_one_warning_and_the_run_is_kept
     assert len(warnings) == 1 and not warnings[0].exc_info, [r.getMessage() for r in warnings]
     assert uri in warnings[0].getMessage() and "Connection refused" in warnings[0].getMessage()
     assert "\n" not in warnings[0].getMessage()
-    kept = tracking.PendingRun.model_validate_json(
-        (tmp_path / "data" / "09_tracking" / "layertune-down" / "sst2-m-2-1.json").read_text())
-    assert kept.run_id is None and kept.status == "FINISHED" and kept.uri == uri
-    assert kept.operations[0].params["tunable_layers"] == "2"
-    assert {m.key for m in kept.operations[1].metrics} >= {"best_eval_accuracy", "train_loss", "test_accuracy"}
+    # no record of its own beside the cell's folder: that folder is what is logged later
+    written = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and ".locks" not in p.parts}
+    assert written == {f"data/00_plan/down/cells/{folder.name}.json",
+                       *(str(p.relative_to(tmp_path)) for p in folder.iterdir())}
 
 
-def test_kept_runs_reach_mlflow_when_the_next_cell_of_the_study_starts(uri, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_a_folder_saved_while_mlflow_was_down_is_logged_when_the_next_cell_of_the_study_starts(uri, tmp_path,
+                                                                                             monkeypatch):
     monkeypatch.setitem(tracking._failed, uri, time.monotonic())  # the store failed a moment ago, in this process
-    train_cell_hook("back", seed=1)
-    journal = tmp_path / "data" / "09_tracking" / "layertune-back" / "sst2-m-2-1.json"
-    assert journal.is_file()
+    train_cell_hook("back", tmp_path, seed=1)
     del tracking._failed[uri]  # the store answers again
-    train_cell_hook("back", seed=2)
+    train_cell_hook("back", tmp_path, seed=2)
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
@@ -216,41 +240,13 @@ def test_kept_runs_reach_mlflow_when_the_next_cell_of_the_study_starts(uri, tmp_
         (1, 0.5), (2, 0.75)]
     assert sorted(a.path for a in client.list_artifacts(kept.info.run_id)) == ["history.json", "metrics.json",
                                                                                "run_info.json"]
-    assert not journal.exists()
-
-
-@pytest.mark.parametrize("parent_first", [True, False])
-def test_kept_runs_of_a_ray_build_are_nested_under_its_parent_in_either_order(uri, tmp_path, parent_first):
-    """A build whose parent run was kept (the server was down when it opened): its cells' runs, kept or logged,
-    end up as the parent's children once it is replayed, whichever of them reaches MLflow first."""
-    from mlflow import MlflowClient
-
-    experiment, build = f"layertune-nest-{parent_first}", f"b-{parent_first}"
-
-    def kept(name: str, tags: dict) -> tuple[Path, tracking.PendingRun]:
-        pending = tracking.PendingRun(uri=uri, experiment=experiment, run_name=name, start_time=1,
-                                      tags={tracking.BUILD_TAG: build, **tags}, status="FINISHED", end_time=2)
-        path = tmp_path / f"{name}.json"
-        tracking.write_pending(path, pending)
-        return path, pending
-
-    client = MlflowClient(uri)
-    parent = kept(f"build {build}", {"study": "nest"})
-    cells = [kept(f"cell-{seed}", {"dvc_stage": f"train-nest@cell-{seed}"}) for seed in (1, 2)]
-    other_build = kept("cell-other", {"dvc_stage": "train-nest@cell-3", tracking.BUILD_TAG: "another"})
-    for path, pending in ([parent, *cells, other_build] if parent_first else [*cells, other_build, parent]):
-        tracking.replay(client, path, pending)
-    runs = {run.info.run_name: run for run in client.search_runs([client.get_experiment_by_name(experiment)
-                                                                  .experiment_id])}
-    parent_id = runs[f"build {build}"].info.run_id
-    assert [runs[f"cell-{seed}"].data.tags.get(tracking.PARENT_TAG) for seed in (1, 2)] == [parent_id] * 2
-    assert tracking.PARENT_TAG not in runs["cell-other"].data.tags  # another build's cell stays out
-    assert tracking.PARENT_TAG not in runs[f"build {build}"].data.tags
+    assert kept.data.tags["dvc_stage"] == "train-back@sst2-m-2-1" and tracking.LOGGED_FROM_TAG in kept.data.tags
 
 
 def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri, tmp_path):
-    """Cells killed with SIGKILL whose training did not run again (DVC restored their outputs from its run-cache):
-    FINISHED with the folder's metrics if it holds the run's outputs, KILLED if not; a live owner's run is left."""
+    """Cells killed with SIGKILL whose training did not run again: a run whose process saved the folder before it
+    died is completed from it; one whose folder is older (DVC restored it from its run-cache) or of another spec
+    ends KILLED, and the folder gets a FINISHED run of its own; a live owner's run is left."""
     from mlflow import MlflowClient
 
     from pipelines.hooks import MlflowCellHook
@@ -265,13 +261,9 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
                               ("alive", os.getpid()))}
     cells = tmp_path / "04_models" / "settle"
     for name in ("restored", "older", "other-spec"):
-        folder = cells / name
-        folder.mkdir(parents=True)
         spec = CELL.spec.model_copy(update={"training": CELL.spec.training.model_copy(update={"seed": 9})}) \
             if name == "other-spec" else CELL.spec
-        (folder / "cell.json").write_text(spec.model_dump_json(indent=2) + "\n")
-        (folder / "metrics.json").write_text(json.dumps(result().summary()))
-        (folder / "history.json").write_text(json.dumps(result().history))
+        save_folder(cells / name, spec)
     old = runs["older"].start_time / 1000 - 3600  # written an hour before that run began: not its outputs
     for path in (cells / "older", cells / "older" / "metrics.json"):
         os.utime(path, (old, old))
@@ -285,6 +277,12 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
     restored = client.get_run(runs["restored"].run_id)
     assert restored.data.metrics["best_eval_accuracy"] == 0.75 and restored.data.metrics["test_accuracy"] == 0.7
     assert [m.step for m in client.get_metric_history(restored.info.run_id, "train_loss")] == [1, 2]
+    every = client.search_runs([experiment])
+    assert sorted((r.info.run_name, r.info.status) for r in every) == [
+        ("alive", "RUNNING"), ("older", "FINISHED"), ("older", "KILLED"), ("other-spec", "FINISHED"),
+        ("other-spec", "KILLED"), ("restored", "FINISHED")]
+    assert all(tracking.LOGGED_FROM_TAG in r.data.tags for r in every if r.info.run_id not in
+               {info.run_id for info in runs.values()})
     client.set_terminated(runs["alive"].run_id)
 
 
@@ -297,7 +295,7 @@ def test_each_cell_logs_its_train_and_dev_data_as_dataset_inputs(uri, tmp_path):
               "dev": pd.DataFrame({"sentence": ["great"], "label": [1]})}
     for split, frame in frames.items():
         frame.to_parquet(prepared / "sst2" / f"{split}.parquet")
-    train_cell_hook("data", prepared_corpora=prepared)
+    train_cell_hook("data", tmp_path, prepared_corpora=prepared)
     client, found = only_run(uri, "layertune-data")
     inputs = {d.dataset.name: d for d in found.inputs.dataset_inputs}
     assert sorted(inputs) == ["sst2-dev", "sst2-train"]
@@ -330,8 +328,8 @@ def warning_lines(output: str) -> list[str]:
 
 def test_a_tracking_server_killed_mid_cell_loses_no_cell(tmp_path, monkeypatch):
     """A real `mlflow server` killed while a cell trains: the stage succeeds with the cell's folder and one warning
-    line; once the server is back, `python -m pipelines.tracking sync` makes the cell's run FINISHED there, with its
-    parameters, metrics and dataset inputs."""
+    line; once the server is back, `python -m pipelines.tracking sync` completes the cell's run there from its folder:
+    FINISHED, with its parameters, metrics and dataset inputs."""
     from tests.projects import make_project, project_env, run, study
     from tests.team_server import free_port, mlflow_server
 
@@ -357,20 +355,18 @@ def test_a_tracking_server_killed_mid_cell_loses_no_cell(tmp_path, monkeypatch):
     assert cell.wait(timeout=300) == 0, log.read_text()[-3000:]  # the server was gone before training ended
     assert (folder / "metrics.json").is_file()
     assert len(warning_lines(log.read_text())) == 1 and url in warning_lines(log.read_text())[0], log.read_text()
-    journal = project / "data" / "09_tracking" / "layertune-slow" / "sst2-tiny-1-1.json"
-    assert tracking.PendingRun.model_validate_json(journal.read_text()).status == "FINISHED"
 
     with mlflow_server(store, tmp_path / "artifacts", port=port):
         synced = subprocess.run([sys.executable, "-m", "pipelines.tracking", "sync"], cwd=project, env=env,
                                 capture_output=True, text=True, timeout=300)
         assert synced.returncode == 0, synced.stdout + synced.stderr
-        assert "1 kept run(s) sent" in synced.stdout
+        assert "1 cell folder(s) logged" in synced.stdout
         [found] = server_runs(url)
     assert found.info.status == "FINISHED" and found.data.params["epochs"] == "100"
     saved = json.loads((folder / "metrics.json").read_text())
     assert found.data.metrics["best_eval_accuracy"] == saved["eval_accuracy"]
     assert sorted(d.dataset.name for d in found.inputs.dataset_inputs) == ["sst2-dev", "sst2-train"]
-    assert not journal.exists()
+    assert tracking.LOGGED_FROM_TAG not in found.data.tags  # the cell's own run, completed
 
 
 def test_a_cell_trained_again_leaves_one_finished_run_of_its_spec(uri):
@@ -414,13 +410,12 @@ def test_a_read_only_store_is_one_warning_line_and_the_cell_is_kept(tmp_path, ca
     try:
         capfd.readouterr()
         with caplog.at_level(logging.WARNING):
-            run = tracking.CellRun.start("layertune-ro", "cell-1", {"seed": 1}, uri=uri, journal_root=tmp_path / "j")
+            run = tracking.CellRun.start("layertune-ro", "cell-1", {"seed": 1}, uri=uri)
             run.end("FINISHED")
         out, err = capfd.readouterr()
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         # SQLite says "attempt to write a readonly database" or "disk I/O error", by journal mode
         assert len(warnings) == 1 and "failed (OperationalError: " in warnings[0], warnings
         assert "Traceback" not in out + err and "INSERT INTO" not in out + err + caplog.text
-        assert (tmp_path / "j" / "layertune-ro" / "cell-1.json").is_file()  # kept, sent once the store is writable
     finally:
         subprocess.run(["chattr", "-i", str(tmp_path / "mlflow.db")], check=True)
