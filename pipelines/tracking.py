@@ -41,6 +41,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 # the study's grid, and their prepared data (a run created from a folder logs these as its parameters and inputs).
 MODELS_ROOT, PLANS_ROOT, PREPARED_ROOT = (Path("data") / "04_models", Path("data") / "00_plan",
                                          Path("data") / "02_prepared")
-SYNC_LOCK = Path("data") / ".locks" / "tracking-sync.lock"  # one process at a time logs a study's folders
+SYNC_LOCKS = Path("data") / ".locks"  # one process at a time syncs an experiment (`sync`)
 # MLflow's own defaults retry an unreachable server for about four minutes per call (7 retries, backoff factor 2,
 # 120 s timeout). What a run cannot log now is logged later from the cell's folder, so a few seconds are enough.
 HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -121,8 +122,8 @@ class CellRun:
     @classmethod
     def start(cls, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
               uri: str | None = None, datasets: Iterable = ()) -> CellRun:
-        """A new run ``run_name`` with ``params`` and dataset inputs (`corpus_datasets`). (Runs that a dead process
-        left RUNNING are ended by `sync`, which the hook runs first.)"""
+        """A new run ``run_name`` with ``params`` and dataset inputs (`corpus_datasets`); runs of the same name that a
+        dead process left RUNNING end KILLED first."""
         run = cls(uri or tracking_uri(), experiment, run_name)
         use_quick_http_retries(run.uri)
         if not _reachable(run.uri):
@@ -131,6 +132,7 @@ class CellRun:
             client = connect(run.uri)
             experiment_id = ensure_experiment(client, run.uri, experiment)
             with _quiet_retries():
+                end_abandoned_runs(client, experiment_id, run_name)
                 run.run = client.create_run(experiment_id, tags={**(tags or {}), **_owner()}, run_name=run_name)
                 run.client = client
                 _log_params(client, run.run_id, params)
@@ -151,7 +153,7 @@ class CellRun:
         if self.ended is None and self.run is None:
             self.ended = FINISHED
             sync(self.experiment, Path(folder).parent, self.uri)
-        elif self.ended is None and self._call(log_cell, self.run, Path(folder)):
+        elif self.ended is None and self._call(log_cell, self.run, SavedCell.read(folder)):
             self.end(FINISHED)
 
     def end(self, status: str) -> None:
@@ -181,27 +183,51 @@ class CellRun:
 # ------------------------------------------------------------------------------ a cell folder, projected
 
 
-def log_cell(client, run, folder: Path) -> None:
-    """A saved cell folder projected onto ``run`` (an `mlflow.entities.Run`): per-epoch history (step = epoch) and
-    final metrics (`final_metrics`); the model's path and the frozen-prefix cache's decision, and why, as tags; the
+@dataclass(frozen=True)
+class SavedCell:
+    """What a saved cell folder holds for MLflow, read at once: a folder that is replaced or removed meanwhile is
+    an `OSError` or `ValueError` here, never a run logged from half of it."""
+
+    folder: Path  # absolute: every caller logs the same model path
+    spec: Any  # its `layertune.specs.CellSpec`
+    summary: dict
+    history: list
+    run_info: dict
+    written_ms: int  # when it was written (the folder's or its metrics' time, whichever is later)
+
+    @classmethod
+    def read(cls, folder: str | Path) -> SavedCell:
+        from layertune.cell import CellFolder
+
+        folder = Path(folder).resolve()
+        cell = CellFolder(folder)
+        written = max(folder.stat().st_mtime, (folder / "metrics.json").stat().st_mtime)  # DVC may keep old times
+        return cls(folder, cell.spec(), cell.metrics(), cell.history(), cell.run_info(), int(written * 1000))
+
+    @property
+    def digest(self) -> str:
+        return spec_digest(self.spec)
+
+
+def log_cell(client, run, saved: SavedCell) -> None:
+    """A saved cell projected onto ``run`` (an `mlflow.entities.Run`): per-epoch history (step = epoch) and final
+    metrics (`final_metrics`); the model's path and the frozen-prefix cache's decision, and why, as tags; the
     folder's ``metrics.json``, ``history.json`` and ``run_info.json`` as artifacts. Logging it again changes
     nothing: every value carries the run's start time, and MLflow keeps an equal metric, tag or file once."""
     from mlflow.entities import Metric, RunTag
 
-    from layertune.cell import CellFolder
-
-    cell, run_id, when = CellFolder(folder), run.info.run_id, run.info.start_time
-    summary, history, run_info = cell.metrics(), cell.history(), cell.run_info()
-    metrics = [Metric(key, float(value), when, int(record["epoch"])) for record in history
+    run_id, when = run.info.run_id, run.info.start_time
+    metrics = [Metric(key, float(value), when, int(record["epoch"])) for record in saved.history
                for key, value in sorted(record.items()) if key != "epoch" and _is_number(value)]
-    metrics += [Metric(key, float(value), when, 0) for key, value in sorted(final_metrics(summary).items())]
-    tags = {"model_path": str(folder / "model")}
-    if cache := run_info.get("frozen_prefix_cache"):
+    metrics += [Metric(key, float(value), when, 0) for key, value in sorted(final_metrics(saved.summary).items())]
+    tags = {"model_path": str(saved.folder / "model")}
+    if cache := saved.run_info.get("frozen_prefix_cache"):
         tags |= {"frozen_prefix_cache.used": str(cache["used"]), "frozen_prefix_cache.reason": cache["reason"]}
     client.log_batch(run_id, tags=[RunTag(key, value) for key, value in sorted(tags.items())])
     for start in range(0, len(metrics), 1000):  # MLflow takes at most 1,000 metrics a call
         client.log_batch(run_id, metrics=metrics[start : start + 1000])
-    for name, data in (("metrics.json", summary), ("history.json", history), ("run_info.json", run_info)):
+    for name, data in (("metrics.json", saved.summary), ("history.json", saved.history),
+                       ("run_info.json", saved.run_info)):
         if data:
             client.log_dict(run_id, data, name)
 
@@ -209,21 +235,21 @@ def log_cell(client, run, folder: Path) -> None:
 def sync(experiment: str, cells: str | Path, uri: str | None = None, wait_s: float = 0) -> dict[str, str]:
     """Brings ``experiment`` up to date with the cell folders right below ``cells`` (see the module's docstring):
     every saved folder gets a FINISHED run of its spec, and runs a dead process left RUNNING without saving theirs
-    end KILLED. Returns ``{run name: status}`` for each run it ended. A store that does not answer changes nothing
-    (one warning); nor does a second process syncing at the same time, unless it is done within ``wait_s``."""
+    end KILLED. Returns ``{run id: status}`` for each run it ended. A store that does not answer changes nothing
+    (one warning); nor does another process syncing the same experiment, unless it is done within ``wait_s``."""
     uri = uri or tracking_uri()
-    folders = saved_cells(cells)
-    if not _reachable(uri) or (uri.startswith("sqlite:///") and not _database(uri).exists() and not folders):
+    if not _reachable(uri) or (uri.startswith("sqlite:///") and not _database(uri).exists()
+                               and not saved_cells(cells)):
         return {}  # a store that failed a moment ago; or no store, and nothing to log
-    with _sync_lock(wait_s) as locked:
+    with _sync_lock(experiment, wait_s) as locked:
         if not locked:
-            return {}  # another process is syncing
+            return {}  # another process is syncing this experiment
         try:
             client = connect(uri)
             experiment_id = ensure_experiment(client, uri, experiment)
             with _quiet_retries():
-                return _sync_runs(client, experiment_id, folders)
-        except Exception as error:
+                return _sync_runs(client, experiment_id, Path(cells))
+        except Exception as error:  # the store's: a folder's own errors are handled in `_sync_runs`
             _warn_unreachable(uri, error)
             return {}
 
@@ -234,79 +260,123 @@ def saved_cells(cells: str | Path) -> list[Path]:
             if not spec.parent.name.startswith(".") and (spec.parent / "metrics.json").is_file()]
 
 
-def _sync_runs(client, experiment_id: str, folders: list[Path]) -> dict[str, str]:
-    from layertune.io import process_alive
-
-    runs = client.search_runs([experiment_id], max_results=50_000)
-    ended, adopted = {}, set()
-    for folder in folders:
-        digest = spec_digest((folder / "cell.json").read_text())
-        of_spec = [run for run in runs if run.info.run_name == folder.name and run.data.tags.get(SPEC_TAG) == digest]
-        if any(run.info.status == FINISHED or run.info.status == "RUNNING" and
-               _owner_alive(run.data.tags, process_alive) for run in of_spec):
+def _sync_runs(client, experiment_id: str, cells: Path) -> dict[str, str]:
+    runs, abandoned = _all_runs(client, experiment_id), _Abandoned(client)
+    ended: dict[str, str] = {}
+    for folder in saved_cells(cells):
+        try:
+            saved = SavedCell.read(folder)
+        except (OSError, ValueError) as error:  # removed or replaced meanwhile (a parallel rerun), or not a cell's
+            logger.warning("%s is not logged to MLflow: %s", folder, _cause(error))
+            continue
+        of_spec = sorted((run for run in runs if run.info.run_name == folder.name and
+                          run.data.tags.get(SPEC_TAG) == saved.digest), key=lambda run: -run.info.start_time)
+        if any(run.info.status == FINISHED or run.info.status == "RUNNING" and not abandoned(run) for run in of_spec):
             continue  # logged already, or its own process is about to log it
-        # A run whose process died after it saved this folder is completed; any other folder gets a run of its own.
-        run = next((run for run in of_spec if run.info.status == "RUNNING" and _outputs_of(folder, run)), None)
-        run = run or _run_from_folder(client, experiment_id, folder)
-        log_cell(client, run, folder)
+        # A run whose process died after it saved this folder is completed (unless its process ended it meanwhile);
+        # any other folder gets a run of its own.
+        run = next((run for run in of_spec if run.info.status == "RUNNING" and _outputs_of(saved, run)), None)
+        if run is not None and client.get_run(run.info.run_id).info.status != "RUNNING":
+            continue
+        run = run or _run_from_folder(client, experiment_id, saved)
+        log_cell(client, run, saved)
         client.set_terminated(run.info.run_id, status=FINISHED)
-        end_superseded_runs(client, run.info.run_id, run.data.tags)
-        ended[folder.name] = FINISHED
-        adopted.add(run.info.run_id)
-        logger.info("MLflow run %s of %s: logged from its folder %s", run.info.run_id, folder.name, folder)
+        ended[run.info.run_id] = FINISHED
+        logger.info("MLflow run %s of %s: logged from its folder %s", run.info.run_id, folder.name, saved.folder)
     for run in runs:
-        if run.info.status == "RUNNING" and run.info.run_id not in adopted and \
-                not _owner_alive(run.data.tags, process_alive):
+        if run.info.status == "RUNNING" and run.info.run_id not in ended and abandoned(run) and \
+                client.get_run(run.info.run_id).info.status == "RUNNING":  # not ended meanwhile by its process
             client.set_terminated(run.info.run_id, status=KILLED)
-            ended[run.info.run_name] = KILLED
+            ended[run.info.run_id] = KILLED
             logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended KILLED", run.info.run_id,
                         run.info.run_name)
     return ended
 
 
-def _run_from_folder(client, experiment_id: str, folder: Path):
+class _Abandoned:
+    """Whether a RUNNING run has nobody left to end it: its process died on this machine, or (a cell of a Ray build,
+    whose process another machine ran) the build's parent run has ended."""
+
+    def __init__(self, client) -> None:
+        from layertune.io import process_alive
+
+        self.client, self.process_alive, self.parents = client, process_alive, {}
+
+    def __call__(self, run) -> bool:
+        if not _owner_alive(run.data.tags, self.process_alive):
+            return True
+        parent = run.data.tags.get(PARENT_TAG)
+        if parent and parent not in self.parents:
+            self.parents[parent] = self.client.get_run(parent).info.status != "RUNNING"
+        return bool(parent) and self.parents[parent]
+
+
+def _all_runs(client, experiment_id: str) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], max_results=50_000, page_token=token)
+        runs += page
+        if not (token := page.token):
+            return runs
+
+
+def _run_from_folder(client, experiment_id: str, saved: SavedCell):
     """A new run for a folder MLflow never saw (the store did not answer while its cell trained), with the
-    parameters, tags and inputs the cell's own run would have had: its place in the grid comes from the plan."""
-    from layertune.cell import CellFolder
+    parameters, tags and inputs the cell's own run would have had: its place in the grid comes from the plan
+    beside it (``data/00_plan/<study>/cells/<cell>.json``)."""
     from layertune.study import StudyCell
     from pipelines.plans import dvc_stage
 
-    study, spec = folder.parent.name, CellFolder(folder).spec()
-    plan = PLANS_ROOT / study / "cells" / f"{folder.name}.json"
-    cell = StudyCell.model_validate_json(plan.read_text()) if plan.is_file() else None
-    cell = cell if cell is not None and cell.spec == spec else None  # a plan that moved on does not describe it
-    tags = {**cell_tags(stage=cell and dvc_stage(cell), study=study, spec=spec), **_owner(),
+    folder, study = saved.folder, saved.folder.parent.name
+    data = folder.parents[2]  # data/04_models/<study>/<cell>
+    try:
+        cell = StudyCell.model_validate_json((data / PLANS_ROOT.name / study / "cells" / f"{folder.name}.json")
+                                            .read_text())
+    except (OSError, ValueError):  # no plan beside it
+        cell = None
+    cell = cell if cell is not None and cell.spec == saved.spec else None  # a plan that moved on does not describe it
+    tags = {**cell_tags(stage=cell and dvc_stage(cell), study=study, spec=saved.spec), **_owner(),
             LOGGED_FROM_TAG: f"its folder {folder}: MLflow did not answer while the cell trained"}
-    started = int((folder / "metrics.json").stat().st_mtime * 1000)  # when the cell saved its results
-    run = client.create_run(experiment_id, start_time=started, tags=tags, run_name=folder.name)
+    run = client.create_run(experiment_id, start_time=saved.written_ms, tags=tags, run_name=folder.name)
     _log_params(client, run.info.run_id, cell_params(cell) if cell else {"study": study})
-    prepared = PREPARED_ROOT / study / (cell.task if cell else "")
-    if cell and (datasets := corpus_datasets(prepared, cell.task)):
+    if cell and (datasets := corpus_datasets(data / PREPARED_ROOT.name / study / cell.task, cell.task)):
         client.log_inputs(run.info.run_id, datasets)
     return run
 
 
-def _outputs_of(folder: Path, run) -> bool:
-    """Whether ``folder`` holds what ``run``'s process saved: written after the run began (older outputs are not
-    the run's, such as those DVC restored from its run-cache), of the same spec."""
-    written = max(folder.stat().st_mtime, (folder / "metrics.json").stat().st_mtime)  # DVC may keep old times
-    return written * 1000 >= run.info.start_time and \
-        run.data.tags.get(SPEC_TAG) == spec_digest((folder / "cell.json").read_text())
+def _outputs_of(saved: SavedCell, run) -> bool:
+    """Whether ``saved`` is what ``run``'s process saved: written after the run began, of the same spec."""
+    return saved.written_ms >= run.info.start_time and run.data.tags.get(SPEC_TAG) == saved.digest
 
 
 @contextlib.contextmanager
-def _sync_lock(wait_s: float = 0) -> Iterator[bool]:
-    """Whether this process may sync: one process at a time does (two would create a run for one folder twice)."""
+def _sync_lock(experiment: str, wait_s: float = 0) -> Iterator[bool]:
+    """Whether this process may sync ``experiment``: one process at a time does (two would create a run for one
+    folder twice)."""
     from filelock import FileLock, Timeout
 
-    SYNC_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    SYNC_LOCKS.mkdir(parents=True, exist_ok=True)
     try:
-        lock = FileLock(SYNC_LOCK).acquire(timeout=wait_s)
+        lock = FileLock(SYNC_LOCKS / f"tracking-sync-{experiment}.lock").acquire(timeout=wait_s)
     except Timeout:
         yield False
         return
     with lock:
         yield True
+
+
+def end_abandoned_runs(client, experiment_id: str, run_name: str) -> list[str]:
+    """Runs named ``run_name`` still RUNNING whose process died on this machine end KILLED: a cell trained again
+    leaves one live run, even when another process's `sync` holds the lock. Returns the ids it ended."""
+    from layertune.io import process_alive
+
+    ended = []
+    for run in client.search_runs([experiment_id], f"attributes.run_name = '{run_name}' and "
+                                                   "attributes.status = 'RUNNING'"):
+        if not _owner_alive(run.data.tags, process_alive):
+            client.set_terminated(run.info.run_id, status=KILLED)
+            ended.append(run.info.run_id)
+    return ended
 
 
 def _log_params(client, run_id: str, params: Mapping[str, Any]) -> None:
@@ -542,7 +612,7 @@ def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 def cell_tags(stage: str | None = None, study: str | None = None, spec=None) -> dict[str, str]:
     """The tags of a cell's run; a child of the run ``$LAYERTUNE_PARENT_RUN_ID`` names (a build on a Ray cluster
     opens one per study: `pipelines.ray_cluster`), as MLflow's nested runs are, and tagged with the build
-    ``$LAYERTUNE_BUILD`` names (which nests it when the parent run could only be kept in a journal: `_nest`)."""
+    ``$LAYERTUNE_BUILD`` names (to find a build's runs in the runs table)."""
     tags = {"mlflow.source.type": "JOB"}
     if parent := os.environ.get(PARENT_RUN_ENV):
         tags[PARENT_TAG] = parent
@@ -586,10 +656,6 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _now() -> int:
-    return int(time.time() * 1000)
-
-
 # ------------------------------------------------------------------------------------------- command line
 
 
@@ -604,12 +670,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     uri = tracking_uri()
     studies = args.study or sorted(p.name for p in MODELS_ROOT.glob("*") if p.is_dir())
-    ended = {f"{study}/{name}": status for study in studies
-             for name, status in sync(experiment_name(study), MODELS_ROOT / study, uri, wait_s=120).items()}
+    ended = [status for study in studies
+             for status in sync(experiment_name(study), MODELS_ROOT / study, uri, wait_s=120).values()]
     if not _reachable(uri):
         print(f"MLflow at {uri} did not answer: nothing was logged; run this again once it does")
         return 1
-    logged = sum(status == FINISHED for status in ended.values())
+    logged = ended.count(FINISHED)
     print(f"{logged} cell folder(s) logged to {uri} as FINISHED runs; {len(ended) - logged} run(s) left RUNNING by "
           "killed cells ended KILLED")
     return 0

@@ -125,13 +125,25 @@ def test_hook_finishes_only_after_the_whole_run_with_history_metrics_and_artifac
     assert found.data.tags["frozen_prefix_cache.used"] == "True"
     assert found.data.tags["frozen_prefix_cache.reason"].startswith("cached, by estimate")
     assert (store / "mlartifacts" / "layertune-e1").is_dir()  # artifacts beside the database, not in the cwd
-    assert found.data.tags["model_path"] == str(folder / "model")
-    tracking.sync("layertune-e1", folder.parent)  # the folder is logged: logging it again changes nothing
-    again = client.get_run(found.info.run_id)
-    assert (again.info.status, again.data.metrics, again.data.params, again.data.tags) == (
-        found.info.status, found.data.metrics, found.data.params, found.data.tags)
-    assert len(client.get_metric_history(found.info.run_id, "eval_accuracy")) == 2
+    assert found.data.tags["model_path"] == str(folder.resolve() / "model")
+    tracking.sync("layertune-e1", folder.parent)  # the folder has its FINISHED run: nothing to do
     assert len(client.search_runs([found.info.experiment_id])) == 1
+
+
+def test_logging_a_folder_again_changes_nothing_however_it_is_named(uri, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("layertune-twice"))
+    folder = save_folder(tmp_path / "data" / "04_models" / "twice" / "sst2-m-2-1")
+    tracking.log_cell(client, run, tracking.SavedCell.read(folder))
+    first = client.get_run(run.info.run_id).data
+    monkeypatch.chdir(tmp_path)
+    tracking.log_cell(client, run, tracking.SavedCell.read(Path("data/04_models/twice/sst2-m-2-1")))
+    again = client.get_run(run.info.run_id).data
+    assert (again.metrics, again.params, again.tags) == (first.metrics, first.params, first.tags)
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval_accuracy")] == [
+        (1, 0.5), (2, 0.75)]
 
 
 def test_hook_failed_on_node_error(uri):
@@ -305,6 +317,94 @@ def test_each_cell_logs_its_train_and_dev_data_as_dataset_inputs(uri, tmp_path):
         assert str(prepared / "sst2" / f"{split}.parquet") in logged.dataset.source
         assert [(t.key, t.value) for t in logged.tags] == [("mlflow.data.context", context)]
         assert json.loads(logged.dataset.profile)["num_rows"] == len(frames[split])
+
+
+def dead_pid() -> int:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    return dead.pid
+
+
+def test_a_run_its_process_finished_while_a_sync_ran_stays_finished(uri, tmp_path):
+    """A sync that read the runs while a cell's run was still RUNNING, and reaches it after the cell ended it
+    FINISHED and exited, neither kills it nor logs its folder a second time."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("layertune-race")
+    tags = {tracking.HOST_TAG: socket.gethostname(), tracking.PID_TAG: str(dead_pid()),
+            tracking.SPEC_TAG: tracking.spec_digest(CELL.spec)}
+    run = client.create_run(experiment, run_name="sst2-m-2-1", tags=tags)
+    cells = tmp_path / "04_models" / "race"
+    save_folder(cells / "sst2-m-2-1")
+    stale = client.search_runs([experiment])  # what the sync read: RUNNING
+    client.set_terminated(run.info.run_id, status="FINISHED")  # then the cell ended its run, and exited
+
+    class Stale:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def search_runs(self, *args, **kwargs):
+            return stale
+
+    assert tracking._sync_runs(Stale(), experiment, cells) == {}
+    assert [(r.info.run_id, r.info.status) for r in client.search_runs([experiment])] == [
+        (run.info.run_id, "FINISHED")]
+
+
+def test_a_folder_that_cannot_be_read_is_skipped_and_the_others_are_logged(uri, tmp_path, caplog):
+    from mlflow import MlflowClient
+
+    cells = tmp_path / "04_models" / "odd"
+    save_folder(cells / "sst2-m-2-1")
+    broken = cells / "sst2-m-2-2"
+    broken.mkdir()
+    (broken / "cell.json").write_text("{not json")
+    (broken / "metrics.json").write_text("{}")
+    with caplog.at_level(logging.WARNING):
+        ended = tracking.sync("layertune-odd", cells)
+    assert list(ended.values()) == ["FINISHED"]
+    assert tracking._reachable(uri)  # a bad folder is not a store that failed
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.startswith(f"{broken} is not logged to MLflow: ValidationError")
+    client = MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("layertune-odd").experiment_id])
+    assert run.info.run_name == "sst2-m-2-1" and run.info.status == "FINISHED"
+
+
+def test_a_rerun_ends_its_abandoned_run_while_another_process_syncs(uri, tmp_path, monkeypatch):
+    from filelock import FileLock
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("layertune-busy")
+    old = client.create_run(experiment, run_name="sst2-m-2-1", tags={
+        tracking.HOST_TAG: socket.gethostname(), tracking.PID_TAG: str(dead_pid())})
+    tracking.SYNC_LOCKS.mkdir(parents=True)
+    with FileLock(tracking.SYNC_LOCKS / "tracking-sync-layertune-busy.lock"):  # another process's sync
+        assert tracking.sync("layertune-busy", tmp_path / "04_models" / "busy") == {}
+        run = tracking.CellRun.start("layertune-busy", "sst2-m-2-1", {}, uri=uri)
+    assert client.get_run(old.info.run_id).info.status == "KILLED"
+    run.end("FINISHED")
+
+
+@pytest.mark.parametrize("build_over", [True, False])
+def test_a_ray_cells_run_left_running_on_another_machine_ends_with_its_build(uri, tmp_path, build_over):
+    """A run whose process ran on another machine cannot be checked: it counts as abandoned once its build's parent
+    run has ended (its node was lost, or the server was down when the build closed)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.create_experiment(f"layertune-far-{build_over}")
+    parent = client.create_run(experiment, run_name="build b")
+    if build_over:
+        client.set_terminated(parent.info.run_id, status="FINISHED")
+    far = client.create_run(experiment, run_name="sst2-m-2-1", tags={
+        tracking.HOST_TAG: "another-machine", tracking.PID_TAG: "1", tracking.PARENT_TAG: parent.info.run_id})
+    tracking.sync(f"layertune-far-{build_over}", tmp_path / "none")
+    assert client.get_run(far.info.run_id).info.status == ("KILLED" if build_over else "RUNNING")
+    client.set_terminated(far.info.run_id)
 
 
 # ------------------------------------------------------------- a real server killed while a cell trains
