@@ -26,7 +26,7 @@ from kedro.framework.hooks import hook_impl
 from layertune.model_paths import MODEL_MIRROR_ENV
 from pipelines.param_checks import InvalidParams
 from pipelines.plans import dvc_stage
-from pipelines.processes import on_signals
+from pipelines.processes import on_signals, signals_deferred
 
 logger = logging.getLogger(__name__)
 
@@ -144,13 +144,15 @@ class MlflowCellHook:
         self.folder = Path(trained) if trained else tracking.MODELS_ROOT / cell.study / cell.key
         tracking.sync(experiment, self.folder.parent)
         corpora = self._path("prepared_corpora")
-        self.run = tracking.CellRun.start(
-            experiment=experiment, run_name=cell.key, params=tracking.cell_params(cell),
-            tags=tracking.cell_tags(stage=dvc_stage(cell), study=cell.study, spec=cell.spec),
-            datasets=tracking.corpus_datasets(f"{corpora}/{cell.task}", cell.task) if corpora else (),
-        )
+        datasets = tracking.corpus_datasets(f"{corpora}/{cell.task}", cell.task) if corpora else ()
         self._signals.enter_context(tracking.sigterm_raises())
-        atexit.register(self.end_open_run)
+        # A SIGTERM or Ctrl-C while the run opens is held until the hook knows the run, so that it ends the run
+        # KILLED (arriving between the run's creation and `self.run`, it left the run RUNNING).
+        with signals_deferred():
+            self.run = tracking.CellRun.start(
+                experiment=experiment, run_name=cell.key, params=tracking.cell_params(cell),
+                tags=tracking.cell_tags(stage=dvc_stage(cell), study=cell.study, spec=cell.spec), datasets=datasets)
+            atexit.register(self.end_open_run)
 
     def _path(self, dataset: str) -> str | None:
         """Where a dataset of the catalog lives (None outside a Kedro run)."""

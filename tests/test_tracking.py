@@ -180,6 +180,35 @@ def test_sigterm_to_a_tracked_process_ends_its_run_killed(uri, tmp_path):
     assert only_run(uri, "layertune-e4")[1].info.status == "KILLED"
 
 
+def test_a_sigterm_while_the_run_opens_ends_it_killed(uri, tmp_path):
+    """SIGTERM arriving just after the run was created, before its handler was installed, ended the process and
+    left the run RUNNING (CI saw it: `kill -9` of `dvc repro` as the cell's run appeared). It now waits for the
+    handler."""
+    script = tmp_path / "cell.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time
+        from types import SimpleNamespace
+        from pipelines import tracking
+        from pipelines.hooks import MLFLOW_TAG, MlflowCellHook
+        from tests.test_tracking import cell
+
+        start = tracking.CellRun.start
+        def start_then_terminated(*args, **kwargs):
+            run = start(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGTERM)  # the run exists; its handler is not installed yet
+            time.sleep(0.5)
+            return run
+        tracking.CellRun.start = start_then_terminated
+        MlflowCellHook().before_node_run(node=SimpleNamespace(tags={MLFLOW_TAG}), inputs={"cell_plan": cell("e5")})
+        time.sleep(60)
+    """))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    process = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=120, capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root}/src"})
+    assert process.returncode != 0 and "Terminated" in process.stderr, process.stderr[-2000:]
+    assert only_run(uri, "layertune-e5")[1].info.status == "KILLED"
+
+
 # ------------------------------------------------------------------ a tracking store that does not answer
 
 RETRY_VARIABLES = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
