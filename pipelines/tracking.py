@@ -278,7 +278,7 @@ def _sync_runs(client, experiment_id: str, cells: Path) -> dict[str, str]:
         run = next((run for run in of_spec if run.info.status == "RUNNING" and _outputs_of(saved, run)), None)
         if run is not None and client.get_run(run.info.run_id).info.status != "RUNNING":
             continue
-        run = run or _run_from_folder(client, experiment_id, saved)
+        run = run or _run_from_folder(client, experiment_id, saved, earlier=of_spec[0] if of_spec else None)
         log_cell(client, run, saved)
         client.set_terminated(run.info.run_id, status=FINISHED)
         ended[run.info.run_id] = FINISHED
@@ -320,10 +320,11 @@ def _all_runs(client, experiment_id: str) -> list:
             return runs
 
 
-def _run_from_folder(client, experiment_id: str, saved: SavedCell):
+def _run_from_folder(client, experiment_id: str, saved: SavedCell, earlier=None):
     """A new run for a folder MLflow never saw (the store did not answer while its cell trained), with the
     parameters, tags and inputs the cell's own run would have had: its place in the grid comes from the plan
-    beside it (``data/00_plan/<study>/cells/<cell>.json``)."""
+    beside it (``data/00_plan/<study>/cells/<cell>.json``). ``earlier``: the newest run of the same cell and spec
+    (one that ended without logging the folder): its build, and its place under the build's parent run, carry over."""
     from layertune.study import StudyCell
     from pipelines.plans import dvc_stage
 
@@ -335,7 +336,8 @@ def _run_from_folder(client, experiment_id: str, saved: SavedCell):
     except (OSError, ValueError):  # no plan beside it
         cell = None
     cell = cell if cell is not None and cell.spec == saved.spec else None  # a plan that moved on does not describe it
-    tags = {**cell_tags(stage=cell and dvc_stage(cell), study=study, spec=saved.spec), **_owner(),
+    nesting = {key: earlier.data.tags[key] for key in (PARENT_TAG, BUILD_TAG) if earlier and key in earlier.data.tags}
+    tags = {**cell_tags(stage=cell and dvc_stage(cell), study=study, spec=saved.spec), **nesting, **_owner(),
             LOGGED_FROM_TAG: f"its folder {folder}: MLflow did not answer while the cell trained"}
     run = client.create_run(experiment_id, start_time=saved.written_ms, tags=tags, run_name=folder.name)
     _log_params(client, run.info.run_id, cell_params(cell) if cell else {"study": study})

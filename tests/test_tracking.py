@@ -297,7 +297,8 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
     client = MlflowClient(uri)
     experiment = client.create_experiment("layertune-settle")
     owner = {tracking.HOST_TAG: socket.gethostname(), tracking.SPEC_TAG: tracking.spec_digest(CELL.spec)}
-    runs = {name: client.create_run(experiment, run_name=name, tags={**owner, tracking.PID_TAG: str(pid)}).info
+    runs = {name: client.create_run(experiment, run_name=name, tags={**owner, tracking.PID_TAG: str(pid), **(
+                {tracking.PARENT_TAG: "p-1"} if pid == dead.pid else {})}).info  # under a build's parent run
             for name, pid in (("restored", dead.pid), ("older", dead.pid), ("other-spec", dead.pid),
                               ("alive", os.getpid()))}
     cells = tmp_path / "04_models" / "settle"
@@ -324,6 +325,8 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
         ("other-spec", "KILLED"), ("restored", "FINISHED")]
     assert all(tracking.LOGGED_FROM_TAG in r.data.tags for r in every if r.info.run_id not in
                {info.run_id for info in runs.values()})
+    # a folder's new run keeps the place of the run it replaces under a build's parent run
+    assert {r.data.tags.get(tracking.PARENT_TAG) for r in every if r.info.run_name == "older"} == {"p-1"}
     client.set_terminated(runs["alive"].run_id)
 
 
