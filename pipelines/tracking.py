@@ -238,17 +238,17 @@ def sync(experiment: str, cells: str | Path, uri: str | None = None, wait_s: flo
     end KILLED. Returns ``{run id: status}`` for each run it ended. A store that does not answer changes nothing
     (one warning); nor does another process syncing the same experiment, unless it is done within ``wait_s``."""
     uri = uri or tracking_uri()
-    if not _reachable(uri) or (uri.startswith("sqlite:///") and not _database(uri).exists()
-                               and not saved_cells(cells)):
-        return {}  # a store that failed a moment ago; or no store, and nothing to log
+    if not _reachable(uri):
+        return {}  # a store that failed a moment ago
     with _sync_lock(experiment, wait_s) as locked:
-        if not locked:
-            return {}  # another process is syncing this experiment
+        folders = saved_cells(cells) if locked else []
+        if not locked or (uri.startswith("sqlite:///") and not _database(uri).exists() and not folders):
+            return {}  # another process is syncing this experiment; or no store, and nothing to log
         try:
             client = connect(uri)
             experiment_id = ensure_experiment(client, uri, experiment)
             with _quiet_retries():
-                return _sync_runs(client, experiment_id, Path(cells))
+                return _sync_runs(client, experiment_id, folders)
         except Exception as error:  # the store's: a folder's own errors are handled in `_sync_runs`
             _warn_unreachable(uri, error)
             return {}
@@ -260,10 +260,10 @@ def saved_cells(cells: str | Path) -> list[Path]:
             if not spec.parent.name.startswith(".") and (spec.parent / "metrics.json").is_file()]
 
 
-def _sync_runs(client, experiment_id: str, cells: Path) -> dict[str, str]:
+def _sync_runs(client, experiment_id: str, folders: list[Path]) -> dict[str, str]:
     runs, abandoned = _all_runs(client, experiment_id), _Abandoned(client)
     ended: dict[str, str] = {}
-    for folder in saved_cells(cells):
+    for folder in folders:
         try:
             saved = SavedCell.read(folder)
         except (OSError, ValueError) as error:  # removed or replaced meanwhile (a parallel rerun), or not a cell's
@@ -273,9 +273,10 @@ def _sync_runs(client, experiment_id: str, cells: Path) -> dict[str, str]:
                           run.data.tags.get(SPEC_TAG) == saved.digest), key=lambda run: -run.info.start_time)
         if any(run.info.status == FINISHED or run.info.status == "RUNNING" and not abandoned(run) for run in of_spec):
             continue  # logged already, or its own process is about to log it
-        # A run whose process died after it saved this folder is completed (unless its process ended it meanwhile);
-        # any other folder gets a run of its own.
-        run = next((run for run in of_spec if run.info.status == "RUNNING" and _outputs_of(saved, run)), None)
+        # The newest run of this spec that its process left RUNNING is completed from the folder (unless its process
+        # ended it meanwhile), whatever the folder's time: a DVC checkout keeps old times, and a folder of the same
+        # spec is the same cell. A folder with no such run gets a run of its own.
+        run = next((run for run in of_spec if run.info.status == "RUNNING"), None)
         if run is not None and client.get_run(run.info.run_id).info.status != "RUNNING":
             continue
         run = run or _run_from_folder(client, experiment_id, saved, earlier=of_spec[0] if of_spec else None)
@@ -346,11 +347,6 @@ def _run_from_folder(client, experiment_id: str, saved: SavedCell, earlier=None)
     return run
 
 
-def _outputs_of(saved: SavedCell, run) -> bool:
-    """Whether ``saved`` is what ``run``'s process saved: written after the run began, of the same spec."""
-    return saved.written_ms >= run.info.start_time and run.data.tags.get(SPEC_TAG) == saved.digest
-
-
 @contextlib.contextmanager
 def _sync_lock(experiment: str, wait_s: float = 0) -> Iterator[bool]:
     """Whether this process may sync ``experiment``: one process at a time does (two would create a run for one
@@ -368,14 +364,12 @@ def _sync_lock(experiment: str, wait_s: float = 0) -> Iterator[bool]:
 
 
 def end_abandoned_runs(client, experiment_id: str, run_name: str) -> list[str]:
-    """Runs named ``run_name`` still RUNNING whose process died on this machine end KILLED: a cell trained again
-    leaves one live run, even when another process's `sync` holds the lock. Returns the ids it ended."""
-    from layertune.io import process_alive
-
-    ended = []
+    """Runs named ``run_name`` still RUNNING with nobody left to end them (`_Abandoned`) end KILLED: a cell trained
+    again leaves one live run, even when another process's `sync` holds the lock. Returns the ids it ended."""
+    abandoned, ended = _Abandoned(client), []
     for run in client.search_runs([experiment_id], f"attributes.run_name = '{run_name}' and "
                                                    "attributes.status = 'RUNNING'"):
-        if not _owner_alive(run.data.tags, process_alive):
+        if abandoned(run):
             client.set_terminated(run.info.run_id, status=KILLED)
             ended.append(run.info.run_id)
     return ended

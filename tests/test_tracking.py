@@ -285,9 +285,10 @@ def test_a_folder_saved_while_mlflow_was_down_is_logged_when_the_next_cell_of_th
 
 
 def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri, tmp_path):
-    """Cells killed with SIGKILL whose training did not run again: a run whose process saved the folder before it
-    died is completed from it; one whose folder is older (DVC restored it from its run-cache) or of another spec
-    ends KILLED, and the folder gets a FINISHED run of its own; a live owner's run is left."""
+    """Cells killed with SIGKILL whose training did not run again: a dead process's run of the folder's spec is
+    completed from it, even when the folder is older than the run (DVC restored it from its run-cache, with its old
+    times); a run of another spec ends KILLED, and the folder gets a FINISHED run of its own; a live owner's run is
+    left."""
     from mlflow import MlflowClient
 
     from pipelines.hooks import MlflowCellHook
@@ -300,13 +301,14 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
     runs = {name: client.create_run(experiment, run_name=name, tags={**owner, tracking.PID_TAG: str(pid), **(
                 {tracking.PARENT_TAG: "p-1"} if pid == dead.pid else {})}).info  # under a build's parent run
             for name, pid in (("restored", dead.pid), ("older", dead.pid), ("other-spec", dead.pid),
-                              ("alive", os.getpid()))}
+                              ("failed", dead.pid), ("alive", os.getpid()))}
+    client.set_terminated(runs["failed"].run_id, status="FAILED")  # ended without logging its folder
     cells = tmp_path / "04_models" / "settle"
-    for name in ("restored", "older", "other-spec"):
+    for name in ("restored", "older", "other-spec", "failed"):
         spec = CELL.spec.model_copy(update={"training": CELL.spec.training.model_copy(update={"seed": 9})}) \
             if name == "other-spec" else CELL.spec
         save_folder(cells / name, spec)
-    old = runs["older"].start_time / 1000 - 3600  # written an hour before that run began: not its outputs
+    old = runs["older"].start_time / 1000 - 3600  # written an hour before that run began
     for path in (cells / "older", cells / "older" / "metrics.json"):
         os.utime(path, (old, old))
 
@@ -315,18 +317,21 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
     hook.before_node_run(node=SimpleNamespace(tags=set()),
                          inputs={"study_plan": SimpleNamespace(name="settle"), "study_cells": {}})
     status = {name: client.get_run(info.run_id).info.status for name, info in runs.items()}
-    assert status == {"restored": "FINISHED", "older": "KILLED", "other-spec": "KILLED", "alive": "RUNNING"}
+    assert status == {"restored": "FINISHED", "older": "FINISHED", "other-spec": "KILLED", "failed": "FAILED",
+                      "alive": "RUNNING"}
     restored = client.get_run(runs["restored"].run_id)
     assert restored.data.metrics["best_eval_accuracy"] == 0.75 and restored.data.metrics["test_accuracy"] == 0.7
     assert [m.step for m in client.get_metric_history(restored.info.run_id, "train_loss")] == [1, 2]
     every = client.search_runs([experiment])
     assert sorted((r.info.run_name, r.info.status) for r in every) == [
-        ("alive", "RUNNING"), ("older", "FINISHED"), ("older", "KILLED"), ("other-spec", "FINISHED"),
+        ("alive", "RUNNING"), ("failed", "FAILED"), ("failed", "FINISHED"), ("older", "FINISHED"),
+        ("other-spec", "FINISHED"),
         ("other-spec", "KILLED"), ("restored", "FINISHED")]
     assert all(tracking.LOGGED_FROM_TAG in r.data.tags for r in every if r.info.run_id not in
                {info.run_id for info in runs.values()})
-    # a folder's new run keeps the place of the run it replaces under a build's parent run
-    assert {r.data.tags.get(tracking.PARENT_TAG) for r in every if r.info.run_name == "older"} == {"p-1"}
+    assert client.get_run(runs["older"].run_id).data.metrics["test_accuracy"] == 0.7
+    # a folder's new run keeps the place of the run of its spec it replaces under a build's parent run
+    assert {r.data.tags.get(tracking.PARENT_TAG) for r in every if r.info.run_name == "failed"} == {"p-1"}
     client.set_terminated(runs["alive"].run_id)
 
 
@@ -379,7 +384,7 @@ def test_a_run_its_process_finished_while_a_sync_ran_stays_finished(uri, tmp_pat
         def search_runs(self, *args, **kwargs):
             return stale
 
-    assert tracking._sync_runs(Stale(), experiment, cells) == {}
+    assert tracking._sync_runs(Stale(), experiment, tracking.saved_cells(cells)) == {}
     assert [(r.info.run_id, r.info.status) for r in client.search_runs([experiment])] == [
         (run.info.run_id, "FINISHED")]
 
@@ -436,7 +441,12 @@ def test_a_ray_cells_run_left_running_on_another_machine_ends_with_its_build(uri
         tracking.HOST_TAG: "another-machine", tracking.PID_TAG: "1", tracking.PARENT_TAG: parent.info.run_id})
     tracking.sync(f"layertune-far-{build_over}", tmp_path / "none")
     assert client.get_run(far.info.run_id).info.status == ("KILLED" if build_over else "RUNNING")
-    client.set_terminated(far.info.run_id)
+    # the same rule when the cell trains again here: its start ends the far run it replaces, once the build is over
+    again = client.create_run(experiment, run_name="sst2-m-2-1", tags=far.data.tags)
+    ended = tracking.end_abandoned_runs(client, experiment, "sst2-m-2-1")
+    assert ended == ([again.info.run_id] if build_over else [])
+    for run in (far, again):
+        client.set_terminated(run.info.run_id)
 
 
 # ------------------------------------------------------------- a real server killed while a cell trains
