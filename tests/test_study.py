@@ -3,6 +3,7 @@ Kedro, the library and the code."""
 
 import copy
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -259,10 +260,52 @@ def test_per_encoder_settings_and_rates(params):
                      {"model": "sentence-transformers/paraphrase-MiniLM-L3-v2", "learning_rate": 3e-5,
                       "hidden_dropout_prob": 0.3})
     cells = {c.encoder: c for c in plan_studies(changed).studies["multi_encoder"].cells if c.seed == 0}
-    assert cells["dme"].spec.training_config().learning_rate == [1e-4, 3e-5]
+    assert cells["dme"].spec.training.learning_rate == [1e-4, 3e-5]
     assert [e.hidden_dropout_prob for e in cells["dme"].spec.encoders] == [None, 0.3]
     assert [e.pooling for e in cells["dme"].spec.encoders] == ["mean", "mean"]  # the study's encoder settings
-    assert cells["paraphrase-MiniLM-L3-v2"].spec.training_config().learning_rate == 3e-5
+    assert cells["paraphrase-MiniLM-L3-v2"].spec.training.learning_rate == 3e-5
+
+
+def test_a_learning_rate_has_one_spelling_per_level_and_the_most_specific_wins():
+    """Study < encoder < setting of the grid, resolved once into each cell's TrainingConfig (one rate per language
+    model of a combination); the study's and a setting's rate is one rate."""
+    from layertune.study import StudySpec, study_cells
+
+    model = "sentence-transformers/all-MiniLM-L6-v2"
+    study = {"report": {"kind": "layers"}, "tasks": ["sst2"], "seeds": [1], "tunable_layers": [0, 2],
+             "encoders": {"own": {"model": model, "learning_rate": 3e-5}, "plain": model,
+                          "both": {"members": ["own", "plain"], "combine": "dme"}},
+             "training": {"learning_rate": 1e-4}, "per_tunable_layers": {0: {"learning_rate": 1e-2}}}
+    rates = {(c.encoder, c.tunable_layers): c.spec.training.learning_rate
+             for c in study_cells("s", StudySpec.model_validate(study))}
+    assert rates == {("own", 2): 3e-5, ("plain", 2): 1e-4, ("both", 2): [3e-5, 1e-4],  # the encoder's, else the study's
+                     ("own", 0): 1e-2, ("plain", 0): 1e-2, ("both", 0): 1e-2}  # the setting's wins over both
+    cells = study_cells("s", StudySpec.model_validate(study))
+    assert all("learning_rate" not in e.model_dump() for c in cells for e in c.spec.encoders)  # one home: training
+    methods = {**study, "per_tunable_layers": {}, "tunable_layers": None,
+               "methods": {"top2": {"tunable_layers": 2}, "lora": {"method": "lora", "tunable_layers": 2,
+                                                                  "learning_rate": 3e-3}}}
+    rates = {(c.encoder, c.method): c.spec.training.learning_rate
+             for c in study_cells("m", StudySpec.model_validate(methods))}
+    assert rates[("both", "top2")] == [3e-5, 1e-4] and rates[("both", "lora")] == rates[("own", "lora")] == 3e-3
+    for bad, where in (({**study, "training": {"learning_rate": [1e-4, 3e-5]}}, "learning_rate: the study's is one "
+                                                                                 "rate, got [0.0001, 3e-05]"),
+                       ({**study, "per_tunable_layers": {2: {"learning_rate": [1e-4]}}},
+                        "per_tunable_layers.2.learning_rate: a setting's rate is one rate, got [0.0001]")):
+        with pytest.raises(ValueError, match=re.escape(where) + ".*encoders.<name>.learning_rate"):
+            StudySpec.model_validate(bad)
+
+
+def test_a_cell_saved_with_an_encoders_own_rate_loads_with_it_as_its_training_rate():
+    """Cells saved before the rate had one home kept an encoder's own rate in its EncoderSpec."""
+    from layertune.specs import CellSpec
+
+    old = {"corpus": {"task": "sst2"}, "combine": {"method": "dme"}, "training": {"learning_rate": 1e-4},
+           "encoders": [{"model": "a", "learning_rate": 3e-5}, {"model": "b", "learning_rate": None}]}
+    spec = CellSpec.model_validate(old)
+    assert spec.training.learning_rate == [3e-5, 1e-4] and spec.encoders[1] == EncoderSpec(model="b")
+    alone = CellSpec.model_validate({**old, "combine": None, "encoders": [{"model": "a", "learning_rate": None}]})
+    assert alone.training.learning_rate == 1e-4 and alone.encoders == [EncoderSpec(model="a")]
 
 
 def test_adding_a_seed_changes_no_existing_cell_and_no_earlier_slice(params):
@@ -447,8 +490,8 @@ def test_a_methods_study_keys_its_cells_by_method_and_shares_top_k_states(params
     cells = {cell.key: cell for cell in plan.studies["methods"].cells}
     lora = cells["sst2-all-MiniLM-L6-v2-lora-top2-1"]
     assert (lora.method, lora.tunable_layers, lora.spec.encoders[0].method.name) == ("lora-top2", 2, "lora")
-    assert lora.spec.training_config().learning_rate == 3.0e-3  # the setting's own rate for the encoder
-    assert cells["sst2-all-MiniLM-L6-v2-top_k-2-1"].spec.training_config().learning_rate == 1.0e-4
+    assert lora.spec.training.learning_rate == 3.0e-3  # the setting's own rate for the encoder
+    assert cells["sst2-all-MiniLM-L6-v2-top_k-2-1"].spec.training.learning_rate == 1.0e-4
     assert len(cells) == len(params["studies"]["methods"]["methods"]) * 2
     features = plan.features["methods"]
     assert len(features.models) == 1 and features.boundaries == [[4, 6]]  # LoRA on the top 2 reads top-2's states

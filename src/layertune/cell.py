@@ -61,7 +61,7 @@ def train_cell(spec: CellSpec, output_dir: str | Path | None = None, *, corpus: 
     corpus = corpus if corpus is not None else spec.corpus.load(data_mirror)
     model = spec.build_model(corpus)
     trainer = ModelTrainer(model, corpus, cache_dir=cache_dir)
-    trained = TrainedCell(spec, trainer.train(args=spec.training_config(), progress=progress), trainer.model)
+    trained = TrainedCell(spec, trainer.train(args=spec.training, progress=progress), trainer.model)
     if output_dir is not None and is_main_process():  # one folder, whatever the number of processes
         trained.save(output_dir, overwrite=overwrite)
     return trained
@@ -106,4 +106,4 @@ class CellFolder:
         where it has a frozen prefix (cells of one boundary share the entries)."""
         from layertune.trainer import ModelTrainer
 
-        return ModelTrainer(self.model(), corpus, cache_dir=cache_dir).predict(args=self.spec().training_config())
+        return ModelTrainer(self.model(), corpus, cache_dir=cache_dir).predict(args=self.spec().training)

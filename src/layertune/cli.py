@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 # (section of CellSpec, its model, options renamed where two sections share a field name)
 _SECTIONS = (("corpus", "CorpusSpec", {"seed": "data_seed", "revision": "data_revision"}),
-             ("encoder", "EncoderSpec", {"learning_rate": "encoder_learning_rate"}),
+             ("encoder", "EncoderSpec", {}),
              ("head", "HeadSpec", {}), ("training", "TrainingConfig", {}))
 
 

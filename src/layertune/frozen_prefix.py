@@ -70,12 +70,11 @@ def default_cache_root() -> Path:
 
 def states_spec(spec: EncoderSpec) -> EncoderSpec:
     """What the frozen layers' output of an encoder built from ``spec`` depends on: its weights and config, not which
-    top layers train, how it pools, its rate or its method (LoRA, IA3 or BitFit on the top K leave the layers below
-    as top-K does). Encoders with equal ``states_spec`` share their cache entries."""
+    top layers train, how it pools or its method (LoRA, IA3 or BitFit on the top K leave the layers below as top-K
+    does). Encoders with equal ``states_spec`` share their cache entries."""
     from layertune.tuning_methods import TopK
 
-    return spec.model_copy(update={"tunable_layers": "all", "pooling": "cls", "learning_rate": None,
-                                   "method": TopK()})
+    return spec.model_copy(update={"tunable_layers": "all", "pooling": "cls", "method": TopK()})
 
 
 def cache_boundary(spec: EncoderSpec, frozen_prefix_cache: bool | str = "auto") -> int | None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     NonNegativeFloat,
-    PositiveFloat,
     PositiveInt,
     field_validator,
     model_validator,
@@ -36,7 +36,15 @@ if TYPE_CHECKING:
     from layertune.corpus import Corpus
     from layertune.heads import TaskModel
 
-TunableLayers = int | Literal["all"]
+def _tunable_layers(value: int | str) -> int | str:
+    if value != "all" and value < 0:
+        raise ValueError(f"tunable_layers must be 'all' or an int >= 0; got {value}")
+    return value
+
+
+# How many top layers train: checked here, once, wherever a spec or a study holds it (a model's own layer count is
+# checked by `LanguageModel`, which knows it).
+TunableLayers = Annotated[int | Literal["all"], AfterValidator(_tunable_layers)]
 
 
 class Spec(BaseModel):
@@ -255,19 +263,16 @@ class EncoderSettings(Spec):
 
 
 class EncoderSpec(EncoderSettings):
-    """One `LanguageModel`, and optionally its own learning rate (a `MultiEncoder` tunes each of its language
-    models at its own rate)."""
+    """One `LanguageModel`: what to load and which of its layers to tune. (Its learning rate is the cell's training
+    argument: ``training.learning_rate``, one per language model of a `MultiEncoder`.)"""
 
     model: str
     tunable_layers: TunableLayers = "all"
-    learning_rate: PositiveFloat | None = Field(None, description="this language model's own rate; null: "
-                                                                  "training.learning_rate")
 
     def build(self) -> nn.Module:
         from layertune.language_model import LanguageModel
 
-        return LanguageModel(self.model, self.tunable_layers,
-                             **self.model_dump(exclude={"model", "tunable_layers", "learning_rate"}))
+        return LanguageModel(self.model, self.tunable_layers, **self.model_dump(exclude={"model", "tunable_layers"}))
 
 
 class CombineSpec(Spec):
@@ -295,6 +300,23 @@ class CellSpec(Spec):
     head: HeadSpec = HeadSpec()
     training: TrainingConfig = TrainingConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _own_rates_of_older_folders(cls, data: Any) -> Any:
+        # Cells saved before one-home-per-rate gave an encoder its own learning_rate in its EncoderSpec: read back,
+        # it is the cell's training rate, as they trained with it.
+        encoders = data.get("encoders") if isinstance(data, dict) else None
+        if not isinstance(encoders, list) or not any(isinstance(e, dict) and "learning_rate" in e for e in encoders):
+            return data
+        own = [e.get("learning_rate") if isinstance(e, dict) else None for e in encoders]
+        training = dict(data.get("training") or {})
+        shared = training.get("learning_rate", TrainingConfig.model_fields["learning_rate"].default)
+        if any(rate is not None for rate in own):
+            rates = [shared if rate is None else rate for rate in own]
+            training["learning_rate"] = rates if len(rates) > 1 else rates[0]
+        return {**data, "training": training, "encoders": [
+            {k: v for k, v in e.items() if k != "learning_rate"} if isinstance(e, dict) else e for e in encoders]}
+
     @model_validator(mode="after")
     def _consistent(self) -> CellSpec:
         if (len(self.encoders) > 1) != (self.combine is not None):
@@ -304,18 +326,7 @@ class CellSpec(Spec):
         if isinstance(rates, list) and len(rates) != len(self.encoders):
             raise ValueError(f"training.learning_rate lists {len(rates)} rates for {len(self.encoders)} encoders: "
                              "give one rate, or one per encoder in the same order")
-        if isinstance(rates, list) and any(spec.learning_rate is not None for spec in self.encoders):
-            raise ValueError("learning rates are given twice: as a list in training.learning_rate and as an "
-                             "encoder's own learning_rate; give one or the other")
         return self
-
-    def training_config(self) -> TrainingConfig:
-        """``training``, with each encoder's own ``learning_rate`` in place of the shared one (one per encoder)."""
-        own = [spec.learning_rate for spec in self.encoders]
-        if all(rate is None for rate in own):
-            return self.training
-        rates = [rate or self.training.learning_rate for rate in own]
-        return self.training.model_copy(update={"learning_rate": rates if len(rates) > 1 else rates[0]})
 
     def build_model(self, corpus: Corpus) -> TaskModel:
         """The encoder(s) and the head that fits ``corpus``, initialised from ``training.seed``."""

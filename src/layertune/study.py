@@ -35,9 +35,14 @@ its cells, stages and report sections get to a `DatasetSpec` (``null``: the buil
         news: {path: data/news.parquet, label: category, dev_fraction: 0.1, label_names: [world, sports, ...]}
         mrpc_hub: {hub: nyu-mll/glue, config: mrpc, revision: <commit>}   # a Hugging Face dataset
 
-An encoder is a model (``minilm: sentence-transformers/all-MiniLM-L6-v2``), an `EncoderSpec` with settings and a
+An encoder is a model (``minilm: sentence-transformers/all-MiniLM-L6-v2``), a `SingleEncoder` with settings and a
 learning rate of its own (``roberta: {model: roberta-base, hidden_dropout_prob: 0.4, learning_rate: 1.0e-5}``), or
 several of the study's encoders combined (``dme: {members: [minilm, roberta], combine: dme}``, a `CombineSpec`).
+
+A learning rate has one spelling per level, and the most specific wins: a setting of the grid
+(``methods.<m>.learning_rate``, ``per_tunable_layers.<K>.learning_rate``), then an encoder
+(``encoders.<e>.learning_rate``), then the study (``training.learning_rate``, one rate). `StudySpec.training_for`
+resolves it once into the cell's `TrainingConfig`: one rate per language model of a combination.
 Each section is the library's own spec (`layertune.specs`), nested, never a copy. Names name folders, so each cell
 has a readable key, ``<task>-<encoder>-<tunable_layers>-<seed>``.
 
@@ -171,14 +176,13 @@ class MethodSetting(Spec):
 
     method: TuningMethod = TopK()
     tunable_layers: TunableLayers
-    learning_rate: PositiveFloat | None = Field(None, description="the encoder's rate with this method (adapters "
+    learning_rate: PositiveFloat | None = Field(None, description="the encoders' rate with this method (adapters "
                                                                   "and biases learn at larger rates than whole "
-                                                                  "layers); null: training.learning_rate")
+                                                                  "layers): wins over an encoder's own and the "
+                                                                  "study's; null: theirs")
 
     @model_validator(mode="after")
     def _fits(self) -> MethodSetting:
-        if self.tunable_layers != "all" and self.tunable_layers < 0:
-            raise ValueError(f"tunable_layers must be 'all' or an int >= 0; got {self.tunable_layers}")
         self.method.check_tunable_layers(self.tunable_layers)
         return self
 
@@ -205,8 +209,17 @@ def _encoder_kind(entry: Any) -> str:
         else "single"
 
 
+class SingleEncoder(EncoderSpec):
+    """One of the study's single encoders: a model with settings, and optionally its own learning rate (a
+    `MultiEncoder` tunes each of its language models at its own rate)."""
+
+    learning_rate: PositiveFloat | None = Field(None, description="this encoder's own rate: wins over "
+                                                                  "training.learning_rate, loses to a setting's "
+                                                                  "(methods.<m>, per_tunable_layers.<K>)")
+
+
 # A model id, a model with settings, or a combination; tagged so that an error names only the form that was meant.
-EncoderEntry = Annotated[Annotated[str, Tag("model")] | Annotated[EncoderSpec, Tag("single")]
+EncoderEntry = Annotated[Annotated[str, Tag("model")] | Annotated[SingleEncoder, Tag("single")]
                          | Annotated[CombinedEncoder, Tag("combined")], Discriminator(_encoder_kind)]
 ENCODER_TAGS = ("model", "single", "combined")
 
@@ -269,10 +282,15 @@ class StudySpec(Spec):
     @field_validator("tunable_layers")
     @classmethod
     def _layers(cls, values: list | None) -> list | None:
-        for value in values or ():
-            if value != "all" and value < 0:
-                raise ValueError(f"tunable layers must be 'all' or an int >= 0; got {value}")
         return values if values is None else _unique(values, "tunable_layers")
+
+    @field_validator("training")
+    @classmethod
+    def _one_study_rate(cls, training: TrainingConfig) -> TrainingConfig:
+        if isinstance(training.learning_rate, list):
+            raise ValueError(f"learning_rate: the study's is one rate, got {training.learning_rate}; give an encoder "
+                             "a rate of its own as encoders.<name>.learning_rate")
+        return training
 
     @field_validator("seeds")
     @classmethod
@@ -326,11 +344,14 @@ class StudySpec(Spec):
             if k not in self.layer_values:
                 raise ValueError(f"per_tunable_layers has {k!r}, which is not in the study's tunable layers "
                                  f"{self.layer_values}")
+            if isinstance(rate := overrides.get("learning_rate"), list):
+                raise ValueError(f"per_tunable_layers.{k}.learning_rate: a setting's rate is one rate, got {rate}; "
+                                 "give an encoder a rate of its own as encoders.<name>.learning_rate")
             if shared := sorted(set(overrides) & STUDY_WIDE_TRAINING):
                 raise ValueError(f"per_tunable_layers.{k}: {', '.join(shared)} can only be set for the whole study "
                                  "(in training): the tokenized features and cached states are shared by its cells")
         for k in self.layer_values:
-            self.training_for(k, seed=0)  # a bad override fails here, naming its key
+            self.training_for(next(iter(self.encoders)), k, seed=0)  # a bad override fails here, naming its key
         self._check_distinct_keys()
         if self.decide is not None:
             self._check_rounds(self.decide)
@@ -422,24 +443,33 @@ class StudySpec(Spec):
         return [(name, self._single(self.encoders[name])) for name in names]
 
     @staticmethod
-    def _single(entry: str | EncoderSpec) -> EncoderSpec:
-        return EncoderSpec(model=entry) if isinstance(entry, str) else entry
+    def _single(entry: str | SingleEncoder) -> SingleEncoder:
+        return SingleEncoder(model=entry) if isinstance(entry, str) else entry
 
     def encoder_specs(self, encoder: str, tunable_layers: TunableLayers, method: str | None = None
                       ) -> list[EncoderSpec]:
         """Each language model of ``encoder`` as the cell builds it: the study's ``encoder`` settings, the entry's
         own, the grid's tunable layers and (a methods study) the tuning method of setting ``method``."""
-        setting = None if method is None else self.methods[method]
-        chosen = {} if setting is None else {"method": setting.method} | (
-            {"learning_rate": setting.learning_rate} if setting.learning_rate is not None else {})
-        return [EncoderSpec(**{**self.encoder.model_dump(), **single.model_dump(include=single.model_fields_set),
-                               "tunable_layers": tunable_layers, **chosen})
+        chosen = {} if method is None else {"method": self.methods[method].method}
+        return [EncoderSpec(**{**self.encoder.model_dump(), **single.model_dump(
+                    include=single.model_fields_set - {"learning_rate"}), "tunable_layers": tunable_layers, **chosen})
                 for _, single in self.members(encoder)]
 
-    def training_for(self, tunable_layers: TunableLayers, seed: int) -> TrainingConfig:
-        """The study's training arguments, with the overrides of ``per_tunable_layers[K]`` and the cell's seed (an
-        encoder's own learning rate stays with its `EncoderSpec`)."""
-        values = {**self.training.model_dump(), **self.per_tunable_layers.get(tunable_layers, {}), "seed": seed}
+    def training_for(self, encoder: str, tunable_layers: TunableLayers, seed: int, method: str | None = None
+                     ) -> TrainingConfig:
+        """A cell's training arguments: the study's, with ``per_tunable_layers[K]``'s overrides and the cell's seed.
+
+        Its learning rate is resolved here, once, most specific first: the setting's (``methods.<m>.learning_rate``,
+        else ``per_tunable_layers.<K>.learning_rate``), else the encoder's own (``encoders.<e>.learning_rate``),
+        else the study's (``training.learning_rate``); one rate per language model of a combination, a single rate
+        where they agree."""
+        overrides = self.per_tunable_layers.get(tunable_layers, {})
+        setting = next((rate for rate in (method and self.methods[method].learning_rate,
+                                          overrides.get("learning_rate")) if rate is not None), None)
+        rates = [next(rate for rate in (setting, single.learning_rate, self.training.learning_rate)
+                      if rate is not None) for _, single in self.members(encoder)]
+        values = {**self.training.model_dump(), **overrides, "seed": seed,
+                  "learning_rate": rates[0] if len(set(rates)) == 1 else rates}
         try:
             return TrainingConfig.model_validate(values)
         except ValidationError as error:
@@ -455,7 +485,7 @@ class StudySpec(Spec):
         return CellSpec(corpus=self.corpus_spec(task),
                         encoders=self.encoder_specs(encoder, tunable_layers, method),
                         combine=entry.combine if isinstance(entry, CombinedEncoder) else None, head=self.head,
-                        training=self.training_for(tunable_layers, seed))
+                        training=self.training_for(encoder, tunable_layers, seed, method))
 
 
 def _nested(error: ValidationError, prefix: tuple) -> ParamsError:

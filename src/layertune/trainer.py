@@ -269,9 +269,7 @@ class ModelTrainer:
 
     def _parameter_groups(self, args: TrainingConfig) -> list[dict]:
         groups = self.model.encoder.optimizer_groups(args.learning_rate, args.weight_decay)
-        head_lr = args.head_learning_rate or (
-            args.learning_rate if isinstance(args.learning_rate, float) else max(args.learning_rate)
-        )
+        head_lr = args.head_rate
         head = [p for p in self.model.head_parameters() if p.requires_grad]
         groups += [
             {"params": [p for p in head if p.dim() >= 2], "lr": head_lr, "weight_decay": args.weight_decay},

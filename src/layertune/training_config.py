@@ -52,6 +52,12 @@ class TrainingConfig(BaseModel):
     max_length: PositiveInt | None = Field(None, description="truncation length; default: the task's")
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
 
+    @property
+    def head_rate(self) -> float:
+        """The head's rate: ``head_learning_rate``, else the encoders' (the largest, where each has its own)."""
+        rates = self.learning_rate if isinstance(self.learning_rate, list) else [self.learning_rate]
+        return self.head_learning_rate or max(rates)
+
     @field_validator("learning_rate")
     @classmethod
     def _positive_rates(cls, value):

@@ -213,7 +213,7 @@ def setup_text(results: StudyResults) -> str:
         f"- Data: {sizes}.\n" + "".join(dataset_lines(results)) +
         f"- Encoders: {encoders}; pooling {pooling}; a {spec.head.head} head.\n"
         f"- Training: {training.epochs} epoch(s), batch {training.batch_size}, learning rate "
-        f"{training.learning_rate:g} (head {training.head_learning_rate or training.learning_rate:g})"
+        f"{training.learning_rate:g} (head {training.head_rate:g})"
         + ("".join(f"; with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
                    for k, o in spec.per_tunable_layers.items()))
         + ("; the epoch with the best dev score is kept" if training.eval_strategy == "epoch"
