@@ -114,7 +114,7 @@ def test_a_saved_folder_cannot_turn_on_remote_code(saved, tmp_path, model_type):
     encoder_config.update(auto_map={"AutoConfig": "evil.EvilConfig"}, model_type=model_type)
     (path / "encoder" / "config.json").write_text(json.dumps(encoder_config))
     config = json.loads((path / "config.json").read_text())
-    config["encoder"]["trust_remote_code"] = True
+    config["encoders"][0]["trust_remote_code"] = True
     (path / "config.json").write_text(json.dumps(config))
     if model_type == "bert":
         assert TaskModel.from_pretrained(path).predict(["great"]) in (["no"], ["yes"])

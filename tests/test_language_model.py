@@ -195,7 +195,7 @@ def test_layers_names_the_stack_the_generic_guess_misses(wrapped_bert, tmp_path)
     lm = LanguageModel(wrapped_bert, tunable_layers=1, layers="encoder.layer")
     assert lm.num_layers == 4 and lm.layers is lm.model.encoder.layer
     assert trainable_names(lm) == names_under(lm, lm.model.encoder.layer[3])
-    assert lm.frozen_prefix_layers == 3 and lm.settings()["layers"] == "encoder.layer"
+    assert lm.frozen_prefix_layers == 3 and lm.spec().layers == "encoder.layer"
     batch = lm.eval().tokenize(["the movie was good", "bad"])
     states = lm.boundary_states(batch, [3])[3]
     torch.testing.assert_close(lm.token_states({**batch, "boundary_states": states}), lm.token_states(batch),
@@ -213,9 +213,14 @@ def test_a_layers_path_that_is_no_stack_names_the_path_and_the_stacks(wrapped_be
         LanguageModel(wrapped_bert, tunable_layers=1, layers=path)
 
 
-def test_settings_name_layers_only_when_given(tiny_bert):
-    assert "layers" not in LanguageModel(tiny_bert, tunable_layers=1).settings()
-    assert LanguageModel(tiny_bert, tunable_layers=1, layers="encoder.layer").settings()["layers"] == "encoder.layer"
+def test_a_language_models_spec_builds_it_again(tiny_bert):
+    """`LanguageModel.spec()` is the `EncoderSpec` that builds it, its layers and pooling resolved."""
+    lm = LanguageModel(tiny_bert, tunable_layers=1, hidden_dropout_prob=0.2, frozen_dropout=True)
+    spec = lm.spec()
+    assert (spec.model, spec.tunable_layers, spec.pooling, spec.layers) == (str(tiny_bert), 1, "cls", None)
+    again = spec.build()
+    assert again.spec() == spec and again.model.config.hidden_dropout_prob == 0.2
+    assert LanguageModel(tiny_bert, tunable_layers=1, layers="encoder.layer").spec().layers == "encoder.layer"
 
 
 def test_a_half_precision_checkpoint_loads_in_float32(tiny_bert, tmp_path):

@@ -101,13 +101,47 @@ def test_save_and_load_predict_identically(encoder_dirs, tmp_path, combine_metho
                                                                                                 **FAST)
     model.save(tmp_path / "saved")
     loaded = TextRegressor.from_pretrained(tmp_path / "saved").to(device_of(model))  # compared where trained
-    assert loaded.encoder.settings() == model.encoder.settings()
+    assert [lm.spec() for lm in loaded.encoder.language_models] == [lm.spec() for lm in model.encoder.language_models]
+    assert loaded.encoder.combine_spec() == model.encoder.combine_spec()
     assert loaded.encoder.language_models[1].model.config.hidden_dropout_prob == 0.3
     model.eval()
     batch = model.encoder.tokenize(SENTENCES)
     torch.testing.assert_close(outputs(loaded, batch), outputs(model, batch), atol=0, rtol=0)
     if combine_method == "dme":
         assert loaded.predict_with_attention(SENTENCES) == model.predict_with_attention(SENTENCES)
+
+
+def test_a_model_saved_before_its_config_was_the_specs_still_loads(encoder_dirs, tmp_path):
+    """config.json is the specs that build the model (an EncoderSpec per language model, a CombineSpec, the
+    HeadSpec). A folder saved before, with an `encoder` settings dict and the head's fields at the top (the form
+    below is what the code of 25c9497 wrote for this model), loads as it did."""
+    import json
+
+    transformers.set_seed(0)
+    lms = [LanguageModel(encoder_dirs[0], tunable_layers=1, pooling="mean", method={"name": "lora", "r": 4}),
+           LanguageModel(encoder_dirs[1], tunable_layers="all", hidden_dropout_prob=0.3)]
+    model = TextClassifier(MultiEncoder(lms, "dme", dropout=0.2), 2, label_names=["no", "yes"], head="mlp").eval()
+    path = model.save(tmp_path / "saved")
+    config = json.loads((path / "config.json").read_text())
+    assert [spec["model"] for spec in config["encoders"]] == [str(d) for d in encoder_dirs]
+    assert config["combine"] == {"method": "dme", "dropout": 0.2, "projection_size": 48}
+    assert config["head"] == {"head": "mlp", "head_hidden_size": None, "head_dropout": 0.1}
+    old = {"class": "TextClassifier", "encoder": {"combine_method": "dme", "dropout": 0.2, "language_models": [
+        {"freeze_embeddings": False, "frozen_dropout": False, "method": {"alpha": 16.0, "dropout": 0.1, "name": "lora",
+         "r": 4, "target_modules": None}, "name": str(encoder_dirs[0]), "pooling": "mean", "pooling_source": "given",
+         "revision": None, "tunable_layers": 1},
+        {"freeze_embeddings": False, "frozen_dropout": False, "name": str(encoder_dirs[1]), "pooling": "cls",
+         "pooling_source": "default [CLS]: the model declares no pooling", "revision": None, "tunable_layers": "all"}],
+        "projection_size": 48}, "head": "mlp", "head_dropout": 0.1, "head_hidden_size": None,
+        "label_names": ["no", "yes"], "num_classes": 2, "weights": config["weights"]}
+    (path / "config.json").write_text(json.dumps(old))
+    loaded = TextClassifier.from_pretrained(path)
+    assert [lm.spec().method for lm in loaded.encoder.language_models] == [lm.method for lm in lms]
+    assert loaded.encoder.language_models[1].pooling_source.startswith("default [CLS]")
+    assert loaded.encoder.language_models[1].model.config.hidden_dropout_prob == 0.3  # its HF config's
+    assert loaded.head_settings == model.head_settings and loaded.label_names == ["no", "yes"]
+    batch = model.encoder.tokenize(SENTENCES)
+    torch.testing.assert_close(outputs(loaded, batch), outputs(model, batch), atol=0, rtol=0)
 
 
 def test_frozen_prefix_cache_per_encoder_changes_nothing(encoder_dirs, tmp_path):
@@ -221,7 +255,7 @@ def test_an_encoder_lacking_a_member_is_named_with_what_it_lacks(encoder_dirs):
 
     with pytest.raises(TypeError, match=r"TextClassifier needs an encoder \(a LanguageModel or MultiEncoder\); "
                                         r"PooledOnly has no parameter_parts, language_models, tokenize, "
-                                        r"prepare_examples, .*, from_config\.$"):
+                                        r"prepare_examples, .*, save_config\.$"):
         TextClassifier(PooledOnly(), 2)
     multi = build(encoder_dirs).encoder
     with pytest.raises(TypeError, match=r"TokenClassifier needs an encoder with per-token states \(a LanguageModel\)"

@@ -138,7 +138,7 @@ def test_a_method_by_name_is_the_method_with_its_defaults_and_saves_as_a_mapping
 def test_full_fine_tuning_is_still_the_default(tiny_bert):
     lm = LanguageModel(tiny_bert)
     assert lm.method == TopK() and lm.tunable_layers == "all" and trainable(lm) == total(lm) - total(lm.pooler)
-    assert "method" not in lm.settings()  # a top-K model's saved config is as it always was
+    assert lm.spec().method == TopK()
 
 
 # ------------------------------------------------------------------------------------------ the cache
@@ -219,7 +219,7 @@ def test_a_saved_model_stores_what_it_trained_and_reloads_to_the_same_prediction
     if method != "bitfit":
         assert all(f"{method}_" in name or name.startswith("head.") for name in stored)
     config = json.loads((tmp_path / "model" / "config.json").read_text())
-    assert config["encoder"]["method"] == tuning_method(method).model_dump()
+    assert config["encoders"][0]["method"] == tuning_method(method).model_dump(mode="json")
     assert config["weights"]["base"]["frozen_xxh3"]  # the frozen rest: the base model's, by name and content hash
     assert not (tmp_path / "model" / "encoder" / "tokenizer.json").exists()
 

@@ -50,13 +50,7 @@ class Encoder(HasParameterParts, Protocol):
 
     def base_tensors(self) -> set[str]: ...
 
-    def settings(self) -> dict: ...
-
     def save_config(self, directory: str | Path, tokenizer: bool = True) -> None: ...
-
-    @classmethod
-    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False,
-                    pretrained: bool = False) -> Encoder: ...
 
 
 @runtime_checkable

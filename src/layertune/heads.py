@@ -152,8 +152,17 @@ class TaskModel(nn.Module):
     # Persistence (see `layertune.persistence`)
 
     def config(self) -> dict:
-        return {"class": type(self).__name__, "encoder": self.encoder.settings(), **self.head_settings,
-                **self.extra_config()}
+        """What ``config.json`` holds: the specs that build this model, as peft saves its config classes (an
+        `EncoderSpec` per language model, the `CombineSpec` of a `MultiEncoder`, the `HeadSpec`), each language
+        model's `pooling_source`, and what the task adds (its classes)."""
+        from layertune.specs import HeadSpec
+
+        lms = self.encoder.language_models
+        combine = self.encoder.combine_spec() if isinstance(self.encoder, MultiEncoder) else None
+        return {"class": type(self).__name__, "encoders": [lm.spec().model_dump(mode="json") for lm in lms],
+                "combine": combine and combine.model_dump(mode="json"),
+                "head": HeadSpec(**self.head_settings).model_dump(mode="json"),
+                "pooling_source": [lm.pooling_source for lm in lms], **self.extra_config()}
 
     def extra_config(self) -> dict:
         return {}
@@ -198,8 +207,7 @@ def _check_sentences(sentences) -> None:
 
 
 def _head_arguments(config: dict) -> dict:
-    return {"head": config["head"], "head_hidden_size": config["head_hidden_size"],
-            "head_dropout": config["head_dropout"]}
+    return config["head"]
 
 
 class TextClassifier(TaskModel):

@@ -28,6 +28,7 @@ from layertune.model_paths import default_pooling, resolve_model_path
 from layertune.tuning_methods import METHODS, TopK, TuningMethod, tuning_method
 
 if TYPE_CHECKING:
+    from layertune.specs import EncoderSpec
     from layertune.training_config import TrainingConfig
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class LanguageModel(nn.Module):
         self.layers_path = layers
         self.pooling, self.pooling_source = (pooling, "given") if pooling is not None else \
             default_pooling(name_or_path, revision)
+        self.hidden_dropout_prob = hidden_dropout_prob
         self.freeze_embeddings = freeze_embeddings
         self.frozen_dropout = frozen_dropout
         self.trust_remote_code = trust_remote_code
@@ -106,23 +108,22 @@ class LanguageModel(nn.Module):
         self._apply_freezing()
 
     @classmethod
-    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False,
-                    pretrained: bool = False) -> LanguageModel:
-        """Rebuild from a saved config folder: with random weights (the whole state dict is loaded next), or with
-        ``pretrained`` the base model's weights (``settings["name"]``), under which only trained tensors load.
+    def from_saved(cls, directory: str | Path, spec: EncoderSpec, pooling_source: str = "saved with the model", *,
+                   trust_remote_code: bool = False, pretrained: bool = False) -> LanguageModel:
+        """Rebuild from a saved config folder and the `EncoderSpec` saved beside it (`spec`): with random weights (the
+        whole state dict is loaded next), or with ``pretrained`` the base model's weights (``spec.model``), under
+        which only trained tensors load.
 
-        ``trust_remote_code`` is the caller's decision alone: nothing in the saved folder can turn it on."""
+        ``trust_remote_code`` is the caller's decision alone: nothing in the saved folder can turn it on (the
+        spec's own ``trust_remote_code`` is the record of how it was trained, not read)."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
-        self.name = settings["name"]
-        self.pooling = settings["pooling"]
-        self.pooling_source = settings.get("pooling_source", "saved with the model")
-        self.freeze_embeddings = settings["freeze_embeddings"]
-        self.frozen_dropout = settings["frozen_dropout"]
+        self.name, self.revision, self.layers_path = spec.model, spec.revision, spec.layers
+        self.pooling, self.pooling_source = spec.pooling, pooling_source
+        self.hidden_dropout_prob = spec.hidden_dropout_prob  # already in the saved HF config
+        self.freeze_embeddings, self.frozen_dropout = spec.freeze_embeddings, spec.frozen_dropout
         self.trust_remote_code = trust_remote_code
-        self.revision = settings.get("revision")
-        self.layers_path = settings.get("layers")
-        self.method = _checked_method(settings.get("method", "top_k"))
+        self.method = spec.method
         config = load_config(str(directory), trust_remote_code, None)
         if pretrained:
             self.model, self.tokenizer, self.initialized = load_base_model(self.name, config, trust_remote_code,
@@ -132,7 +133,7 @@ class LanguageModel(nn.Module):
             self.tokenizer = load_tokenizer(directory, trust_remote_code, None)
             self.initialized = {name for name, _ in self.model.state_dict().items()}
         self._init_structure()
-        self.tunable_layers = self._resolve_tunable_layers(settings["tunable_layers"], None)
+        self.tunable_layers = self._resolve_tunable_layers(spec.tunable_layers, None)
         self._apply_freezing()
         return self
 
@@ -144,21 +145,15 @@ class LanguageModel(nn.Module):
         # peft moves an adapted module's own weights one level down: query.weight → query.base_layer.weight.
         return {f"model.{name}" for name in self.model.state_dict() if name.replace(".base_layer.", ".") in provided}
 
-    def settings(self) -> dict:
-        """What `from_config` needs besides the HF config (and tokenizer) files."""
-        return {
-            "name": self.name,
-            "revision": self.revision,
-            "tunable_layers": self.tunable_layers,
-            "pooling": self.pooling,
-            "pooling_source": self.pooling_source,
-            "freeze_embeddings": self.freeze_embeddings,
-            "frozen_dropout": self.frozen_dropout,
-            # only when given: the config of a model whose stack is found by the guess stays as it always was
-            **({"layers": self.layers_path} if self.layers_path is not None else {}),
-            # only for a method other than top-K, for the same reason
-            **({"method": self.method.model_dump()} if not isinstance(self.method, TopK) else {}),
-        }
+    def spec(self) -> EncoderSpec:
+        """This language model as the `EncoderSpec` that builds it (its layers and pooling resolved): what a saved
+        model's ``config.json`` holds for it."""
+        from layertune.specs import EncoderSpec
+
+        return EncoderSpec(model=self.name, tunable_layers=self.tunable_layers, pooling=self.pooling,
+                           hidden_dropout_prob=self.hidden_dropout_prob, freeze_embeddings=self.freeze_embeddings,
+                           frozen_dropout=self.frozen_dropout, trust_remote_code=self.trust_remote_code,
+                           revision=self.revision, layers=self.layers_path, method=self.method)
 
     def save_config(self, directory: str | Path, tokenizer: bool = True) -> None:
         """The HF config (hidden dropout and all), and the tokenizer unless it comes from the base model."""

@@ -30,6 +30,7 @@ from layertune.errors import choices_hint
 from layertune.language_model import LanguageModel
 
 if TYPE_CHECKING:
+    from layertune.specs import CombineSpec, EncoderSpec
     from layertune.training_config import TrainingConfig
 
 CombineMethod = Literal["concat", "dme"]
@@ -226,26 +227,27 @@ class MultiEncoder(nn.Module):
     # ----------------------------------------------------------------------------------------------------------
     # Persistence: each encoder's HF config + tokenizer in its own subfolder lm0/, lm1/ …
 
-    def settings(self) -> dict:
-        return {
-            "language_models": [lm.settings() for lm in self.language_models],
-            "combine_method": self.combine_method,
-            "dropout": self.dropout.p,
-            "projection_size": self.projection_size,
-        }
+    def combine_spec(self) -> CombineSpec:
+        """How this model combines its language models, as the `CombineSpec` that builds it (dme's projection size
+        resolved): what a saved model's ``config.json`` holds for it."""
+        from layertune.specs import CombineSpec
+
+        return CombineSpec(method=self.combine_method, dropout=self.dropout.p, projection_size=self.projection_size)
 
     def save_config(self, directory: str | Path, tokenizer: bool = True) -> None:
         for prefix, lm in zip(self.prefixes, self.language_models):
             lm.save_config(Path(directory) / prefix[:-1], tokenizer)
 
+
     @classmethod
-    def from_config(cls, directory: str | Path, settings: dict, *, trust_remote_code: bool = False,
-                    pretrained: bool = False) -> MultiEncoder:
-        """Rebuild from `save_config`'s folders and `settings` (see `LanguageModel.from_config`)."""
-        language_models = [LanguageModel.from_config(Path(directory) / f"lm{index}", lm_settings,
-                                                     trust_remote_code=trust_remote_code, pretrained=pretrained)
-                           for index, lm_settings in enumerate(settings["language_models"])]
-        return cls(language_models, settings["combine_method"], settings["dropout"], settings["projection_size"])
+    def from_saved(cls, directory: str | Path, specs: list[EncoderSpec], combine: CombineSpec,
+                   pooling_sources: list[str], *, trust_remote_code: bool = False,
+                   pretrained: bool = False) -> MultiEncoder:
+        """Rebuild from `save_config`'s folders and the specs saved beside them (see `LanguageModel.from_saved`)."""
+        language_models = [LanguageModel.from_saved(Path(directory) / f"lm{index}", spec, source,
+                                                    trust_remote_code=trust_remote_code, pretrained=pretrained)
+                           for index, (spec, source) in enumerate(zip(specs, pooling_sources))]
+        return cls(language_models, combine.method, combine.dropout, combine.projection_size)
 
 
 def _features(batch: dict, prefix: str) -> dict:

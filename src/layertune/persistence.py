@@ -1,8 +1,10 @@
 """Saving and loading task models: safetensors for weights, JSON for settings, never pickle.
 
-A saved folder holds ``config.json`` (the task model's class, head and encoder settings, and the weights' checksums),
-``model.safetensors`` and ``encoder/`` (the Hugging Face config of each language model, and its tokenizer when the
-weights do not come from a base model). `TaskModel.save` and `TaskModel.from_pretrained` call this module.
+A saved folder holds ``config.json`` (the task model's class, the specs that build it: an `EncoderSpec` per language
+model, a `CombineSpec`, the `HeadSpec`; and the weights' checksums), ``model.safetensors`` and ``encoder/`` (the
+Hugging Face config of each language model, and its tokenizer when the weights do not come from a base model).
+`TaskModel.save` and `TaskModel.from_pretrained` call this module. Folders saved before the specs were the config's
+form load too (`_spec_form`).
 """
 
 from __future__ import annotations
@@ -57,9 +59,9 @@ def load_task_model(cls: type[TaskModel], directory: str | Path, *, trust_remote
     """The model `save_task_model` wrote, as the class its config names, which must be ``cls`` or a subclass; in
     eval mode (see `TaskModel.from_pretrained`)."""
     directory = Path(directory)
-    config = _read_config(directory, cls)
+    config = _spec_form(_read_config(directory, cls))
     weights = config.get("weights") or {}
-    encoder = load_encoder(directory / "encoder", config["encoder"], trust_remote_code=trust_remote_code,
+    encoder = load_encoder(directory / "encoder", config, trust_remote_code=trust_remote_code,
                            pretrained=weights.get("base") is not None)
     model = _MODEL_CLASSES[config["class"]]._from_config(encoder, config)
     if weights.get("file_xxh3") and file_digest(directory / "model.safetensors") != weights["file_xxh3"]:
@@ -70,7 +72,7 @@ def load_task_model(cls: type[TaskModel], directory: str | Path, *, trust_remote
     except Exception as error:  # safetensors raises its own error types for truncated/corrupt files
         raise ValueError(f"{directory}/model.safetensors is corrupt or partial ({error}).") from None
     if weights.get("base") is not None:
-        _check_base(model, state, weights["base"], config["encoder"], directory)
+        _check_base(model, state, weights["base"], config["encoders"], directory)
     try:
         model.load_state_dict(state, strict=weights.get("base") is None)
     except RuntimeError as error:
@@ -81,12 +83,38 @@ def load_task_model(cls: type[TaskModel], directory: str | Path, *, trust_remote
     return model
 
 
-def load_encoder(directory: Path, settings: dict, *, trust_remote_code: bool = False,
+def load_encoder(directory: Path, config: dict, *, trust_remote_code: bool = False,
                  pretrained: bool = False) -> Encoder:
-    """Rebuild a saved encoder (single or multi) from its settings: random weights, or ``pretrained`` the base
-    models' (see `LanguageModel.from_config`)."""
-    encoder_class = MultiEncoder if "language_models" in settings else LanguageModel
-    return encoder_class.from_config(directory, settings, trust_remote_code=trust_remote_code, pretrained=pretrained)
+    """Rebuild a saved encoder (single or multi) from the specs in its model's ``config``: random weights, or
+    ``pretrained`` the base models' (see `LanguageModel.from_saved`)."""
+    from layertune.specs import CombineSpec, EncoderSpec
+
+    specs = [EncoderSpec.model_validate(spec) for spec in config["encoders"]]
+    options = {"trust_remote_code": trust_remote_code, "pretrained": pretrained}
+    if config["combine"] is None:
+        return LanguageModel.from_saved(directory, specs[0], config["pooling_source"][0], **options)
+    return MultiEncoder.from_saved(directory, specs, CombineSpec.model_validate(config["combine"]),
+                                   config["pooling_source"], **options)
+
+
+def _spec_form(config: dict) -> dict:
+    """``config`` as saved today. Before, it held an ``encoder`` settings dict (``name`` for the model; a
+    `MultiEncoder`'s ``language_models``, ``combine_method``, ``dropout``, ``projection_size``) and the head's
+    fields at its top level."""
+    if "encoders" in config:
+        return config
+    encoder = config["encoder"]
+    singles = encoder.get("language_models", [encoder])
+    specs = [{"model": single["name"], "revision": single.get("revision"), "tunable_layers": single["tunable_layers"],
+              "pooling": single["pooling"], "freeze_embeddings": single["freeze_embeddings"],
+              "frozen_dropout": single["frozen_dropout"], "layers": single.get("layers"),
+              **({"method": single["method"]} if "method" in single else {})} for single in singles]
+    combine = {"method": encoder["combine_method"], "dropout": encoder["dropout"],
+               "projection_size": encoder["projection_size"]} if "language_models" in encoder else None
+    head = {key: config[key] for key in ("head", "head_hidden_size", "head_dropout")}
+    return {**{key: value for key, value in config.items() if key not in {"encoder", *head}}, "encoders": specs,
+            "combine": combine, "head": head,
+            "pooling_source": [single.get("pooling_source", "saved with the model") for single in singles]}
 
 
 def _read_config(directory: Path, cls: type[TaskModel]) -> dict:
@@ -103,14 +131,14 @@ def _read_config(directory: Path, cls: type[TaskModel]) -> dict:
     return config
 
 
-def _check_base(model: TaskModel, stored: dict, base: dict, encoder: dict, directory: Path) -> None:
+def _check_base(model: TaskModel, stored: dict, base: dict, encoders: list[dict], directory: Path) -> None:
     """The base weights under the stored ones must be those the model was trained on."""
     current = model.state_dict()
     if unknown := sorted(set(stored) - set(current)):
         raise ValueError(f"{directory}/model.safetensors holds tensors this model does not have: {unknown[:3]}")
     frozen = {k: v for k, v in current.items() if k not in stored}
     if tensors_digest(frozen) != base["frozen_xxh3"]:
-        names = [e["name"] for e in encoder.get("language_models", [encoder])]
+        names = [spec["model"] for spec in encoders]
         raise ValueError(f"The base weights found for {', '.join(map(repr, names))} differ from the ones the model in "
                          f"{directory} was trained on (content hash of its frozen tensors): another version or "
                          "revision of the model is installed or mirrored. Load the base it was trained on.")
