@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from layertune.study import cell_key
-from pipelines.repro import PROG, changed_cells
+from pipelines.dvc_stages import changed_cells
+
+PROG = "layertune repro --decide"
 
 PARAMS = Path("params.yaml")
 

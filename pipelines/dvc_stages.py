@@ -17,10 +17,12 @@ work (`stale_train_stages`, called by `pipelines.param_checks`), naming the comm
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import subprocess
 import sys
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import yaml
@@ -133,3 +135,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def changed_cells(targets: Sequence[str]) -> list[str]:
+    """The train stages `dvc status` reports changed upstream of ``targets``."""
+    status = subprocess.run(["dvc", "status", "--json", "--with-deps", *targets], capture_output=True, text=True,
+                            check=True)
+    return sorted(name for name in json.loads(status.stdout or "{}") if cell_stage_study(name) is not None)

@@ -14,24 +14,16 @@ writes dvc.lock.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipelines.dvc_stages import cell_stage_study
+from pipelines.dvc_stages import changed_cells
 from pipelines.parallel import Children, Interrupted, StageFailed, devices, run_cells
 from pipelines.processes import tied
 
 PROG = "layertune repro"
-
-
-def changed_cells(targets: Sequence[str]) -> list[str]:
-    """The train stages `dvc status` reports changed upstream of ``targets``."""
-    status = subprocess.run(["dvc", "status", "--json", "--with-deps", *targets], capture_output=True, text=True,
-                            check=True)
-    return sorted(name for name in json.loads(status.stdout or "{}") if cell_stage_study(name) is not None)
 
 
 def shared_stages(studies: Sequence[str]) -> list[str]:
