@@ -133,12 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def changed_cells(targets: Sequence[str]) -> list[str]:
     """The train stages `dvc status` reports changed upstream of ``targets``."""
     status = subprocess.run(["dvc", "status", "--json", "--with-deps", *targets], capture_output=True, text=True,
                             check=True)
     return sorted(name for name in json.loads(status.stdout or "{}") if cell_stage_study(name) is not None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,11 +12,13 @@ still-active run as FINISHED when the interpreter exits, which would mark an int
 
 Whatever MLflow could not take is logged later, from the folder, by `sync`. Three callers run it: the next cell of
 the study as it starts, the evaluate stage before it reads the cells, and ``python -m pipelines.tracking sync``.
-It finds each folder's run by the cell's name and its spec's digest (`SPEC_TAG`):
+It finds each folder's run by the cell's name and its spec's digest (`SPEC_TAG`; for a folder saved in an earlier
+form of the spec, the digest its run was tagged with then matches too):
 - a FINISHED run: the folder is logged already, so syncing again changes nothing;
-- a run left RUNNING by a process that died on this machine after saving the folder: completed from the folder;
+- a run that nobody is left to end (`_Abandoned`: its process died on this machine, or, for a Ray cell, its build's
+  parent run has ended) and that began before the folder was written: completed from the folder;
 - none: a run is created from the folder.
-A run that a dead process left RUNNING without saving a folder of its spec ends KILLED. So a server that is down
+Any other abandoned RUNNING run ends KILLED. So a server that is down
 for a whole build, a killed cell, or outputs that DVC restored from its run-cache all end with one FINISHED run per
 cell and none RUNNING. A cell trained again with the same spec (its earlier run FINISHED, but DVC never recorded
 it, or ``dvc repro --force``) ends that earlier run KILLED once it FINISHES itself (`end_superseded_runs`).
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import signal
@@ -194,6 +197,7 @@ class SavedCell:
     history: list
     run_info: dict
     written_ms: int  # when it was written (the folder's or its metrics' time, whichever is later)
+    stored_digest: str  # of its cell.json as written: a run tagged by an earlier form of the spec matches it
 
     @classmethod
     def read(cls, folder: str | Path) -> SavedCell:
@@ -202,11 +206,18 @@ class SavedCell:
         folder = Path(folder).resolve()
         cell = CellFolder(folder)
         written = max(folder.stat().st_mtime, (folder / "metrics.json").stat().st_mtime)  # DVC may keep old times
-        return cls(folder, cell.spec(), cell.metrics(), cell.history(), cell.run_info(), int(written * 1000))
+        spec = cell.spec()
+        stored = _json_digest(json.loads((folder / "cell.json").read_text()))
+        return cls(folder, spec, cell.metrics(), cell.history(), cell.run_info(), int(written * 1000), stored)
 
     @property
     def digest(self) -> str:
         return spec_digest(self.spec)
+
+    @property
+    def digests(self) -> set[str]:
+        """The digests a run of this folder may be tagged with: its spec's, and its cell.json's as written."""
+        return {self.digest, self.stored_digest}
 
 
 def log_cell(client, run, saved: SavedCell) -> None:
@@ -270,13 +281,12 @@ def _sync_runs(client, experiment_id: str, folders: list[Path]) -> dict[str, str
             logger.warning("%s is not logged to MLflow: %s", folder, _cause(error))
             continue
         of_spec = sorted((run for run in runs if run.info.run_name == folder.name and
-                          run.data.tags.get(SPEC_TAG) == saved.digest), key=lambda run: -run.info.start_time)
+                          run.data.tags.get(SPEC_TAG) in saved.digests), key=lambda run: -run.info.start_time)
         if any(run.info.status == FINISHED or run.info.status == "RUNNING" and not abandoned(run) for run in of_spec):
             continue  # logged already, or its own process is about to log it
-        # The newest run of this spec that its process left RUNNING is completed from the folder (unless its process
-        # ended it meanwhile), whatever the folder's time: a DVC checkout keeps old times, and a folder of the same
-        # spec is the same cell. A folder with no such run gets a run of its own.
-        run = next((run for run in of_spec if run.info.status == "RUNNING"), None)
+        # A run whose process died after it saved this folder is completed (unless its process ended it meanwhile);
+        # any other folder gets a run of its own (a crashed run is not credited with an older folder's results).
+        run = next((run for run in of_spec if run.info.status == "RUNNING" and _outputs_of(saved, run)), None)
         if run is not None and client.get_run(run.info.run_id).info.status != "RUNNING":
             continue
         run = run or _run_from_folder(client, experiment_id, saved, earlier=of_spec[0] if of_spec else None)
@@ -308,8 +318,18 @@ class _Abandoned:
             return True
         parent = run.data.tags.get(PARENT_TAG)
         if parent and parent not in self.parents:
-            self.parents[parent] = self.client.get_run(parent).info.status != "RUNNING"
+            self.parents[parent] = self._ended(parent)
         return bool(parent) and self.parents[parent]
+
+    def _ended(self, run_id: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_run(run_id).info.status != "RUNNING"
+        except MlflowException as error:  # deleted and collected (`mlflow gc`): it ended
+            if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return True
+            raise
 
 
 def _all_runs(client, experiment_id: str) -> list:
@@ -345,6 +365,11 @@ def _run_from_folder(client, experiment_id: str, saved: SavedCell, earlier=None)
     if cell and (datasets := corpus_datasets(data / PREPARED_ROOT.name / study / cell.task, cell.task)):
         client.log_inputs(run.info.run_id, datasets)
     return run
+
+
+def _outputs_of(saved: SavedCell, run) -> bool:
+    """Whether ``saved`` is what ``run``'s process saved: written after the run began."""
+    return saved.written_ms >= run.info.start_time
 
 
 @contextlib.contextmanager
@@ -478,7 +503,14 @@ def spec_digest(spec) -> str:
 
     if isinstance(spec, str):
         spec = CellSpec.model_validate_json(spec)
-    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+    return _json_digest(spec.model_dump(mode="json"))
+
+
+def _json_digest(data: Any) -> str:
+    """Of JSON data as pydantic writes it compactly (so a spec's digest is that of its saved JSON read back)."""
+    import pydantic_core
+
+    return hashlib.sha256(pydantic_core.to_json(data)).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------- a failing store

@@ -100,8 +100,9 @@ def test_predict_refuses_a_bare_string(saved):
         saved[0].predict("great film")
 
 
+@pytest.mark.parametrize("form", ["specs", "earlier"])
 @pytest.mark.parametrize("model_type", ["bert", "evil-bert"])
-def test_a_saved_folder_cannot_turn_on_remote_code(saved, tmp_path, model_type):
+def test_a_saved_folder_cannot_turn_on_remote_code(saved, tmp_path, model_type, form):
     """A folder that asks for remote code (auto_map to a module beside it that would write a marker file, a trust
     flag in its own settings) never runs that module: trust comes from the caller only. A model type transformers
     knows loads with its own class; an unknown one is refused, saying why."""
@@ -115,6 +116,13 @@ def test_a_saved_folder_cannot_turn_on_remote_code(saved, tmp_path, model_type):
     (path / "encoder" / "config.json").write_text(json.dumps(encoder_config))
     config = json.loads((path / "config.json").read_text())
     config["encoders"][0]["trust_remote_code"] = True
+    if form == "earlier":  # the config.json of before the specs were its form: an `encoder` settings dict
+        spec = config["encoders"][0]
+        config = {**{k: v for k, v in config.items() if k not in ("encoders", "combine", "head", "pooling_source")},
+                  **config["head"], "encoder": {
+                      "name": spec["model"], "revision": None, "tunable_layers": spec["tunable_layers"],
+                      "pooling": spec["pooling"], "freeze_embeddings": False, "frozen_dropout": False,
+                      "trust_remote_code": True}}
     (path / "config.json").write_text(json.dumps(config))
     if model_type == "bert":
         assert TaskModel.from_pretrained(path).predict(["great"]) in (["no"], ["yes"])

@@ -130,6 +130,25 @@ def test_hook_finishes_only_after_the_whole_run_with_history_metrics_and_artifac
     assert len(client.search_runs([found.info.experiment_id])) == 1
 
 
+def test_a_folder_saved_in_an_earlier_form_of_the_spec_keeps_its_run(uri, tmp_path):
+    """A cell saved before the spec lost a field (encoders' own `learning_rate`, now the cell's training rate) was
+    tagged with the digest of the spec as written then: its run still matches, and a sync logs nothing twice."""
+    from mlflow import MlflowClient
+
+    folder = save_folder(tmp_path / "04_models" / "earlier" / "sst2-m-2-1")
+    written = json.loads((folder / "cell.json").read_text())
+    written["encoders"][0] = {**written["encoders"][0], "learning_rate": None}  # the form 25c9497 wrote
+    (folder / "cell.json").write_text(json.dumps(written, indent=2))
+    then = tracking._json_digest(written)
+    assert then != tracking.spec_digest(CellSpec.model_validate(written))  # the spec read back has moved on
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("layertune-earlier")
+    run = client.create_run(experiment, run_name=folder.name, tags={tracking.SPEC_TAG: then})
+    client.set_terminated(run.info.run_id)
+    assert tracking.sync("layertune-earlier", folder.parent) == {}
+    assert [r.info.run_id for r in client.search_runs([experiment])] == [run.info.run_id]
+
+
 def test_logging_a_folder_again_changes_nothing_however_it_is_named(uri, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
@@ -285,10 +304,10 @@ def test_a_folder_saved_while_mlflow_was_down_is_logged_when_the_next_cell_of_th
 
 
 def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri, tmp_path):
-    """Cells killed with SIGKILL whose training did not run again: a dead process's run of the folder's spec is
-    completed from it, even when the folder is older than the run (DVC restored it from its run-cache, with its old
-    times); a run of another spec ends KILLED, and the folder gets a FINISHED run of its own; a live owner's run is
-    left."""
+    """Cells killed with SIGKILL whose training did not run again: a run whose process saved the folder before it
+    died is completed from it; one whose folder is older (DVC restored it from its run-cache) or of another spec
+    ends KILLED, and the folder gets a FINISHED run of its own, in the place of the run of its spec it replaces under
+    a build's parent run; a live owner's run is left."""
     from mlflow import MlflowClient
 
     from pipelines.hooks import MlflowCellHook
@@ -308,7 +327,7 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
         spec = CELL.spec.model_copy(update={"training": CELL.spec.training.model_copy(update={"seed": 9})}) \
             if name == "other-spec" else CELL.spec
         save_folder(cells / name, spec)
-    old = runs["older"].start_time / 1000 - 3600  # written an hour before that run began
+    old = runs["older"].start_time / 1000 - 3600  # written an hour before that run began: not its outputs
     for path in (cells / "older", cells / "older" / "metrics.json"):
         os.utime(path, (old, old))
 
@@ -317,7 +336,7 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
     hook.before_node_run(node=SimpleNamespace(tags=set()),
                          inputs={"study_plan": SimpleNamespace(name="settle"), "study_cells": {}})
     status = {name: client.get_run(info.run_id).info.status for name, info in runs.items()}
-    assert status == {"restored": "FINISHED", "older": "FINISHED", "other-spec": "KILLED", "failed": "FAILED",
+    assert status == {"restored": "FINISHED", "older": "KILLED", "other-spec": "KILLED", "failed": "FAILED",
                       "alive": "RUNNING"}
     restored = client.get_run(runs["restored"].run_id)
     assert restored.data.metrics["best_eval_accuracy"] == 0.75 and restored.data.metrics["test_accuracy"] == 0.7
@@ -325,13 +344,14 @@ def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri
     every = client.search_runs([experiment])
     assert sorted((r.info.run_name, r.info.status) for r in every) == [
         ("alive", "RUNNING"), ("failed", "FAILED"), ("failed", "FINISHED"), ("older", "FINISHED"),
-        ("other-spec", "FINISHED"),
+        ("older", "KILLED"), ("other-spec", "FINISHED"),
         ("other-spec", "KILLED"), ("restored", "FINISHED")]
     assert all(tracking.LOGGED_FROM_TAG in r.data.tags for r in every if r.info.run_id not in
                {info.run_id for info in runs.values()})
-    assert client.get_run(runs["older"].run_id).data.metrics["test_accuracy"] == 0.7
+    assert "test_accuracy" not in client.get_run(runs["older"].run_id).data.metrics  # not credited with the folder
     # a folder's new run keeps the place of the run of its spec it replaces under a build's parent run
-    assert {r.data.tags.get(tracking.PARENT_TAG) for r in every if r.info.run_name == "failed"} == {"p-1"}
+    for name in ("older", "failed"):
+        assert {r.data.tags.get(tracking.PARENT_TAG) for r in every if r.info.run_name == name} == {"p-1"}
     client.set_terminated(runs["alive"].run_id)
 
 
@@ -426,20 +446,24 @@ def test_a_rerun_ends_its_abandoned_run_while_another_process_syncs(uri, tmp_pat
     run.end("FINISHED")
 
 
-@pytest.mark.parametrize("build_over", [True, False])
+@pytest.mark.parametrize("build_over", [True, False, "collected"])
 def test_a_ray_cells_run_left_running_on_another_machine_ends_with_its_build(uri, tmp_path, build_over):
     """A run whose process ran on another machine cannot be checked: it counts as abandoned once its build's parent
-    run has ended (its node was lost, or the server was down when the build closed)."""
+    run has ended (its node was lost, or the server was down when the build closed), or is gone from the store
+    (deleted, and collected by `mlflow gc`)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
     experiment = client.create_experiment(f"layertune-far-{build_over}")
-    parent = client.create_run(experiment, run_name="build b")
-    if build_over:
-        client.set_terminated(parent.info.run_id, status="FINISHED")
+    parent = client.create_run(experiment, run_name="build b").info.run_id
+    if build_over is True:
+        client.set_terminated(parent, status="FINISHED")
+    if build_over == "collected":
+        parent = "0" * 32
     far = client.create_run(experiment, run_name="sst2-m-2-1", tags={
-        tracking.HOST_TAG: "another-machine", tracking.PID_TAG: "1", tracking.PARENT_TAG: parent.info.run_id})
+        tracking.HOST_TAG: "another-machine", tracking.PID_TAG: "1", tracking.PARENT_TAG: parent})
     tracking.sync(f"layertune-far-{build_over}", tmp_path / "none")
+    build_over = bool(build_over)
     assert client.get_run(far.info.run_id).info.status == ("KILLED" if build_over else "RUNNING")
     # the same rule when the cell trains again here: its start ends the far run it replaces, once the build is over
     again = client.create_run(experiment, run_name="sst2-m-2-1", tags=far.data.tags)

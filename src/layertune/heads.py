@@ -207,7 +207,9 @@ def _check_sentences(sentences) -> None:
 
 
 def _head_arguments(config: dict) -> dict:
-    return config["head"]
+    from layertune.specs import HeadSpec
+
+    return HeadSpec.model_validate(config["head"]).model_dump()
 
 
 class TextClassifier(TaskModel):

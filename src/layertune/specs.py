@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from layertune.corpus import TaskType
-from layertune.training_config import TrainingConfig
+from layertune.training_config import TrainingConfig, encoder_rates
 from layertune.tuning_methods import TopK, TuningMethod
 
 if TYPE_CHECKING:
@@ -312,8 +312,7 @@ class CellSpec(Spec):
         training = dict(data.get("training") or {})
         shared = training.get("learning_rate", TrainingConfig.model_fields["learning_rate"].default)
         if any(rate is not None for rate in own):
-            rates = [shared if rate is None else rate for rate in own]
-            training["learning_rate"] = rates if len(rates) > 1 else rates[0]
+            training["learning_rate"] = encoder_rates([shared if rate is None else rate for rate in own])
         return {**data, "training": training, "encoders": [
             {k: v for k, v in e.items() if k != "learning_rate"} if isinstance(e, dict) else e for e in encoders]}
 

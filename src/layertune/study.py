@@ -85,7 +85,7 @@ from layertune.specs import (
 )
 from layertune.errors import choices_hint, describe_validation_error
 from layertune.model_paths import model_fingerprint
-from layertune.training_config import TrainingConfig
+from layertune.training_config import TrainingConfig, encoder_rates
 from layertune.tuning_methods import TopK, TuningMethod
 
 # Training keys that decide what the tokenize stage caches for every cell (mixed_precision: the autocast its pass
@@ -469,7 +469,7 @@ class StudySpec(Spec):
         rates = [next(rate for rate in (setting, single.learning_rate, self.training.learning_rate)
                       if rate is not None) for _, single in self.members(encoder)]
         values = {**self.training.model_dump(), **overrides, "seed": seed,
-                  "learning_rate": rates[0] if len(set(rates)) == 1 else rates}
+                  "learning_rate": encoder_rates(rates)}
         try:
             return TrainingConfig.model_validate(values)
         except ValidationError as error:

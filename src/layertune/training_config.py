@@ -67,6 +67,11 @@ class TrainingConfig(BaseModel):
         return value
 
 
+def encoder_rates(rates: list[float]) -> float | list[float]:
+    """``learning_rate`` for language models with ``rates``: one rate where they agree, else one per model."""
+    return rates[0] if len(set(rates)) == 1 else list(rates)
+
+
 def cache_decision(frozen_prefix_layers: int | None, frozen_dropout: bool, setting: bool | str,
                    method: str = "top_k") -> tuple[bool, str]:
     """Whether training from cached states is exact for an encoder with ``frozen_prefix_layers`` frozen (None:
