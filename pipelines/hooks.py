@@ -26,7 +26,7 @@ from kedro.framework.hooks import hook_impl
 from layertune.model_paths import MODEL_MIRROR_ENV
 from pipelines.param_checks import InvalidParams
 from pipelines.plans import dvc_stage
-from pipelines.processes import on_signals, signals_deferred
+from pipelines.processes import STOP_SIGNALS, on_signals, signals_deferred
 
 logger = logging.getLogger(__name__)
 
@@ -181,8 +181,12 @@ class MlflowCellHook:
         from pipelines.tracking import end_status
 
         run, self.run = self.run, None
-        self._signals.close()
         atexit.unregister(self.end_open_run)
+        # While the run ends, a stop signal (a second one, whoever sends it) must not cut that short: under the default
+        # handler it met once the cell's were gone, it left the run RUNNING. A FINISHED cell keeps ignoring SIGTERM
+        # until the process exits: its outputs are saved, and a SIGTERM would fail the process and make DVC discard a
+        # stage MLflow calls finished.
+        self._signals.enter_context(on_signals(signal.SIG_IGN, [signal.SIGTERM] if error is None else STOP_SIGNALS))
         try:  # a store that does not answer is handled there: an error is a bug of ours
             if error is None:
                 run.finish(self.folder)
@@ -190,7 +194,5 @@ class MlflowCellHook:
                 run.end(end_status(error))
         except Exception:  # never hide the cell's own error behind a tracking one
             logger.exception("Could not end MLflow run %s", run.run_id)
-        if error is None:
-            # FINISHED means the outputs are saved; a SIGTERM now would fail the process and make DVC discard a
-            # stage MLflow calls finished. The process is about to exit, so it finishes instead.
-            self._signals.enter_context(on_signals(signal.SIG_IGN, [signal.SIGTERM]))
+        if error is not None:
+            self._signals.close()  # the handlers from before the cell: its error goes on as it came

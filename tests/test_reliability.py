@@ -137,9 +137,9 @@ def _warm_servers(project: Path) -> set[int]:
             if "--serve" in (p.info["cmdline"] or []) and p.info["cwd"] == str(project.resolve())}
 
 
-def _kill_dvc_repro_when(project: Path, env: dict, started) -> None:
+def _kill_dvc_repro_when(project: Path, env: dict, started) -> subprocess.Popen:
     """`dvc repro` killed with SIGKILL (only it, as `kill -9 <pid>` does) once ``started(process)`` holds for one of
-    its descendants."""
+    its descendants; its stderr, which its stage's command writes too, stays readable."""
     import psutil
 
     dvc = subprocess.Popen(["dvc", "repro"], cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -153,6 +153,7 @@ def _kill_dvc_repro_when(project: Path, env: dict, started) -> None:
     assert dvc.poll() is None, f"dvc repro ended before the kill: {dvc.stderr.read()[-2000:]}"
     dvc.send_signal(signal.SIGKILL)
     dvc.wait()
+    return dvc
 
 
 def _left_alone(project: Path, server: set[int], timeout_s: float = 30.0) -> list[str]:
@@ -187,10 +188,11 @@ def test_kill_9_of_dvc_repro_stops_its_stage_and_a_rerun_at_once_gives_one_finis
     try:
         _kill_dvc_repro_when(project, env, command_of("tokenize"))
         assert _left_alone(project, _warm_servers(project)) == []
-        _kill_dvc_repro_when(project, env,
-                             lambda process: command_of("train")(process) and cell_runs(project) == ["RUNNING"])
+        killed = _kill_dvc_repro_when(
+            project, env, lambda process: command_of("train")(process) and cell_runs(project) == ["RUNNING"])
         assert _left_alone(project, _warm_servers(project)) == []
-        assert cell_runs(project) == ["KILLED"]  # ended by the SIGTERM its parent's death sent, not left RUNNING
+        # ended by the SIGTERM its parent's death sent, not left RUNNING (the stage's log, whole once it has exited)
+        assert cell_runs(project) == ["KILLED"], killed.stderr.read()[-4000:]
         slow["training"]["epochs"] = 40
         (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         done = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=300)

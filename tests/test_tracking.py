@@ -228,6 +228,40 @@ def test_a_sigterm_while_the_run_opens_ends_it_killed(uri, tmp_path):
     assert only_run(uri, "layertune-e5")[1].info.status == "KILLED"
 
 
+def test_a_second_sigterm_while_the_run_ends_does_not_leave_it_running(uri, tmp_path):
+    """The first SIGTERM ends the run KILLED; a second one arriving as the run ends met the default handler (the
+    cell's was gone by then) and killed the process with its run RUNNING (CI saw it after `kill -9` of `dvc repro`
+    under load). The ending now runs whole."""
+    script = tmp_path / "cell.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time
+        from types import SimpleNamespace
+        from pipelines import tracking
+        from pipelines.hooks import MLFLOW_TAG, MlflowCellHook
+        from tests.test_tracking import cell
+
+        end = tracking.CellRun.end
+        def end_after_another_sigterm(self, status):
+            os.kill(os.getpid(), signal.SIGTERM)  # the second signal, as the run ends
+            time.sleep(0.5)
+            end(self, status)
+        tracking.CellRun.end = end_after_another_sigterm
+        hook = MlflowCellHook()
+        hook.before_node_run(node=SimpleNamespace(tags={MLFLOW_TAG}), inputs={"cell_plan": cell("e6")})
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the first
+            time.sleep(60)
+        except KeyboardInterrupt as error:
+            hook.on_node_error(error, None)
+            raise
+    """))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    process = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=120, capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root}/src"})
+    assert process.returncode != 0 and "Terminated" in process.stderr, process.stderr[-2000:]
+    assert only_run(uri, "layertune-e6")[1].info.status == "KILLED"
+
+
 # ------------------------------------------------------------------ a tracking store that does not answer
 
 RETRY_VARIABLES = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
