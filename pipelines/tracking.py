@@ -202,13 +202,15 @@ class SavedCell:
     @classmethod
     def read(cls, folder: str | Path) -> SavedCell:
         from layertune.cell import CellFolder
+        from layertune.specs import CellSpec
 
         folder = Path(folder).resolve()
         cell = CellFolder(folder)
         written = max(folder.stat().st_mtime, (folder / "metrics.json").stat().st_mtime)  # DVC may keep old times
-        spec = cell.spec()
-        stored = _json_digest(json.loads((folder / "cell.json").read_text()))
-        return cls(folder, spec, cell.metrics(), cell.history(), cell.run_info(), int(written * 1000), stored)
+        text = (folder / "cell.json").read_text()  # read once: the spec and its digest as written are of one file
+        spec = CellSpec.model_validate_json(text)
+        return cls(folder, spec, cell.metrics(), cell.history(), cell.run_info(), int(written * 1000),
+                   _json_digest(json.loads(text)))
 
     @property
     def digest(self) -> str:
