@@ -3,12 +3,15 @@ a folder holding files layertune did not write, unless asked to."""
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+import datasets
 import pytest
 
 from layertune.io import (MARKER, OutputDirectoryError, atomic_directory, atomic_file, check_output_directory,
-                          output_directory, write_json)
+                          dataset_digest, output_directory, write_json)
 
 
 def test_atomic_directory_has_the_permissions_of_a_plain_folder(tmp_path):
@@ -209,3 +212,30 @@ def test_every_catalog_write_is_atomic_and_a_tree_reads_no_staging_file(tmp_path
     plan = SpecDataset(str(tmp_path / "download.json"), "pipelines.plans.DownloadPlan")
     plan.save(DownloadPlan(tasks=["sst2"], mirror=None))
     assert plan.load().tasks == ["sst2"] and [p.name for p in tmp_path.glob(".*")] == []
+
+
+def test_dataset_digest_is_of_the_rows_as_they_read_wherever_the_data_lies(tmp_path):
+    rows = {"text": ["a b", "c", "d e f", ""], "label": [0, 1, 1, 0]}
+    original = datasets.Dataset.from_dict(rows)
+    original.to_parquet(tmp_path / "a.parquet")
+    original.to_parquet(tmp_path / "b.parquet")
+    from_a = datasets.Dataset.from_parquet(str(tmp_path / "a.parquet"), cache_dir=str(tmp_path / "hf-a"))
+    from_b = datasets.Dataset.from_parquet(str(tmp_path / "b.parquet"), cache_dir=str(tmp_path / "hf-b"))
+    digest = dataset_digest(from_a)
+    assert dataset_digest(from_b) == dataset_digest(original) == digest  # the content, not where it came from
+    # a selection counts as the rows it gives, however it was made
+    assert dataset_digest(from_a.select([1, 2])) == dataset_digest(datasets.Dataset.from_dict(
+        {"text": ["c", "d e f"], "label": [1, 1]}, features=from_a.features))
+    assert dataset_digest(from_a.select([2, 1])) != dataset_digest(from_a.select([1, 2]))
+    assert dataset_digest(from_a, ["label"]) != digest
+    assert dataset_digest(from_a.select(range(4)).flatten_indices()) == digest  # how it is stored does not count
+    named = original.cast_column("label", datasets.ClassLabel(names=["no", "yes"]))
+    assert dataset_digest(named) != dataset_digest(named.cast_column("label", datasets.ClassLabel(names=["n", "y"])))
+    changed = datasets.Dataset.from_dict({**rows, "text": ["a b", "c", "d e g", ""]})
+    assert dataset_digest(changed) != digest
+    # the same in a fresh process
+    code = ("import sys, datasets; from layertune.io import dataset_digest; "
+            f"print(dataset_digest(datasets.Dataset.from_parquet(sys.argv[1], cache_dir=sys.argv[2])))")
+    fresh = subprocess.run([sys.executable, "-c", code, str(tmp_path / "b.parquet"), str(tmp_path / "hf-c")],
+                           capture_output=True, text=True, check=True)
+    assert fresh.stdout.split()[-1] == digest

@@ -42,8 +42,10 @@ class Corpus:
 
     @property
     def fingerprint(self) -> str:
-        """Hash of the name and every split's ``datasets`` fingerprint: equal for identical loads."""
-        parts = [self.name] + [f"{k}={v._fingerprint}" for k, v in self.splits().items()]
+        """Hash of the name and every split's content (`layertune.io.dataset_digest`): equal for equal data."""
+        from layertune.io import dataset_digest
+
+        parts = [self.name] + [f"{k}={dataset_digest(v)}" for k, v in self.splits().items()]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
     def splits(self) -> dict[str, datasets.Dataset]:

@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from layertune import cache_costs, timing
 from layertune.batching import Examples
-from layertune.io import atomic_directory, file_digest, write_json
+from layertune.io import atomic_directory, dataset_digest, file_digest, write_json
 from layertune.tokenization import tokenize_corpus
 from layertune.training_config import cache_decision
 
@@ -140,7 +140,7 @@ def cache_features(lm: LanguageModel, corpus, boundaries: list[int], *, max_leng
 
     Returns the tokenized splits' fingerprints and, per boundary and split, the cache entry's key."""
     tokenized = _tokenized(lm, corpus, max_length, cache_dir)
-    found = {"tokenized": {split: data._fingerprint for split, data in tokenized.items()}, "frozen_prefix": {}}
+    found = {"tokenized": {split: dataset_digest(data) for split, data in tokenized.items()}, "frozen_prefix": {}}
     if boundaries:
         cache = FrozenPrefixCache(cache_dir and Path(cache_dir) / "frozen_prefix", dtype=cache_dtype,
                                   autocast=autocast, progress=False)
@@ -354,16 +354,8 @@ class FrozenPrefixCache:
             if part in ("embeddings", "other") or (part.startswith("layer.") and int(part[6:]) < boundary):
                 digest.update(name.encode())
                 digest.update(parameter.detach().cpu().contiguous().view(torch.uint8).numpy())  # no copy
-        for column in ("input_ids", "token_type_ids", "attention_mask"):
-            if column in tokenized.column_names:
-                # Whole Arrow columns (selections applied) rather than row by row: a row-wise read costs ~1 s
-                # per 2,000 examples, paid by every run that looks its cache up.
-                rows = tokenized.with_format("arrow")[column]
-                if isinstance(rows, pa.ChunkedArray):
-                    rows = rows.combine_chunks()
-                digest.update(f"|{column}|".encode())
-                digest.update(np.asarray(rows.value_lengths(), dtype=np.int64).tobytes())
-                digest.update(np.asarray(rows.flatten(), dtype=np.int64).tobytes())
+        inputs = [c for c in ("input_ids", "token_type_ids", "attention_mask") if c in tokenized.column_names]
+        digest.update(f"|{dataset_digest(tokenized, inputs)}".encode())
         return digest.hexdigest()
 
     def _load(self, key: str, lengths: np.ndarray, check_only: bool = False) -> BoundaryStates | bool | None:

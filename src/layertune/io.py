@@ -165,6 +165,27 @@ def file_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def dataset_digest(dataset, columns: list[str] | None = None) -> str:
+    """A content hash (xxh3-128) of a `datasets.Dataset`'s rows as they read (a selection applied), of ``columns``
+    or all, with their features (label names included): equal data gives the same digest in any process, wherever
+    its files lie. Through Arrow's IPC form, whole columns at once: a row-wise read costs about a second per 2,000
+    examples."""
+    import datasets
+    import pyarrow as pa
+    import xxhash
+
+    columns = list(dataset.column_names if columns is None else columns)
+    # Without the schema's metadata: datasets keeps more there than the features (what a flattening did, say).
+    table = dataset.with_format("arrow")[:].select(columns).replace_schema_metadata(None)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table.combine_chunks())  # one chunking: the same rows give the same bytes
+    features = datasets.Features({column: dataset.features[column] for column in columns}).to_dict()
+    digest = xxhash.xxh3_128(json.dumps(features, sort_keys=True).encode())
+    digest.update(sink.getvalue())
+    return digest.hexdigest()
+
+
 def write_json(path: str | Path, data: object) -> None:
     """Sorted keys and a trailing newline: equal data gives byte-identical files. NaN and infinity are refused:
     they are not JSON. Written atomically (`atomic_file`)."""

@@ -8,8 +8,8 @@ first word piece; later pieces and special tokens get -100, which the loss and t
 the word index of every piece (-1 for special tokens).
 
 Cache: one folder per split under ``cache_dir`` (default ``$LAYERTUNE_CACHE/tokenized``, else
-``~/.cache/layertune/tokenized``), named by :func:`cache_key` of the split's ``datasets`` fingerprint, the tokenizer's
-identity (:func:`tokenizer_fingerprint`), ``max_length`` and the text columns. A folder is written under a temporary
+``~/.cache/layertune/tokenized``), named by :func:`cache_key` of the split's content (`layertune.io.dataset_digest`),
+the tokenizer's identity (:func:`tokenizer_fingerprint`), ``max_length`` and the text columns. A folder is written under a temporary
 name and renamed when complete, so an interrupted run never leaves a half-written cache behind.
 """
 
@@ -31,7 +31,7 @@ from layertune import timing
 from layertune.batching import IGNORE_INDEX
 from layertune.corpora.registry import TASKS
 from layertune.corpus import Corpus
-from layertune.io import file_digest, remove_stale_partials
+from layertune.io import dataset_digest, file_digest, remove_stale_partials
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def cache_key(dataset_fingerprint: str, tokenizer_id: str, max_length: int, text
 def _tokenized_split(corpus: Corpus, split: str, ds: datasets.Dataset, tokenizer, identity: str, max_length: int,
                      root: Path) -> datasets.Dataset:
     words = corpus.task_type == "token_classification"
-    key = cache_key(ds._fingerprint, identity, max_length, corpus.text_columns, word_labels=words)
+    key = cache_key(dataset_digest(ds), identity, max_length, corpus.text_columns, word_labels=words)
     path = root / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', corpus.name)}-{split}-{key}"
     meta = _intact_meta(path)
     if meta is not None:
