@@ -74,9 +74,9 @@ def model_mirror_path(configured: str, project: str | os.PathLike) -> str:
 
 class StageLockHook:
     """One Kedro run of a stage (its pipelines and ``--params``: one DVC stage, a cell) at a time in a project
-    (`pipelines.processes.stage_lock`), held from before the cell's MLflow run starts until after it ended: a rerun
-    started while a killed run is still ending (or one that a SIGKILL orphaned) waits for it, so a cell is never
-    trained twice at once, into one folder, with two runs. In a data-parallel cell the main process holds it."""
+    (`pipelines.processes.acquire_stage_lock`), held from before the cell's MLflow run starts until after it ended:
+    a rerun started while a killed run is still ending (or one that a SIGKILL orphaned) waits for it, so a cell is
+    never trained twice at once, into one folder, with two runs. In a data-parallel cell the main process holds it."""
 
     def __init__(self) -> None:
         self.lock = None

@@ -6,8 +6,8 @@ on, and its stage command would be re-parented to init, finish, and log a FINISH
 (the next `dvc repro` trains the cell again). So each link of the chain asks the kernel for SIGTERM when its parent
 exits (`die_with_parent`, Linux's PR_SET_PDEATHSIG, kept across exec): the warm client under `dvc`, the warm
 server's fork that runs the command, and each `dvc` that `layertune repro` starts (`tied`). SIGTERM ends a cell's
-MLflow run KILLED, as a Ctrl-C does. Elsewhere (not Linux) nothing is asked; `stage_lock` still keeps a second run
-of the stage from starting while the first lives.
+MLflow run KILLED, as a Ctrl-C does. Elsewhere (not Linux) nothing is asked; `acquire_stage_lock` still keeps a
+second run of the stage from starting while the first lives.
 
 Only the standard library is imported at module level: the warm client starts in milliseconds.
 """
@@ -143,19 +143,10 @@ def stage_lock_path(project: str | os.PathLike, pipelines: Sequence[str], params
     return Path(project) / LOCK_FOLDER / f"{'+'.join(pipelines) or 'default'}-{digest}.lock"
 
 
-@contextlib.contextmanager
-def stage_lock(path: Path, what: str, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """Held for the block: a second run of the same stage waits (a log line names the process that holds it) up to
-    ``wait_s`` seconds, then fails with `StageBusy`. The kernel releases it when the holder exits, however."""
-    lock = acquire_stage_lock(path, what, wait_s)
-    try:
-        yield
-    finally:
-        lock.release()
-
-
 def acquire_stage_lock(path: Path, what: str, wait_s: float = LOCK_WAIT_S):
-    """`stage_lock`'s lock, acquired (a `filelock.FileLock`: ``release()`` it)."""
+    """The lock at ``path``, acquired (a `filelock.FileLock`: ``release()`` it): a second run of the same stage waits
+    (a log line names the process that holds it) up to ``wait_s`` seconds, then fails with `StageBusy`. The kernel
+    releases it when the holder exits, however."""
     from filelock import FileLock, Timeout
 
     path.parent.mkdir(parents=True, exist_ok=True)

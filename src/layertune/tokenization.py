@@ -9,8 +9,8 @@ the word index of every piece (-1 for special tokens).
 
 Cache: one folder per split under ``cache_dir`` (default ``$LAYERTUNE_CACHE/tokenized``, else
 ``~/.cache/layertune/tokenized``), named by :func:`cache_key` of the split's content (`layertune.io.dataset_digest`),
-the tokenizer's identity (:func:`tokenizer_fingerprint`), ``max_length`` and the text columns. A folder is written under a temporary
-name and renamed when complete, so an interrupted run never leaves a half-written cache behind.
+the tokenizer's identity (:func:`tokenizer_fingerprint`), ``max_length`` and the text columns. A folder is written
+under a temporary name and renamed when complete, so an interrupted run never leaves a half-written cache behind.
 """
 
 from __future__ import annotations
