@@ -187,7 +187,9 @@ def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_m
     assert sorted(report.details["sst2"]["m"]["what_would_settle"]) == ["1"]
 
 
-def test_a_round_of_evaluation_examples_is_replayed_on_the_dev_and_evaluation_examples_together(tiny_model_dirs):
+@pytest.mark.parametrize("kind", ["layers", "methods"])
+def test_a_round_of_evaluation_examples_is_replayed_on_the_dev_and_evaluation_examples_together(tiny_model_dirs,
+                                                                                                kind):
     """Round 3 added 1,600 evaluation examples (the evaluate stage scored every cell of the question on them): the
     report lists it as a round that trained nothing, and looks 3 and after pair the settings on all 2,000."""
     import dataclasses
@@ -200,7 +202,14 @@ def test_a_round_of_evaluation_examples_is_replayed_on_the_dev_and_evaluation_ex
     study = decided_study(str(tiny_model_dirs["bert"]), rounds, evaluation_size=1600,
                           evaluation_rounds={"sst2": {"m": 3}})
     study["decide"]["looks"] = 4
-    accuracy = {"0": 0.6, "1": 0.85, "2": 0.86}
+    name = str if kind == "layers" else "top{}".format  # a setting's name: its tunable layers, or a method's
+    accuracy = {name(0): 0.6, name(1): 0.85, name(2): 0.86}
+    if kind == "methods":  # the same question, its settings named as methods
+        study = {**{k: v for k, v in study.items() if k != "tunable_layers"}, "report": {"kind": "methods",
+                 "resamples": 300}, "methods": {name(k): {"tunable_layers": k} for k in (0, 1, 2)}}
+        study["decide"]["rounds"] = {f"sst2-m-{name(cell['tunable_layers'])}-{cell['seed']}": {
+            **{k: v for k, v in cell.items() if k != "tunable_layers"}, "method": name(cell["tunable_layers"])}
+            for cell in rounds.values()}
     results = synthetic_results(study, accuracy)
     rng = np.random.default_rng(1)
     references = rng.integers(0, 2, 1600).tolist()
@@ -214,9 +223,21 @@ def test_a_round_of_evaluation_examples_is_replayed_on_the_dev_and_evaluation_ex
     assert [(r["seeds"], r.get("examples")) for r in decided["rounds"]] == [([1, 2], None), ([3, 4], None),
                                                                           ([], 1600)]
     assert decided["rounds"][2]["settings"] == decided["rounds"][1]["settings"]
-    assert decided["rounds"][1]["claims"]["0"] == decided["rounds"][2]["claims"]["0"] == "no"
+    assert decided["rounds"][1]["claims"][name(0)] == decided["rounds"][2]["claims"][name(0)] == "no"
     assert "| 3 | +1,600 evaluation examples | – | 0 | 0.0 |" in report.markdown
     assert "1,600 more labelled examples the study does not train on" in report.markdown
+    # The table's intervals, like the claims, are on the dev and evaluation examples together.
+    from layertune.reports.common import signed_points
+    from layertune.statistics import differences_spread, within_tolerance
+
+    extended, options = evaluation_estimates(results, "sst2", "m"), results.options
+    reference = max(extended, key=lambda k: extended[k].mean)
+    spread = differences_spread([e for k, e in extended.items() if k != reference], extended[reference])
+    assert "vs best, on dev and 1,600 evaluation examples (points)" in report.markdown
+    for k in (k for k in extended if k != reference):
+        shown = within_tolerance(extended[k], extended[reference], options.tolerance, options.confidence, spread)
+        assert (f"| {signed_points(shown.difference)} [{signed_points(shown.low)}, {signed_points(shown.high)}] |"
+                in report.markdown), k
     if decided["next_round"] is not None:  # once added, never again: the next round gives seeds
         assert decided["next_round"]["seeds"] == [5, 6] and "examples" not in decided["next_round"]
 

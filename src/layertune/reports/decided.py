@@ -4,15 +4,16 @@ would run next.
 
 The layers and methods reports call `decide_question` per task and encoder and show its claims in their *within
 tolerance?* column (in place of the fixed 95% test, which does not stay valid when one looks after every round);
-their intervals stay the fixed ones, on the seeds both settings have.
+their intervals stay the fixed ones, on the seeds both settings have, and on the data the claims are made on: once a
+round added evaluation examples, the dev and evaluation examples together (`Decision.on_claims_data`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
-from layertune.reports.common import StudyResults, markdown_table
+from layertune.reports.common import Setting, StudyResults, markdown_table
 from layertune.rounds import Round, answer, next_round, recorded_rounds, replay, seeds_by_setting
 from layertune.statistics import (
     Estimate,
@@ -45,10 +46,26 @@ class Decision:
     looks: Looks
     next: Round | None
     grid_answer: str  # what the fixed test says of the grid alone (round 1), as the report would without rounds
+    estimates: dict[str, Estimate]  # each setting's, at the last look, on the data its claims are made on
 
     @property
     def last(self) -> dict[str, Verdict]:
         return self.claims[-1]
+
+    @property
+    def evaluation_examples(self) -> int:
+        """How many evaluation examples a round added to the dev examples (0: none)."""
+        return max((done.examples for done in self.rounds), default=0)
+
+    def on_claims_data(self, settings: Sequence[Setting], name: Callable[[Setting], str]) -> list[Setting]:
+        """``settings`` as the claims see them: once a round added evaluation examples, each one's estimate on its
+        dev and evaluation examples together, with the seed spread pooled over the question's settings; otherwise
+        as they are. A table's intervals and what would settle it are then of the claims' data."""
+        if not self.evaluation_examples:
+            return list(settings)
+        moved = [replace(setting, estimate=self.estimates[name(setting)]) for setting in settings]
+        spread = SeedSpread.pooled([setting.estimate for setting in moved])
+        return [replace(setting, spread=spread) for setting in moved]
 
 
 def decide_question(results: StudyResults, task: str, encoder: str, estimates: Mapping[str, Estimate],
@@ -78,7 +95,7 @@ def decide_question(results: StudyResults, task: str, encoder: str, estimates: M
     return Decision(task, encoder, rounds, claims, order, answer(claims[-1], order), looks,
                     next_round(rounds, claims[-1], order, looks, spec.decide.seeds_per_round, evaluation_size,
                                _dev_dominates(last, claims[-1], options)),
-                    _fixed_answer(grid, order, options.tolerance, options.confidence))
+                    _fixed_answer(grid, order, options.tolerance, options.confidence), last)
 
 
 def evaluation_estimates(results: StudyResults, task: str, encoder: str) -> dict[str, Estimate]:
@@ -127,6 +144,13 @@ def _fixed_answer(estimates: Mapping[str, Estimate], order: list[str], tolerance
     return f"**{chosen}**" if chosen is not None else f"cannot decide: {', '.join(candidates)}"
 
 
+def versus_header(decision: Decision | None) -> str:
+    """A question's *vs best* column: of the dev examples, or of the claims' data once a round added examples."""
+    if decision is None or not decision.evaluation_examples:
+        return "vs best (points)"
+    return f"vs best, on dev and {decision.evaluation_examples:,} evaluation examples (points)"
+
+
 def rule_text(results: StudyResults) -> str:
     decide = results.plan.spec.decide
     return (f"Decided in rounds (at most {decide.looks}, the grid's seeds the first): after each round the settings "
@@ -138,7 +162,9 @@ def rule_text(results: StudyResults) -> str:
             + ". *Within tolerance?* shows the claims of the sequential rule after "
             f"the last round: {1 - results.options.confidence:.0%} one-sided error spent over the {decide.looks} "
             f"looks ({decide.spending} spending), so that the claims hold however often one looks (docs/pipeline.md, "
-            "\"Deciding in rounds\"). The intervals shown are the fixed ones, on the seeds both settings have.\n")
+            "\"Deciding in rounds\"). The intervals shown are the fixed ones, on the seeds both settings have and on "
+            "the data the claims are made on (once a round added evaluation examples, on the dev and evaluation "
+            "examples together).\n")
 
 
 def rounds_section(results: StudyResults, decision: Decision, setting_header: str, study: str) -> str:

@@ -40,7 +40,7 @@ from layertune.reports.common import (
     signed_points,
     time_figure,
 )
-from layertune.reports.decided import Decision, decide_question, rounds_details, rounds_section
+from layertune.reports.decided import Decision, decide_question, rounds_details, rounds_section, versus_header
 from layertune.reports.decided import rule_text as decided_rule
 from layertune.statistics import (
     Comparison,
@@ -70,27 +70,33 @@ class Recommendation:
     candidates: list[int | str]
     settle: dict[str, Settlement] = field(default_factory=dict)
     decision: Decision | None = None  # a study decided in rounds: its rounds and the claims after each
+    reference: str = ""  # the setting the others are compared with: the best on the claims' data
 
 
 def recommend(group: list[Setting], tolerance: float, confidence: float,
               decision: Callable[[dict[str, Estimate], list[str]], Decision] | None = None) -> Recommendation:
     """The fewest tunable layers shown within ``tolerance`` of the best (see the module's rule); in a study decided
-    in rounds, the claims of ``decision`` (`layertune.reports.decided.decide_question`) in place of the test's."""
+    in rounds, the claims of ``decision`` (`layertune.reports.decided.decide_question`) in place of the test's, and
+    the comparisons on the data they are made on."""
     best = max(group, key=lambda s: s.mean)
     order = layers_order(s.tunable_layers for s in group)
     ordered = sorted(group, key=lambda s: order.index(s.tunable_layers))
-    spread = differences_spread([s.estimate for s in ordered if s is not best], best.estimate)
-    comparisons = {str(s.tunable_layers): _against(s, best, tolerance, confidence, spread) for s in ordered}
     decided = None
     if decision is not None:
         decided = decision({str(s.tunable_layers): s.estimate for s in ordered}, [str(k) for k in order])
+        ordered = decided.on_claims_data(ordered, lambda s: str(s.tunable_layers))
+    reference = max(ordered, key=lambda s: s.mean)
+    spread = differences_spread([s.estimate for s in ordered if s is not reference], reference.estimate)
+    comparisons = {str(s.tunable_layers): _against(s, reference, tolerance, confidence, spread) for s in ordered}
+    if decided is not None:
         comparisons = {name: replace(c, verdict=decided.last[name]) for name, c in comparisons.items()}
     recommended, candidates = first_good_enough([(s.tunable_layers, comparisons[str(s.tunable_layers)].verdict)
                                                  for s in ordered])
     in_doubt = {str(s.tunable_layers): (s, comparisons[str(s.tunable_layers)].verdict) for s in ordered
                 if s.tunable_layers in candidates}
-    settle = settle_undecided(in_doubt, best, tolerance, confidence, spread)
-    return Recommendation(best.task, best.encoder, best, comparisons, recommended, candidates, settle, decided)
+    settle = settle_undecided(in_doubt, reference, tolerance, confidence, spread)
+    return Recommendation(best.task, best.encoder, best, comparisons, recommended, candidates, settle, decided,
+                          str(reference.tunable_layers))
 
 
 def _against(setting: Setting, best: Setting, tolerance: float, confidence: float,
@@ -139,7 +145,7 @@ def task_section(results: StudyResults, found: list[Setting], chosen: list[Recom
             cells = [c for c in results.plan.cells if c.setting == (task, encoder, setting.tunable_layers)]
             trainable = int(scores.loc[cells[0].key, "trainable_parameters"])
             seconds = scores.loc[[c.key for c in cells], "train_time_s"].mean()
-            versus = "best" if setting is recommendation.best else (
+            versus = "best" if str(setting.tunable_layers) == recommendation.reference else (
                 f"{signed_points(comparison.difference)} [{signed_points(comparison.low)}, "
                 f"{signed_points(comparison.high)}]")
             rows.append([setting.tunable_layers, f"{trainable:,}", score_text(setting), versus,
@@ -148,7 +154,8 @@ def task_section(results: StudyResults, found: list[Setting], chosen: list[Recom
         metric = recommendation.best.metric
         lines += [f"## {display(task)} ({metric}), {encoder}\n",
                   markdown_table(["tunable layers", "trainable parameters", f"{metric} (points)",
-                                  "vs best (points)", "within tolerance?", "training time (s)"], rows, "lrrrlr"),
+                                  versus_header(recommendation.decision), "within tolerance?", "training time (s)"],
+                                 rows, "lrrrlr"),
                   f"Recommended number of tunable layers: {answer_text(recommendation)} "
                   f"(best: {recommendation.best.tunable_layers}, {points(recommendation.best.mean)}).\n"]
         if recommendation.decision is not None:

@@ -34,7 +34,7 @@ from layertune.reports.common import (
     signed_points,
     theme,
 )
-from layertune.reports.decided import Decision, decide_question, rounds_details, rounds_section
+from layertune.reports.decided import Decision, decide_question, rounds_details, rounds_section, versus_header
 from layertune.reports.decided import rule_text as decided_rule
 from layertune.statistics import Comparison, Settlement, differences_spread, first_good_enough, within_tolerance
 
@@ -72,6 +72,7 @@ class MethodAnswer:
     candidates: dict[str, list[str]]
     settle: dict[str, Settlement] = field(default_factory=dict)
     decision: Decision | None = None  # a study decided in rounds: its rounds and the claims after each
+    reference: str = ""  # the method the others are compared with: the best on the claims' data
 
 
 def cheapest(rows: list[MethodRow], cost: str) -> tuple[str | None, list[str]]:
@@ -89,30 +90,36 @@ def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
     out = []
     for (task, encoder), group in groups.items():
         best = max(group, key=lambda s: s.mean)
-        spread = differences_spread([s.estimate for s in group if s is not best], best.estimate)
-        rows = []
+        costs = {}  # per method: trainable parameters, and the means over seeds of training time and peak memory
         for setting in group:
             keys = [c.key for c in results.plan.cells if c.setting == (task, encoder, setting.tunable_layers)]
-            comparison = Comparison(0.0, 0.0, 0.0, "yes") if setting is best else within_tolerance(
-                setting.estimate, best.estimate, options.tolerance, options.confidence, spread)
-            rows.append(MethodRow(setting, int(scores.loc[keys[0], "trainable_parameters"]),
-                                  float(scores.loc[keys, "train_time_s"].mean()),
-                                  float(scores.loc[keys, "peak_memory_mb"].mean()), comparison))
-        decision = None
-        if results.plan.spec.decide is not None:  # the rounds' claims in place of the fixed test's
-            order = [row.name for row in sorted(rows, key=lambda row: row.trainable_parameters)]
-            decision = decide_question(results, task, encoder, {row.name: row.setting.estimate for row in rows},
+            costs[str(setting.tunable_layers)] = (int(scores.loc[keys[0], "trainable_parameters"]),
+                                                  float(scores.loc[keys, "train_time_s"].mean()),
+                                                  float(scores.loc[keys, "peak_memory_mb"].mean()))
+        decision, compared = None, group
+        if results.plan.spec.decide is not None:  # the rounds' claims in place of the fixed test's, on their data
+            order = sorted(costs, key=lambda name: costs[name][0])
+            decision = decide_question(results, task, encoder, {str(s.tunable_layers): s.estimate for s in group},
                                        order)
-            for row in rows:
-                row.comparison = replace(row.comparison, verdict=decision.last[row.name])
+            compared = decision.on_claims_data(group, lambda s: str(s.tunable_layers))
+        reference = max(compared, key=lambda s: s.mean)
+        spread = differences_spread([s.estimate for s in compared if s is not reference], reference.estimate)
+        rows = []
+        for setting, on_claims in zip(group, compared):
+            name = str(setting.tunable_layers)
+            comparison = Comparison(0.0, 0.0, 0.0, "yes") if on_claims is reference else within_tolerance(
+                on_claims.estimate, reference.estimate, options.tolerance, options.confidence, spread)
+            if decision is not None:
+                comparison = replace(comparison, verdict=decision.last[name])
+            rows.append(MethodRow(setting, *costs[name], comparison))
         chosen = {cost: cheapest(rows, cost) for cost in COSTS}
-        in_doubt = {row.name: (row.setting, row.comparison.verdict) for row in rows
+        in_doubt = {str(s.tunable_layers): (s, row.comparison.verdict) for s, row in zip(compared, rows)
                     if row.name in chosen["trainable_parameters"][1]}
         out.append(MethodAnswer(task, encoder, next(r for r in rows if r.setting is best), rows,
                                 {cost: found[0] for cost, found in chosen.items()},
                                 {cost: found[1] for cost, found in chosen.items()},
-                                settle_undecided(in_doubt, best, options.tolerance, options.confidence, spread),
-                                decision))
+                                settle_undecided(in_doubt, reference, options.tolerance, options.confidence, spread),
+                                decision, str(reference.tunable_layers)))
     return out
 
 
@@ -146,14 +153,14 @@ def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
     for answer in chosen:
         metric = answer.best.setting.metric
         rows = [[f"`{row.name}`", method_text(results, row.name), f"{row.trainable_parameters:,}",
-                 score_text(row.setting), "best" if row is answer.best else
+                 score_text(row.setting), "best" if row.name == answer.reference else
                  f"{signed_points(row.comparison.difference)} [{signed_points(row.comparison.low)}, "
                  f"{signed_points(row.comparison.high)}]", VERDICTS[row.comparison.verdict],
                  f"{row.train_time_s:.1f}", f"{row.peak_memory_mb:,.0f}"] for row in answer.rows]
         lines += [f"## {display(answer.task)} ({metric}), {answer.encoder}\n",
                   markdown_table(["method", "what trains", "trainable parameters", f"{metric} (points)",
-                                  "vs best (points)", "within tolerance?", "training time (s)", "peak memory (MB)"],
-                                 rows, "llrrrlrr"),
+                                  versus_header(answer.decision), "within tolerance?", "training time (s)",
+                                  "peak memory (MB)"], rows, "llrrrlrr"),
                   f"Cheapest method within tolerance, by trainable parameters: {answer_text(answer, 'trainable_parameters')}"
                   f"; by training time: {answer_text(answer, 'train_time_s')} (best: {answer.best.name}, "
                   f"{points(answer.best.setting.mean)}).\n"]
