@@ -13,6 +13,7 @@ reports, byte for byte.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -95,23 +96,29 @@ def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]
     dvc_stages.main([])
 
 
-def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], int]) -> int:
-    """Rounds of ``build`` (a whole build of ``studies``: 0 when it succeeded) until no study has a next round, or
-    the next one would end past ``budget_minutes`` (None: the studies' own ``decide.budget_minutes``, else none)."""
+def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], int], jobs: int = 1) -> int:
+    """Rounds of ``build`` (a whole build of ``studies``, ``jobs`` cells at a time: 0 when it succeeded) until no
+    study has a next round, or the next one would end past ``budget_minutes`` of this call (None: the studies' own
+    ``decide.budget_minutes``, else none)."""
     import yaml
+
+    from pipelines import dvc_stages
 
     params = yaml.safe_load(PARAMS.read_text())
     check_decided(studies, params)
+    dvc_stages.main([])  # a round recorded in params.yaml by a call stopped before it wrote dvc.yaml's stages
     budgets = [params["studies"][s]["decide"].get("budget_minutes") for s in studies]
     budget = budget_minutes if budget_minutes is not None else min((b for b in budgets if b), default=None)
-    started, per_cell = time.monotonic(), None
+    started = time.monotonic()
+    cell_seconds = None  # what one cell's stage took in the last build that trained any (wall time, not CPU)
     reports = [f"aggregate@{study}" for study in studies]
+    proposed = None
     while True:
         cells, round_started = len(changed_cells(reports)), time.monotonic()
         if returncode := build():
             return returncode
-        if cells:
-            per_cell = (time.monotonic() - round_started) / cells
+        if cells:  # `jobs` at a time: a cell took that share of the wall time, times the cells side by side
+            cell_seconds = (time.monotonic() - round_started) * min(jobs, cells) / cells
         params = yaml.safe_load(PARAMS.read_text())
         additions = {study: found for study in studies if any(found := next_round(study, params))}
         spent = time.monotonic() - started
@@ -119,17 +126,46 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
             print(f"{PROG}: every question of {', '.join(studies)} is decided or has spent its rounds, in "
                   f"{spent / 60:.1f} min: see reports/<study>.md, \"Rounds\"", flush=True)
             return 0
+        if additions == proposed:  # recorded, built, and the reports still ask for it: they did not move on
+            print(f"{PROG}: the reports ask again for the round just recorded; rebuild them (dvc repro --force "
+                  f"{' '.join(reports)}) and run this again", file=sys.stderr, flush=True)
+            return 1
         count = sum(len(cells) for cells, _ in additions.values())
-        cost = count * (per_cell or 0.0)  # scoring the evaluation examples costs little beside training
+        # Scoring the evaluation examples costs little beside training. Before any cell trained in this call (a
+        # resumed build), the cells' own training times recorded in the reports stand in: the stages' start-up
+        # is not in them.
+        each = cell_seconds if cell_seconds is not None else recorded_training_seconds(additions)
+        cost = each * math.ceil(count / jobs)
         if budget is not None and spent + cost > 60 * budget:
-            print(f"{PROG}: the next round ({count} cell(s), about {cost / 60:.1f} min at {per_cell or 0:.0f} s a "
-                  f"cell) would end past the budget of {budget:g} min ({spent / 60:.1f} min spent): stopped; the "
-                  "reports say what each open question would need", flush=True)
+            print(f"{PROG}: the next round ({count} cell(s), about {cost / 60:.1f} min at {each:.0f} s a cell"
+                  f"{'' if jobs == 1 else f', {jobs} at a time'}) would end past the budget of {budget:g} min "
+                  f"({spent / 60:.1f} min spent): stopped; the reports say what each open question would need",
+                  flush=True)
             return 0
         print(f"{PROG}: next round, {count} cell(s): " + "; ".join(
             f"{study}: {', '.join([*cells, *_evaluation_text(evaluation)])}" for study, (cells, evaluation)
             in additions.items()), flush=True)
         record(additions)
+        proposed = additions
+
+
+def recorded_training_seconds(additions: dict[str, tuple[dict[str, dict], dict]]) -> float:
+    """The mean training time of the cells already trained of the settings a round trains (each study's
+    ``reports/<study>/cells.csv``); 0 where none is recorded."""
+    import pandas as pd
+
+    times = []
+    for study, (cells, _) in additions.items():
+        table = Path("reports") / study / "cells.csv"
+        if not cells or not table.is_file():
+            continue
+        recorded = pd.read_csv(table)
+        axis = "method" if "method" in recorded.columns else "tunable_layers"
+        for cell in cells.values():
+            same = recorded[(recorded["task"] == cell["task"]) & (recorded["encoder"] == cell["encoder"])
+                            & (recorded[axis].astype(str) == str(cell[axis]))]
+            times += same["train_time_s"].tolist()
+    return sum(times) / len(times) if times else 0.0
 
 
 def _evaluation_text(evaluation: dict[str, dict[str, int]]) -> list[str]:

@@ -128,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(stale_train_stages(current, studies, decided), file=sys.stderr)
         return 1
-    path.write_text(wanted)
+    from layertune.io import atomic_file
+
+    with atomic_file(path) as staging:  # whole or not at all: a stopped write leaves dvc.yaml as it was
+        staging.write_text(wanted)
     print(f"{path}: train stages written for {', '.join(studies)}")
     return 0
 

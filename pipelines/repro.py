@@ -14,6 +14,7 @@ writes dvc.lock.
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -132,12 +133,16 @@ def run(args: argparse.Namespace) -> int:
     if args.budget is not None and not args.decide:
         print(f"{PROG}: --budget is an option of --decide", file=sys.stderr)
         return 2
+    if args.budget is not None and not 0 < args.budget < math.inf:
+        print(f"{PROG}: --budget is minutes, a positive number; got {args.budget:g}", file=sys.stderr)
+        return 2
     try:
         studies = study_names(args.studies, decided=args.decide)
         if args.decide:
             from pipelines.decide import decide
 
-            return decide(studies, args.budget, lambda: repro(studies, args.jobs, args.ray, args.cpus_per_cell))
+            return decide(studies, args.budget, lambda: repro(studies, args.jobs, args.ray, args.cpus_per_cell),
+                          jobs=args.jobs)
         return repro(studies, args.jobs, args.ray, args.cpus_per_cell)
     except (ValueError, subprocess.CalledProcessError) as error:
         print(f"{PROG}: {error}", file=sys.stderr)
@@ -145,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
     except Interrupted as error:
         print(f"{PROG}: {error}; the cells it was training were stopped", file=sys.stderr)
         return 128 + error.signum
+    except KeyboardInterrupt:  # between builds (a round being recorded is written whole, or not at all)
+        print(f"{PROG}: stopped by SIGINT", file=sys.stderr)
+        return 130
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,12 @@
 still in question train in them, the report lists them, and a rebuild replays them (nothing trains, the same
 report byte for byte)."""
 
+import argparse
 import os
 import subprocess
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -85,3 +88,86 @@ def test_a_round_of_evaluation_examples_is_recorded_beside_the_rounds_of_cells(t
     recorded = yaml.safe_load(written)["studies"]["s"]["decide"]
     assert recorded["evaluation_rounds"] == {"sst2": {"tiny": 2}} and list(recorded["rounds"]) == ["sst2-other-1-3"]
     assert "rounds-s:" in (project / "dvc.yaml").read_text()
+
+
+class Clock:
+    """A build that takes ``build_s`` seconds of a clock of its own."""
+
+    def __init__(self, build_s: float) -> None:
+        self.now, self.build_s, self.builds = 0.0, build_s, 0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def build(self) -> int:
+        self.now += self.build_s
+        self.builds += 1
+        assert self.builds < 10, "the rounds did not stop"
+        return 0
+
+
+ROUND = {"sst2-m-1-3": {"task": "sst2", "encoder": "m", "tunable_layers": 1, "seed": 3, "round": 2},
+         "sst2-m-2-3": {"task": "sst2", "encoder": "m", "tunable_layers": 2, "seed": 3, "round": 2}}
+
+
+@pytest.fixture
+def driver(tmp_path, monkeypatch):
+    """`pipelines.decide` in a folder of one decided study, with DVC, the reports and the record stood in for."""
+    from pipelines import decide, dvc_stages
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"studies": {"s": {"decide": {"looks": 3}}}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dvc_stages, "main", lambda argv: 0)
+    monkeypatch.setattr(decide, "next_round", lambda study, params: (ROUND, {}))
+    recorded = []
+    monkeypatch.setattr(decide, "record", recorded.append)
+    return decide, recorded
+
+
+def test_the_next_round_is_costed_at_a_cells_own_time_however_many_run_at_once(driver, monkeypatch, capsys):
+    """Four cells, four at a time, took 100 s: a cell takes 100 s, and the next round's two cells 100 s more, which
+    a budget of 3 minutes (100 s spent) cannot take."""
+    decide, recorded = driver
+    clock = Clock(build_s=100.0)
+    monkeypatch.setattr(decide.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(decide, "changed_cells", lambda reports: ["c1", "c2", "c3", "c4"])
+    assert decide.decide(["s"], 3.0, clock.build, jobs=4) == 0
+    assert recorded == [] and clock.builds == 1
+    assert "next round (2 cell(s), about 1.7 min at 100 s a cell, 4 at a time) would end past the budget of 3 min" \
+        in capsys.readouterr().out
+
+
+def test_a_resumed_call_costs_the_round_by_the_cells_recorded_training_times(driver, monkeypatch, capsys):
+    """A call whose first build trains nothing (the grid was built before) has measured no cell: the training times
+    the report recorded for the round's settings stand in, and a round of 2 × 10 minutes does not start in 15."""
+    decide, recorded = driver
+    (Path("reports") / "s").mkdir(parents=True)
+    pd.DataFrame({"key": ["sst2-m-1-1", "sst2-m-2-1", "sst2-m-0-1"], "task": "sst2", "encoder": "m",
+                  "tunable_layers": [1, 2, 0], "train_time_s": [500.0, 700.0, 1.0]}).to_csv(
+        Path("reports") / "s" / "cells.csv", index=False)
+    clock = Clock(build_s=5.0)
+    monkeypatch.setattr(decide.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(decide, "changed_cells", lambda reports: [])
+    assert decide.decide(["s"], 15.0, clock.build) == 0
+    assert recorded == [] and "about 20.0 min at 600 s a cell" in capsys.readouterr().out
+
+
+def test_a_round_the_reports_ask_for_again_once_built_stops_the_loop(driver, monkeypatch, capsys):
+    decide, recorded = driver
+    clock = Clock(build_s=1.0)
+    monkeypatch.setattr(decide.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(decide, "changed_cells", lambda reports: [])
+    assert decide.decide(["s"], None, clock.build) == 1
+    assert recorded == [{"s": (ROUND, {})}] and clock.builds == 2
+    assert "the reports ask again for the round just recorded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "nan", "inf"])
+def test_a_budget_that_is_not_a_positive_number_of_minutes_is_refused(tmp_path, monkeypatch, capsys, budget):
+    from pipelines.repro import configure
+
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.chdir(tmp_path)
+    parser = argparse.ArgumentParser()
+    assert configure(parser)(parser.parse_args(["--decide", "--budget", budget])) == 2
+    assert f"--budget is minutes, a positive number; got {float(budget):g}" in capsys.readouterr().err

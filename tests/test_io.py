@@ -235,7 +235,7 @@ def test_dataset_digest_is_of_the_rows_as_they_read_wherever_the_data_lies(tmp_p
     assert dataset_digest(changed) != digest
     # the same in a fresh process
     code = ("import sys, datasets; from layertune.io import dataset_digest; "
-            f"print(dataset_digest(datasets.Dataset.from_parquet(sys.argv[1], cache_dir=sys.argv[2])))")
+            "print(dataset_digest(datasets.Dataset.from_parquet(sys.argv[1], cache_dir=sys.argv[2])))")
     fresh = subprocess.run([sys.executable, "-c", code, str(tmp_path / "b.parquet"), str(tmp_path / "hf-c")],
                            capture_output=True, text=True, check=True)
     assert fresh.stdout.split()[-1] == digest

@@ -132,6 +132,16 @@ def test_a_record_the_rule_could_not_have_written_is_refused_naming_it(tiny_mode
                       "studies": {"s": decided_study(str(tiny_model_dirs["bert"]), rounds)}})
 
 
+def test_a_study_of_one_setting_has_nothing_to_decide_in_rounds(tiny_model_dirs):
+    from layertune.study import ParamsError
+    from pipelines.plans import plan_studies
+
+    study = {**decided_study(str(tiny_model_dirs["bert"]), {}), "tunable_layers": [2]}
+    with pytest.raises(ParamsError, match=r"the study has one setting \(2\), so no question to decide in rounds; "
+                                          "give tunable_layers two settings or more, or remove the decide section"):
+        plan_studies({"download": {"mirror": None}, "studies": {"s": study}})
+
+
 @pytest.mark.parametrize("decide, message", [
     ({"evaluation_rounds": {"sst2": {"m": 2}}}, "evaluation_rounds: recorded, but decide.evaluation_size is not set"),
     ({"evaluation_size": 50, "evaluation_rounds": {"sst2": {"m": 2}}}, "round 2 trained cells of this question"),

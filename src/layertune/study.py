@@ -156,7 +156,8 @@ class DecideSpec(Spec):
                                                   "over them")
     seeds_per_round: PositiveInt = Field(2, description="seeds each setting still in question gets per round")
     spending: Literal["obrien-fleming", "pocock", "bonferroni"] = Field(
-        "obrien-fleming", description="how the 5% error is spread over the looks (`layertune.statistics.Looks`)")
+        "obrien-fleming", description="how the one-sided error (1 - report.confidence) is spread over the looks "
+                          "(`layertune.statistics.Looks`)")
     budget_minutes: PositiveFloat | None = Field(None, description="`layertune repro --decide` starts no round "
                                                                    "that would end past it (--budget wins)")
     rounds: dict[str, RoundCell] = Field({}, description="cell key → the cell a later round trained (written by "
@@ -369,6 +370,9 @@ class StudySpec(Spec):
             raise ValueError(f"decide: a {self.report.kind!r} report has no question to decide in rounds; "
                              "decide works with the layers and methods reports")
         axis, settings = self.grid_axis, [self.setting_name(k, m) for m, k in self.grid_settings]
+        if len(settings) < 2:  # the rule stops settings shown worse than the best: with one, nothing is asked
+            raise ValueError(f"decide: the study has one setting ({settings[0]}), so no question to decide in rounds; "
+                             f"give {axis} two settings or more, or remove the decide section")
         questions: dict[tuple[str, str], dict[int, dict[str, set[int]]]] = {}
         for key, cell in decide.rounds.items():
             where = f"decide.rounds.{key}"
