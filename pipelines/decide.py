@@ -112,7 +112,7 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
     started = time.monotonic()
     cell_seconds = None  # what one cell's stage took in the last build that trained any (wall time, not CPU)
     reports = [f"aggregate@{study}" for study in studies]
-    proposed = None
+    proposed: dict = {}  # the round last recorded, by study
     while True:
         cells, round_started = len(changed_cells(reports)), time.monotonic()
         if returncode := build():
@@ -126,9 +126,11 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
             print(f"{PROG}: every question of {', '.join(studies)} is decided or has spent its rounds, in "
                   f"{spent / 60:.1f} min: see reports/<study>.md, \"Rounds\"", flush=True)
             return 0
-        if additions == proposed:  # recorded, built, and the reports still ask for it: they did not move on
-            print(f"{PROG}: the reports ask again for the round just recorded; rebuild them (dvc repro --force "
-                  f"{' '.join(reports)}) and run this again", file=sys.stderr, flush=True)
+        if stale := [study for study, found in additions.items() if proposed.get(study) == found]:
+            # recorded, built, and its report still asks for it: it did not move on
+            print(f"{PROG}: the reports of {', '.join(stale)} ask again for the round just recorded; rebuild them "
+                  f"(dvc repro --force {' '.join(f'aggregate@{study}' for study in stale)}) and run this again",
+                  file=sys.stderr, flush=True)
             return 1
         count = sum(len(cells) for cells, _ in additions.values())
         # Scoring the evaluation examples costs little beside training. Before any cell trained in this call (a
@@ -164,7 +166,7 @@ def recorded_training_seconds(additions: dict[str, tuple[dict[str, dict], dict]]
         for cell in cells.values():
             same = recorded[(recorded["task"] == cell["task"]) & (recorded["encoder"] == cell["encoder"])
                             & (recorded[axis].astype(str) == str(cell[axis]))]
-            times += same["train_time_s"].tolist()
+            times += same["train_time_s"].dropna().tolist()
     return sum(times) / len(times) if times else 0.0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -130,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from layertune.io import atomic_file
 
+    path = path.resolve()  # a dvc.yaml that links elsewhere: the file it links to is written
     with atomic_file(path) as staging:  # whole or not at all: a stopped write leaves dvc.yaml as it was
         staging.write_text(wanted)
+        shutil.copymode(path, staging)
     print(f"{path}: train stages written for {', '.join(studies)}")
     return 0
 

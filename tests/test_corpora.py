@@ -104,7 +104,7 @@ def test_imdb_balanced_subsample_is_deterministic(data_mirror):
     assert any("no validation split" in n and "test" in n for n in corpus.notes)
     again = IMDB(train_size=800, test_size=200, data_mirror=data_mirror)
     assert again.train[:] == corpus.train[:] and again.dev[:] == corpus.dev[:]
-    assert (again.train._fingerprint, again.dev._fingerprint) == (corpus.train._fingerprint, corpus.dev._fingerprint)
+    assert again.fingerprint == corpus.fingerprint
     other_seed = IMDB(train_size=800, test_size=200, seed=7, data_mirror=data_mirror)
     assert other_seed.train["text"][:] != corpus.train["text"][:]
     assert other_seed.fingerprint != corpus.fingerprint

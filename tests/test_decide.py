@@ -117,17 +117,18 @@ def driver(tmp_path, monkeypatch):
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"studies": {"s": {"decide": {"looks": 3}}}}))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(dvc_stages, "main", lambda argv: 0)
+    written = []  # dvc.yaml's stages brought in line with the record, at the call's start
+    monkeypatch.setattr(dvc_stages, "main", lambda argv: written.append(argv) or 0)
     monkeypatch.setattr(decide, "next_round", lambda study, params: (ROUND, {}))
     recorded = []
     monkeypatch.setattr(decide, "record", recorded.append)
-    return decide, recorded
+    return decide, recorded, written
 
 
 def test_the_next_round_is_costed_at_a_cells_own_time_however_many_run_at_once(driver, monkeypatch, capsys):
     """Four cells, four at a time, took 100 s: a cell takes 100 s, and the next round's two cells 100 s more, which
     a budget of 3 minutes (100 s spent) cannot take."""
-    decide, recorded = driver
+    decide, recorded, _ = driver
     clock = Clock(build_s=100.0)
     monkeypatch.setattr(decide.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(decide, "changed_cells", lambda reports: ["c1", "c2", "c3", "c4"])
@@ -140,26 +141,28 @@ def test_the_next_round_is_costed_at_a_cells_own_time_however_many_run_at_once(d
 def test_a_resumed_call_costs_the_round_by_the_cells_recorded_training_times(driver, monkeypatch, capsys):
     """A call whose first build trains nothing (the grid was built before) has measured no cell: the training times
     the report recorded for the round's settings stand in, and a round of 2 × 10 minutes does not start in 15."""
-    decide, recorded = driver
+    decide, recorded, written = driver
     (Path("reports") / "s").mkdir(parents=True)
-    pd.DataFrame({"key": ["sst2-m-1-1", "sst2-m-2-1", "sst2-m-0-1"], "task": "sst2", "encoder": "m",
-                  "tunable_layers": [1, 2, 0], "train_time_s": [500.0, 700.0, 1.0]}).to_csv(
+    pd.DataFrame({"key": ["sst2-m-1-1", "sst2-m-2-1", "sst2-m-0-1", "sst2-m-1-2"], "task": "sst2", "encoder": "m",
+                  "tunable_layers": [1, 2, 0, 1], "train_time_s": [500.0, 700.0, 1.0, None]}).to_csv(
         Path("reports") / "s" / "cells.csv", index=False)
     clock = Clock(build_s=5.0)
     monkeypatch.setattr(decide.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(decide, "changed_cells", lambda reports: [])
     assert decide.decide(["s"], 15.0, clock.build) == 0
     assert recorded == [] and "about 20.0 min at 600 s a cell" in capsys.readouterr().out
+    assert written == [[]]  # a round recorded by a call stopped before it wrote dvc.yaml gets its stages
 
 
 def test_a_round_the_reports_ask_for_again_once_built_stops_the_loop(driver, monkeypatch, capsys):
-    decide, recorded = driver
+    decide, recorded, _ = driver
     clock = Clock(build_s=1.0)
     monkeypatch.setattr(decide.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(decide, "changed_cells", lambda reports: [])
     assert decide.decide(["s"], None, clock.build) == 1
     assert recorded == [{"s": (ROUND, {})}] and clock.builds == 2
-    assert "the reports ask again for the round just recorded" in capsys.readouterr().err
+    assert "the reports of s ask again for the round just recorded; rebuild them (dvc repro --force aggregate@s)" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("budget", ["0", "-5", "nan", "inf"])

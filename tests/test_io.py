@@ -229,6 +229,15 @@ def test_dataset_digest_is_of_the_rows_as_they_read_wherever_the_data_lies(tmp_p
     assert dataset_digest(from_a.select([2, 1])) != dataset_digest(from_a.select([1, 2]))
     assert dataset_digest(from_a, ["label"]) != digest
     assert dataset_digest(from_a.select(range(4)).flatten_indices()) == digest  # how it is stored does not count
+    # Contiguous rows (a slice of the table, not an indices mapping), a nullable column, and chunks: the same rows
+    # are the same digest.
+    nullable = datasets.Dataset.from_dict({"text": ["a", "bb", "ccc", "dddd"], "score": [1.0, None, 3.0, 4.0]})
+    for selected in (nullable.select([0, 1]), nullable.select(range(2)), datasets.concatenate_datasets(
+            [nullable.select([0]), nullable.select([1])])):
+        assert dataset_digest(selected) == dataset_digest(datasets.Dataset.from_dict(
+            {"text": ["a", "bb"], "score": [1.0, None]}, features=nullable.features))
+    assert dataset_digest(datasets.concatenate_datasets([nullable.select([0, 1]), nullable.select([2, 3])])) \
+        == dataset_digest(nullable)
     named = original.cast_column("label", datasets.ClassLabel(names=["no", "yes"]))
     assert dataset_digest(named) != dataset_digest(named.cast_column("label", datasets.ClassLabel(names=["n", "y"])))
     changed = datasets.Dataset.from_dict({**rows, "text": ["a b", "c", "d e g", ""]})

@@ -243,7 +243,7 @@ def test_a_round_of_evaluation_examples_is_replayed_on_the_dev_and_evaluation_ex
     extended, options = evaluation_estimates(results, "sst2", "m"), results.options
     reference = max(extended, key=lambda k: extended[k].mean)
     spread = differences_spread([e for k, e in extended.items() if k != reference], extended[reference])
-    assert "vs best, on dev and 1,600 evaluation examples (points)" in report.markdown
+    assert f"vs {reference}, the best on dev and 1,600 evaluation examples (points)" in report.markdown
     for k in (k for k in extended if k != reference):
         shown = within_tolerance(extended[k], extended[reference], options.tolerance, options.confidence, spread)
         assert (f"| {signed_points(shown.difference)} [{signed_points(shown.low)}, {signed_points(shown.high)}] |"

@@ -438,6 +438,23 @@ def test_dvc_yaml_has_one_generated_train_stage_per_study_of_params_yaml(params,
     assert {name for name in stages if name.startswith("train-")} == {f"train-{s}" for s in [*params["studies"], "mine"]}
 
 
+def test_dvc_yaml_is_rewritten_whole_where_it_lies_with_its_mode(params, tmp_path):
+    """A dvc.yaml that links to a file elsewhere: that file is written (the link stays), in one step, keeping its
+    permissions."""
+    from pipelines import dvc_stages
+
+    kept = tmp_path / "kept" / "dvc.yaml"
+    kept.parent.mkdir()
+    kept.write_text((ROOT / "dvc.yaml").read_text())
+    kept.chmod(0o664)
+    (tmp_path / "dvc.yaml").symlink_to(kept)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(edited(params, "studies.mine", params["studies"]["ner"])))
+    assert dvc_stages.main(["--project", str(tmp_path)]) == 0
+    assert (tmp_path / "dvc.yaml").is_symlink() and "train-mine:" in kept.read_text()
+    assert kept.stat().st_mode & 0o777 == 0o664
+    assert [p.name for p in kept.parent.iterdir()] == ["dvc.yaml"]  # no staging file left
+
+
 def test_dvc_yaml_takes_every_axis_of_a_studys_grid_from_params_yaml(params, tmp_path):
     """A new seed, task, encoder, tunable-layers value or method needs no step: the committed dvc.yaml, unchanged,
     resolves to exactly the planned train stages of the edited params.yaml (what `dvc exp run -S` trains)."""

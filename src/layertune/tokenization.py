@@ -95,10 +95,10 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return f"{tokenizer.name_or_path}@{digest}"
 
 
-def cache_key(dataset_fingerprint: str, tokenizer_id: str, max_length: int, text_columns,
+def cache_key(data_digest: str, tokenizer_id: str, max_length: int, text_columns,
               word_labels: bool = False) -> str:
     """``word_labels``: labels aligned to first word pieces (token classification); keys of other tasks unchanged."""
-    payload = {"format": CACHE_FORMAT, "data": dataset_fingerprint, "tokenizer": tokenizer_id,
+    payload = {"format": CACHE_FORMAT, "data": data_digest, "tokenizer": tokenizer_id,
                "max_length": max_length, "text_columns": list(text_columns)}
     if word_labels:
         payload["labels"] = "first-word-piece"

@@ -144,11 +144,12 @@ def _fixed_answer(estimates: Mapping[str, Estimate], order: list[str], tolerance
     return f"**{chosen}**" if chosen is not None else f"cannot decide: {', '.join(candidates)}"
 
 
-def versus_header(decision: Decision | None) -> str:
-    """A question's *vs best* column: of the dev examples, or of the claims' data once a round added examples."""
+def versus_header(decision: Decision | None, reference: str) -> str:
+    """A question's *vs best* column: of the dev examples, or of the claims' data once a round added examples,
+    naming the setting compared with (the best there, which need not be the best on dev)."""
     if decision is None or not decision.evaluation_examples:
         return "vs best (points)"
-    return f"vs best, on dev and {decision.evaluation_examples:,} evaluation examples (points)"
+    return f"vs {reference}, the best on dev and {decision.evaluation_examples:,} evaluation examples (points)"
 
 
 def rule_text(results: StudyResults) -> str:

@@ -80,12 +80,12 @@ def recommend(group: list[Setting], tolerance: float, confidence: float,
     the comparisons on the data they are made on."""
     best = max(group, key=lambda s: s.mean)
     order = layers_order(s.tunable_layers for s in group)
-    ordered = sorted(group, key=lambda s: order.index(s.tunable_layers))
-    decided = None
+    decided, compared = None, group
     if decision is not None:
-        decided = decision({str(s.tunable_layers): s.estimate for s in ordered}, [str(k) for k in order])
-        ordered = decided.on_claims_data(ordered, lambda s: str(s.tunable_layers))
-    reference = max(ordered, key=lambda s: s.mean)
+        decided = decision({str(s.tunable_layers): s.estimate for s in group}, [str(k) for k in order])
+        compared = decided.on_claims_data(group, lambda s: str(s.tunable_layers))
+    reference = max(compared, key=lambda s: s.mean)  # the best on the claims' data (in grid order, as `best`)
+    ordered = sorted(compared, key=lambda s: order.index(s.tunable_layers))
     spread = differences_spread([s.estimate for s in ordered if s is not reference], reference.estimate)
     comparisons = {str(s.tunable_layers): _against(s, reference, tolerance, confidence, spread) for s in ordered}
     if decided is not None:
@@ -154,7 +154,8 @@ def task_section(results: StudyResults, found: list[Setting], chosen: list[Recom
         metric = recommendation.best.metric
         lines += [f"## {display(task)} ({metric}), {encoder}\n",
                   markdown_table(["tunable layers", "trainable parameters", f"{metric} (points)",
-                                  versus_header(recommendation.decision), "within tolerance?", "training time (s)"],
+                                  versus_header(recommendation.decision, recommendation.reference),
+                                  "within tolerance?", "training time (s)"],
                                  rows, "lrrrlr"),
                   f"Recommended number of tunable layers: {answer_text(recommendation)} "
                   f"(best: {recommendation.best.tunable_layers}, {points(recommendation.best.mean)}).\n"]

@@ -159,7 +159,8 @@ def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
                  f"{row.train_time_s:.1f}", f"{row.peak_memory_mb:,.0f}"] for row in answer.rows]
         lines += [f"## {display(answer.task)} ({metric}), {answer.encoder}\n",
                   markdown_table(["method", "what trains", "trainable parameters", f"{metric} (points)",
-                                  versus_header(answer.decision), "within tolerance?", "training time (s)",
+                                  versus_header(answer.decision, answer.reference), "within tolerance?",
+                                  "training time (s)",
                                   "peak memory (MB)"], rows, "llrrrlrr"),
                   f"Cheapest method within tolerance, by trainable parameters: {answer_text(answer, 'trainable_parameters')}"
                   f"; by training time: {answer_text(answer, 'train_time_s')} (best: {answer.best.name}, "
