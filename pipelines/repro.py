@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     except Interrupted as error:
         print(f"{PROG}: {error}; the cells it was training were stopped", file=sys.stderr)
         return 128 + error.signum
-    except KeyboardInterrupt:  # between builds (a round being recorded is written whole, or not at all)
+    except KeyboardInterrupt:  # between builds (a round half recorded gets its dvc.yaml stages at the next call)
         print(f"{PROG}: stopped by SIGINT", file=sys.stderr)
         return 130
 

@@ -10,7 +10,7 @@ round added evaluation examples, the dev and evaluation examples together (`Deci
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from layertune.reports.common import Setting, StudyResults, markdown_table
@@ -57,13 +57,14 @@ class Decision:
         """How many evaluation examples a round added to the dev examples (0: none)."""
         return max((done.examples for done in self.rounds), default=0)
 
-    def on_claims_data(self, settings: Sequence[Setting], name: Callable[[Setting], str]) -> list[Setting]:
+    def on_claims_data(self, settings: Sequence[Setting]) -> list[Setting]:
         """``settings`` as the claims see them: once a round added evaluation examples, each one's estimate on its
         dev and evaluation examples together, with the seed spread pooled over the question's settings; otherwise
         as they are. A table's intervals and what would settle it are then of the claims' data."""
         if not self.evaluation_examples:
             return list(settings)
-        moved = [replace(setting, estimate=self.estimates[name(setting)]) for setting in settings]
+        # a setting is named by its third grid axis: tunable layers, or a methods study's method
+        moved = [replace(setting, estimate=self.estimates[str(setting.tunable_layers)]) for setting in settings]
         spread = SeedSpread.pooled([setting.estimate for setting in moved])
         return [replace(setting, spread=spread) for setting in moved]
 

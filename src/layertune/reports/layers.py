@@ -83,7 +83,7 @@ def recommend(group: list[Setting], tolerance: float, confidence: float,
     decided, compared = None, group
     if decision is not None:
         decided = decision({str(s.tunable_layers): s.estimate for s in group}, [str(k) for k in order])
-        compared = decided.on_claims_data(group, lambda s: str(s.tunable_layers))
+        compared = decided.on_claims_data(group)
     reference = max(compared, key=lambda s: s.mean)  # the best on the claims' data (in grid order, as `best`)
     ordered = sorted(compared, key=lambda s: order.index(s.tunable_layers))
     spread = differences_spread([s.estimate for s in ordered if s is not reference], reference.estimate)

@@ -101,7 +101,7 @@ def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
             order = sorted(costs, key=lambda name: costs[name][0])
             decision = decide_question(results, task, encoder, {str(s.tunable_layers): s.estimate for s in group},
                                        order)
-            compared = decision.on_claims_data(group, lambda s: str(s.tunable_layers))
+            compared = decision.on_claims_data(group)
         reference = max(compared, key=lambda s: s.mean)
         spread = differences_spread([s.estimate for s in compared if s is not reference], reference.estimate)
         rows = []
@@ -113,7 +113,7 @@ def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
                 comparison = replace(comparison, verdict=decision.last[name])
             rows.append(MethodRow(setting, *costs[name], comparison))
         chosen = {cost: cheapest(rows, cost) for cost in COSTS}
-        in_doubt = {str(s.tunable_layers): (s, row.comparison.verdict) for s, row in zip(compared, rows)
+        in_doubt = {row.name: (s, row.comparison.verdict) for s, row in zip(compared, rows)
                     if row.name in chosen["trainable_parameters"][1]}
         out.append(MethodAnswer(task, encoder, next(r for r in rows if r.setting is best), rows,
                                 {cost: found[0] for cost, found in chosen.items()},
@@ -160,8 +160,7 @@ def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
         lines += [f"## {display(answer.task)} ({metric}), {answer.encoder}\n",
                   markdown_table(["method", "what trains", "trainable parameters", f"{metric} (points)",
                                   versus_header(answer.decision, answer.reference), "within tolerance?",
-                                  "training time (s)",
-                                  "peak memory (MB)"], rows, "llrrrlrr"),
+                                  "training time (s)", "peak memory (MB)"], rows, "llrrrlrr"),
                   f"Cheapest method within tolerance, by trainable parameters: {answer_text(answer, 'trainable_parameters')}"
                   f"; by training time: {answer_text(answer, 'train_time_s')} (best: {answer.best.name}, "
                   f"{points(answer.best.setting.mean)}).\n"]
