@@ -1,5 +1,5 @@
 # Two entry points, each doing its own set-up on a fresh machine:
-#   make study   install, then build the three default studies (`dvc repro` → reports/); JOBS=4 trains four cells
+#   make study   install, then build the four default studies (`dvc repro` → reports/); JOBS=4 trains four cells
 #                at a time (`layertune repro --jobs 4`, one GPU each when there are GPUs)
 #   make test    install, then run the test suite
 # Everything runs from a project virtual environment (.venv): a system Python may refuse packages (PEP 668), and
@@ -39,7 +39,6 @@ $(VENV)/bin/python:
 
 JOBS ?= 1
 study: setup
-	python -m pipelines.dvc_stages  # a study added to params.yaml gets its train stage in dvc.yaml
 	$(if $(filter 1,$(JOBS)),dvc repro,layertune repro --jobs $(JOBS))
 
 test: setup

@@ -11,10 +11,10 @@ typed writes.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,22 +122,32 @@ class SplitFilesDataset(Located, AbstractDataset[dict, dict]):
         return {"path": str(self._path)}
 
 
+@dataclass(frozen=True)
+class SavedCorpus:
+    """A corpus saved by `Corpus.save_to_disk` at ``path``; calling it reads the corpus back
+    (`Corpus.load_from_disk`). Picklable and hashable: what a worker process is sent, and a key for loading it once."""
+
+    path: Path
+
+    def __call__(self):
+        from layertune.corpus import Corpus
+
+        return Corpus.load_from_disk(self.path)
+
+
 class CorporaDataset(Located, AbstractDataset[dict, dict]):
     """``{task: Corpus}``, each saved by `Corpus.save_to_disk` as ``<path>/<task>/`` (split files and corpus.json).
 
-    Loading gives ``{task: loader}``; ``loader()`` reads that corpus back (`Corpus.load_from_disk`), so a node reads
-    only the tasks it needs.
+    Loading gives ``{task: SavedCorpus}``: a node reads only the tasks it needs, by calling it.
     """
 
     def __init__(self, path: str) -> None:
         self._path = Path(path)
 
     def load(self) -> dict:
-        from layertune.corpus import Corpus
-
         if not self._path.is_dir():
             raise DatasetError(f"No corpora in {self._path}: run the stage that writes it first.")
-        return {folder.name: functools.partial(Corpus.load_from_disk, folder)
+        return {folder.name: SavedCorpus(folder)
                 for folder in sorted(self._path.iterdir()) if folder.is_dir() and not folder.name.startswith(".")}
 
     def save(self, data: dict) -> None:
@@ -175,50 +185,28 @@ class FolderDataset(Located, AbstractDataset[None, Path]):
         return {"path": str(self._path)}
 
 
-class TrainedCellDataset(Located, AbstractDataset[Any, Any]):
-    """One cell's folder, written all at once by `layertune.cell.TrainedCell.save`; loads as a `CellFolder`."""
+class TrainedCellsDataset(Located, AbstractDataset[None, Any]):
+    """A study's cell folders below ``path`` (the train stage's output), and ``retired``, where the folders of cells
+    no longer planned are kept aside: loads as `pipelines.trained_cells.TrainedCells`, through which the train
+    stage writes each cell as it ends (an incremental build cannot wait for a node's return) and later stages read
+    them."""
 
-    def __init__(self, path: str) -> None:
-        self._path = Path(path)
+    def __init__(self, path: str, retired: str) -> None:
+        self._path, self._retired = Path(path), Path(retired)
 
     def load(self) -> Any:
-        from layertune.cell import CellFolder
+        from pipelines.trained_cells import TrainedCells
 
-        return CellFolder(self._path)
-
-    def save(self, data: Any) -> None:
-        from layertune.distributed import is_main_process
-
-        if is_main_process():  # a data-parallel cell (accelerate launch) is written once
-            data.save(self._path)
-
-    def _exists(self) -> bool:
-        return (self._path / "cell.json").is_file()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path)}
-
-
-class CellFoldersDataset(Located, AbstractDataset[None, dict]):
-    """Every cell folder right below ``path``: ``{key: CellFolder}`` (unfinished writes, dot-named, are skipped)."""
-
-    def __init__(self, path: str) -> None:
-        self._path = Path(path)
-
-    def load(self) -> dict:
-        from layertune.cell import CellFolder
-
-        return {folder.name: CellFolder(folder) for folder in sorted(self._path.glob("*/cell.json"))
-                for folder in [folder.parent] if not folder.name.startswith(".")}
+        return TrainedCells(self._path, self._retired)
 
     def save(self, data: None) -> None:
-        raise DatasetError(f"Cells are saved one by one (TrainedCellDataset), not through {self._path}.")
+        raise DatasetError(f"Cells are written one by one as they end (TrainedCells.write), not through {self._path}.")
 
     def _exists(self) -> bool:
         return self._path.is_dir()
 
     def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path)}
+        return {"path": str(self._path), "retired": str(self._retired)}
 
 
 def _read(path: Path) -> Any:

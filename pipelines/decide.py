@@ -1,10 +1,10 @@
 """``layertune repro --decide [--budget MINUTES] [STUDY ...]``: build the studies decided in rounds, round after
 round, until each question is answered, its looks are spent, or the next round would pass the budget.
 
-A round is ordinary DVC cells. After each build the driver reads each question's claims and the round the rule
-would run next from the report (``reports/<study>/details.json``, ``decided``: `layertune.reports.decided`), records
-that round's cells in params.yaml (``studies.<study>.decide.rounds``, comments kept), writes dvc.yaml's train stages
-for them (`pipelines.dvc_stages`) and builds again: only the new cells train. A round that adds the evaluation
+A round is ordinary cells of the study. After each build the driver reads each question's claims and the round the
+rule would run next from the report (``reports/<study>/details.json``, ``decided``: `layertune.reports.decided`),
+records that round's cells in params.yaml (``studies.<study>.decide.rounds``, comments kept) and builds again: the
+plan adds them to the study's cells, and only they train. A round that adds the evaluation
 examples instead is recorded in ``decide.evaluation_rounds``: the evaluate stage scores the saved cells on them. The
 record is what a rebuild replays: `dvc repro` of the same params.yaml trains the same cells and writes the same
 reports, byte for byte.
@@ -20,11 +20,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from layertune.study import cell_key
-from pipelines.dvc_stages import changed_cells
+from pipelines.trained_cells import recorded_build_key
 
 PROG = "layertune repro --decide"
 
 PARAMS = Path("params.yaml")
+MODELS = Path("data") / "04_models"  # the train stages' outputs, a folder per study (conf/base/catalog.yml)
 
 
 def check_decided(studies: Sequence[str], params: dict) -> None:
@@ -62,12 +63,9 @@ def next_round(study: str, params: dict) -> tuple[dict[str, dict], dict[str, dic
 
 def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]]]) -> None:
     """``additions`` ({study: (cells by key, evaluation rounds)}) appended to params.yaml's ``decide.rounds`` and
-    ``decide.evaluation_rounds`` (a round trip that keeps its comments and layout), and dvc.yaml's train stages
-    written for the cells."""
+    ``decide.evaluation_rounds`` (a round trip that keeps its comments and layout)."""
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
-
-    from pipelines import dvc_stages
 
     yaml = YAML()
     yaml.preserve_quotes = True
@@ -93,30 +91,26 @@ def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]
     with staging.open("w") as out:
         yaml.dump(params, out)
     staging.replace(PARAMS)  # whole or not at all
-    dvc_stages.main([])
 
 
-def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], int], jobs: int = 1) -> int:
-    """Rounds of ``build`` (a whole build of ``studies``, ``jobs`` cells at a time: 0 when it succeeded) until no
+def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], None], jobs: int = 1) -> int:
+    """Rounds of ``build`` (a whole build of ``studies``, ``jobs`` cells at a time; it raises if it fails) until no
     study has a next round, or the next one would end past ``budget_minutes`` of this call (None: the studies' own
     ``decide.budget_minutes``, else none)."""
     import yaml
 
-    from pipelines import dvc_stages
-
     params = yaml.safe_load(PARAMS.read_text())
     check_decided(studies, params)
-    dvc_stages.main([])  # a round recorded in params.yaml by a call stopped before it wrote dvc.yaml's stages
     budgets = [params["studies"][s]["decide"].get("budget_minutes") for s in studies]
     budget = budget_minutes if budget_minutes is not None else min((b for b in budgets if b), default=None)
     started = time.monotonic()
     cell_seconds = None  # what one cell's stage took in the last build that trained any (wall time, not CPU)
-    reports = [f"aggregate@{study}" for study in studies]
     proposed: dict = {}  # the round last recorded, by study
     while True:
-        cells, round_started = len(changed_cells(reports)), time.monotonic()
-        if returncode := build():
-            return returncode
+        before, round_started = built_cells(studies), time.monotonic()
+        build()
+        after = built_cells(studies)
+        cells = sum(after[key] != before.get(key) for key in after)  # the cells this build trained
         if cells:  # `jobs` at a time: a cell took that share of the wall time, times the cells side by side
             cell_seconds = (time.monotonic() - round_started) * min(jobs, cells) / cells
         params = yaml.safe_load(PARAMS.read_text())
@@ -149,6 +143,12 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
             in additions.items()), flush=True)
         record(additions)
         proposed = additions
+
+
+def built_cells(studies: Sequence[str]) -> dict[str, str | None]:
+    """``{<study>/<cell>: its build key}`` for every cell folder of ``studies``."""
+    return {f"{study}/{folder.name}": recorded_build_key(folder) for study in studies
+            for folder in sorted((MODELS / study).glob("*/")) if not folder.name.startswith(".")}
 
 
 def recorded_training_seconds(additions: dict[str, tuple[dict[str, dict], dict]]) -> float:

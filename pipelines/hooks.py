@@ -1,22 +1,9 @@
-"""Kedro hooks: resolve every stage's models through the model mirror of params.yaml, and track each trained cell,
-of every study, as one MLflow run.
-
-Runs are grouped as one MLflow experiment per study (``layertune-<study>``), not as child runs of a study run:
-each cell is its own process (its own DVC stage), so a parent run would have no process to own it and end it, and
-one experiment per study is what the MLflow UI compares side by side (its runs table, charts and parallel
-coordinates over the cells' parameters).
-
-The cell folder is the record and MLflow shows it (`pipelines.tracking`): a cell never fails for its tracking,
-and what MLflow does not take is logged later from the folder. A cell, as it starts, logs the folders of its study
-that MLflow lacks; so does a stage that reads every cell of a study (evaluate, then aggregate), which runs once each
-cell is trained or restored by DVC, and which also ends the runs that killed cells left RUNNING.
-"""
+"""Kedro hooks of every stage: its models resolved through the model mirror of params.yaml, and its process tied
+to the `dvc repro` that started it. (Its parameters are checked by `pipelines.param_checks`; a study's MLflow runs
+are its train stage's, `pipelines.tracking.StudyRuns`.)"""
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import logging
 import os
 import signal
 from pathlib import Path
@@ -25,13 +12,7 @@ from kedro.framework.hooks import hook_impl
 
 from layertune.model_paths import MODEL_MIRROR_ENV
 from pipelines.param_checks import InvalidParams
-from pipelines.plans import dvc_stage
-from pipelines.processes import STOP_SIGNALS, on_signals, signals_deferred
-
-logger = logging.getLogger(__name__)
-
-MLFLOW_TAG = "mlflow"  # nodes with this tag are tracked: one MLflow run per run of the node
-STUDY_CELLS = "study_cells"  # a node that reads every cell of a study syncs their runs (`tracking.sync`)
+from pipelines.processes import die_with_parent
 
 
 class ModelMirrorHook:
@@ -72,127 +53,13 @@ def model_mirror_path(configured: str, project: str | os.PathLike) -> str:
     return str(path.resolve())
 
 
-class StageLockHook:
-    """One Kedro run of a stage (its pipelines and ``--params``: one DVC stage, a cell) at a time in a project
-    (`pipelines.processes.acquire_stage_lock`), held from before the cell's MLflow run starts until after it ended:
-    a rerun started while a killed run is still ending (or one that a SIGKILL orphaned) waits for it, so a cell is
-    never trained twice at once, into one folder, with two runs. In a data-parallel cell the main process holds it."""
-
-    def __init__(self) -> None:
-        self.lock = None
-
-    @hook_impl(trylast=True)  # after `ParamsCheckHook`: a bad parameter is refused before anything is written
-    def before_pipeline_run(self, run_params) -> None:
-        from layertune.distributed import is_main_process
-        from pipelines.processes import acquire_stage_lock, stage_lock_path
-
-        self.release()  # one left by a run of this process that an interruption ended without a hook
-        if not is_main_process():
-            return
-        pipelines, params = run_params.get("pipeline_names") or [], run_params.get("runtime_params") or {}
-        what = f"kedro run --pipelines {','.join(pipelines) or '__default__'}" + (
-            f" --params {','.join(f'{k}={v}' for k, v in sorted(params.items()))}" if params else "")
-        self.lock = acquire_stage_lock(stage_lock_path(run_params["project_path"], pipelines, params), what)
-
-    @hook_impl(trylast=True)
-    def after_pipeline_run(self) -> None:
-        self.release()
-
-    @hook_impl(trylast=True)
-    def on_pipeline_error(self) -> None:
-        self.release()
-
-    def release(self) -> None:
-        lock, self.lock = self.lock, None
-        if lock is not None:
-            lock.release()
-
-
-class MlflowCellHook:
-    """A run per tagged node: parameters and dataset inputs before it runs; once the whole Kedro run succeeded (the
-    cell's folder saved), the folder logged onto it (`tracking.log_cell`: history, metrics, the model's path) and
-    FINISHED. An error ends it FAILED; Ctrl-C or SIGTERM ends it KILLED (at interpreter exit at the latest, since
-    neither reaches Kedro's error hooks)."""
-
-    def __init__(self) -> None:
-        self.run = None
-        self.folder: Path | None = None  # the folder of the cell being trained, logged onto its run once saved
-        self.catalog = None
-        self._signals = contextlib.ExitStack()
+class StageProcessHook:
+    """A stage ends with the command that started it: SIGTERM when its parent exits, even by SIGKILL
+    (`pipelines.processes.die_with_parent`). Under `dvc repro` the parent is DVC itself (dvc.yaml's commands begin
+    with ``exec``, so no shell stands between), and DVC does not pass SIGTERM on: without this a killed `dvc repro`
+    would leave its stage training on, unseen, re-parented to init. SIGTERM ends the build as Ctrl-C does (its
+    runs KILLED, no half-written folder)."""
 
     @hook_impl
-    def after_catalog_created(self, catalog) -> None:
-        self.catalog = catalog
-        self._signals.close()  # a SIGTERM ignored after an earlier run FINISHED (see _end) counts again
-
-    @hook_impl
-    def before_node_run(self, node, inputs) -> None:
-        from layertune.distributed import is_main_process
-
-        if not is_main_process():  # a data-parallel cell is one run
-            return
-        from pipelines import tracking
-
-        if STUDY_CELLS in inputs and "study_plan" in inputs:
-            study = inputs["study_plan"].name
-            tracking.sync(tracking.experiment_name(study), self._path(STUDY_CELLS) or tracking.MODELS_ROOT / study)
-        if MLFLOW_TAG not in node.tags:
-            return
-        cell = inputs["cell_plan"]
-        experiment = tracking.experiment_name(cell.study)
-        trained = self._path("trained_cell")  # where the cell's folder is saved (the catalog's trained_cell)
-        self.folder = Path(trained) if trained else tracking.MODELS_ROOT / cell.study / cell.key
-        tracking.sync(experiment, self.folder.parent)
-        corpora = self._path("prepared_corpora")
-        datasets = tracking.corpus_datasets(f"{corpora}/{cell.task}", cell.task) if corpora else ()
-        self._signals.enter_context(tracking.sigterm_raises())
-        # A SIGTERM or Ctrl-C while the run opens is held until the hook knows the run, so that it ends the run
-        # KILLED (arriving between the run's creation and `self.run`, it left the run RUNNING).
-        with signals_deferred():
-            self.run = tracking.CellRun.start(
-                experiment=experiment, run_name=cell.key, params=tracking.cell_params(cell),
-                tags=tracking.cell_tags(stage=dvc_stage(cell), study=cell.study, spec=cell.spec), datasets=datasets)
-            atexit.register(self.end_open_run)
-
-    def _path(self, dataset: str) -> str | None:
-        """Where a dataset of the catalog lives (None outside a Kedro run)."""
-        found = self.catalog.get(dataset) if self.catalog is not None else None
-        return str(found.path) if found is not None else None
-
-    @hook_impl
-    def on_node_error(self, error, node) -> None:
-        self._end(error)
-
-    @hook_impl
-    def on_pipeline_error(self, error) -> None:
-        self._end(error)
-
-    @hook_impl
-    def after_pipeline_run(self) -> None:
-        self._end(None)
-
-    def end_open_run(self) -> None:
-        """At exit, a run still open was interrupted: it ends KILLED, never FINISHED."""
-        self._end(KeyboardInterrupt())
-
-    def _end(self, error: BaseException | None) -> None:
-        if self.run is None:
-            return
-        from pipelines.tracking import end_status
-
-        run, self.run = self.run, None
-        atexit.unregister(self.end_open_run)
-        # While the run ends, a stop signal (a second one, whoever sends it) must not cut that short: under the default
-        # handler it met once the cell's were gone, it left the run RUNNING. A FINISHED cell keeps ignoring SIGTERM
-        # until the process exits: its outputs are saved, and a SIGTERM would fail the process and make DVC discard a
-        # stage MLflow calls finished.
-        self._signals.enter_context(on_signals(signal.SIG_IGN, [signal.SIGTERM] if error is None else STOP_SIGNALS))
-        try:  # a store that does not answer is handled there: an error is a bug of ours
-            if error is None:
-                run.finish(self.folder)
-            else:
-                run.end(end_status(error))
-        except Exception:  # never hide the cell's own error behind a tracking one
-            logger.exception("Could not end MLflow run %s", run.run_id)
-        if error is not None:
-            self._signals.close()  # the handlers from before the cell: its error goes on as it came
+    def after_context_created(self) -> None:
+        die_with_parent(signal.SIGTERM, os.getppid())

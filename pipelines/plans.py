@@ -1,7 +1,7 @@
 """What each pipeline stage reads, derived from params.yaml by the plan stage: one file per slice, so that a stage
 reruns exactly when what it reads changes (download: the built-in tasks and hub datasets; prepare: a study's corpora,
 with a fingerprint of the local files they read; tokenize: its language models and the frozen-prefix boundaries its
-cells train from; train: one `StudyCell`).
+cells train from; train: the study's cells, each a `StudyCell`).
 
 A study's own data is checked here, before any training: local files are loaded as prepare will load them (so a
 missing column or a bad label fails now, naming the key), and a hub dataset is pinned to the commit its revision
@@ -24,10 +24,9 @@ from pipelines.params import validate_params
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
-def dvc_stage(cell: StudyCell) -> str:
-    """The DVC stage that trains ``cell``: ``train-<study>@<key>`` (dvc.yaml's matrix names it so), or
-    ``rounds-<study>@<key>`` for a cell of a decided study's later round (`pipelines.dvc_stages`)."""
-    return f"{'train' if cell.round == 1 else 'rounds'}-{cell.study}@{cell.key}"
+def dvc_stage(study: str) -> str:
+    """The DVC stage that trains the cells of ``study`` (dvc.yaml's matrix names it so)."""
+    return f"train@{study}"
 
 
 class PreparePlan(Spec):
@@ -60,6 +59,17 @@ class FeaturePlan(Spec):
     cache_dtype: Literal["auto", "float32", "float16", "bfloat16"]
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"  # the cells' autocast, which the pass computes in
     fingerprints: list[str | None] = []  # per model, `model_fingerprint` of its files: the states depend on them
+
+
+class TrainPlan(Spec):
+    """What the train stage reads: the study's cells in the order they train (the grid's, then a decided study's
+    later rounds), and the fingerprint of the library code that trains a cell. A cell is built once its folder
+    records the key of its spec, its base models' files, its data and that code (`pipelines.trained_cells`): an
+    edit of the trainer retrains every cell, one of a report or of the pipeline's scheduling none."""
+
+    study: str
+    cells: list[StudyCell]
+    code: str
 
 
 class DownloadPlan(Spec):

@@ -1,35 +1,32 @@
-"""Process plumbing shared by every long-running command (a stage's `kedro run`, the warm worker, `layertune repro`,
-the Ray driver): signal handlers, processes that end with their parent, liveness, and one run of a stage at a time.
+"""Process plumbing shared by the long-running commands (a stage's `kedro run`, its worker processes,
+`layertune repro`): signal handlers, processes that end with their parent, process groups, and one build of a
+project at a time.
 
 A cell's training must end with the command that started it: `dvc repro` killed with SIGKILL cannot pass anything
-on, and its stage command would be re-parented to init, finish, and log a FINISHED run that dvc.lock never records
-(the next `dvc repro` trains the cell again). So each link of the chain asks the kernel for SIGTERM when its parent
-exits (`die_with_parent`, Linux's PR_SET_PDEATHSIG, kept across exec): the warm client under `dvc`, the warm
-server's fork that runs the command, and each `dvc` that `layertune repro` starts (`tied`). SIGTERM ends a cell's
-MLflow run KILLED, as a Ctrl-C does. Elsewhere (not Linux) nothing is asked; `acquire_stage_lock` still keeps a
-second run of the stage from starting while the first lives.
+on, and its stage command would be re-parented to init and train on, unseen. So each link of the chain asks the
+kernel for SIGTERM when its parent exits (`die_with_parent`, Linux's PR_SET_PDEATHSIG, kept across exec): a stage's
+process under `dvc` (`pipelines.hooks.StageProcessHook`), its worker processes (`pipelines.scheduling`), and the
+`dvc` that `layertune repro` starts (`tied`). SIGTERM ends a build as a Ctrl-C does: its runs KILLED.
 
-Only the standard library is imported at module level: the warm client starts in milliseconds.
+Only the standard library is imported at module level (and psutil and filelock where used): `tied` starts fast.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-
-logger = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-LOCK_FOLDER = Path("data") / ".locks"  # in the project folder; no DVC stage reads or writes it
-LOCK_WAIT_S = 120.0  # a killed run ending (its run KILLED) takes seconds; a live one is reported after this
+# setsid would do too, but would also detach the group from the terminal; process_group is Python 3.11+
+_OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 
 # ------------------------------------------------------------------------------------------------ signals
@@ -129,42 +126,119 @@ def group_alive(group: int) -> bool:
     return False
 
 
-# ----------------------------------------------------------------------------------- one run of a stage
+# ------------------------------------------------------------------------------------------------ children
 
 
-class StageBusy(RuntimeError):
-    """A run of the same stage lives in another process (the message names it)."""
+class Interrupted(Exception):
+    """A signal stopped the command; every child it had started has ended."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    def __reduce__(self):  # pickled by its signal number (the message is not what __init__ takes)
+        return Interrupted, (self.signum,)
 
 
-def stage_lock_path(project: str | os.PathLike, pipelines: Sequence[str], params: Mapping[str, object]) -> Path:
-    """The lock of a Kedro run of ``pipelines`` with runtime ``params`` (one DVC stage: a cell, a study's
-    tokenize ...) in ``project``."""
-    digest = hashlib.sha256(repr(sorted((str(k), str(v)) for k, v in params.items())).encode()).hexdigest()[:16]
-    return Path(project) / LOCK_FOLDER / f"{'+'.join(pipelines) or 'default'}-{digest}.lock"
+class Children:
+    """The commands a process runs (`layertune repro`'s `dvc repro`), each in a process group of its own, which
+    holds the stage commands it starts: signalling the group reaches them too (DVC itself does not pass SIGTERM
+    on)."""
+
+    def __init__(self, grace_s: float = 30.0) -> None:
+        self.grace_s = grace_s
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self._signum: int | None = None  # set once stopping: no new child starts
+
+    def run(self, command: Sequence[str], **popen) -> subprocess.CompletedProcess | None:
+        """``subprocess.run(command)`` in a process group of its own; None, without starting it, once stopping."""
+        with self._lock:  # a child starts before `stop` lists the running ones, or not at all
+            if self._signum is not None:
+                return None
+            process = subprocess.Popen(command, **popen, **_OWN_GROUP)
+            self._running.add(process)
+        # Left listed if waiting is interrupted (a signal, in the main thread): `stop` must still reach it.
+        stdout, _ = process.communicate()
+        with self._lock:
+            self._running.discard(process)
+        return subprocess.CompletedProcess(command, process.returncode, stdout)
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """``signum`` to every running child's group; wait until they are gone (SIGKILL after ``grace_s``)."""
+        with self._lock:
+            self._signum = signum
+            running = list(self._running)
+        groups = [process.pid for process in running]  # each child leads its group
+        for group in groups:
+            _signal_group(group, signum)
+        if not _wait_gone(groups, self.grace_s):
+            for group in filter(group_alive, groups):
+                _signal_group(group, signal.SIGKILL)
+            _wait_gone(groups, 5.0)
+        with self._lock:  # reaped, so that their ids (and groups) are never signalled again once reused
+            self._running.difference_update(p for p in running if p.poll() is not None)
+
+    @contextlib.contextmanager
+    def stopped_on_signal(self) -> Iterator[Children]:
+        """Within the block, SIGTERM, SIGINT and SIGHUP raise `Interrupted` (in the main thread; elsewhere the
+        caller's handlers stay), which stops the children before it leaves the block. Other errors let the running
+        children finish."""
+        def interrupt(signum: int, frame: object) -> None:
+            raise Interrupted(signum)
+
+        with on_signals(interrupt, STOP_SIGNALS):
+            try:
+                yield self
+            except (Interrupted, KeyboardInterrupt) as error:
+                ignore_signals()  # a second signal must not cut the stopping short (restored on leaving)
+                self.stop(getattr(error, "signum", signal.SIGINT))
+                raise
 
 
-def acquire_stage_lock(path: Path, what: str, wait_s: float = LOCK_WAIT_S):
-    """The lock at ``path``, acquired (a `filelock.FileLock`: ``release()`` it): a second run of the same stage waits
-    (a log line names the process that holds it) up to ``wait_s`` seconds, then fails with `StageBusy`. The kernel
-    releases it when the holder exits, however."""
+def _signal_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signum)
+
+
+def _wait_gone(groups: Sequence[int], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while any(map(group_alive, groups)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# ---------------------------------------------------------------------------------- one build at a time
+
+
+class BuildRunning(RuntimeError):
+    """Another build of the project runs (the message names its process)."""
+
+
+@contextlib.contextmanager
+def one_build(project: Path) -> Iterator[None]:
+    """Holds the project's build lock (``.dvc/tmp/layertune-build.lock``) within the block; `BuildRunning` naming
+    the holder's process at once if another command holds it. The kernel releases it when the holder exits,
+    however."""
     from filelock import FileLock, Timeout
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    holder = path.with_name(f"{path.name}.pid")  # the lock file itself is filelock's
-    lock = FileLock(path)
+    folder = project / ".dvc" / "tmp"
+    folder.mkdir(parents=True, exist_ok=True)
+    holder = folder / "layertune-build.pid"
+    lock = FileLock(folder / "layertune-build.lock")
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        logger.warning("%s runs already in process %s: waiting up to %.0f s for it to end", what, _read_pid(holder),
-                       wait_s)
-        try:
-            lock.acquire(timeout=wait_s)
-        except Timeout:
-            pid = _read_pid(holder)
-            raise StageBusy(f"{what} runs already, in process {pid} (lock {path}); wait for it to end, or stop it: "
-                            f"kill {pid}") from None
-    holder.write_text(f"{os.getpid()}\n")
-    return lock
+        pid = _read_pid(holder)
+        raise BuildRunning(f"another build of this project is running (PID {pid}); wait for it to end, or stop it: "
+                           f"kill {pid}") from None
+    try:
+        holder.write_text(f"{os.getpid()}\n")
+        yield
+    finally:
+        lock.release()
 
 
 def _read_pid(path: Path) -> str:

@@ -1,88 +1,60 @@
-"""``layertune repro``: build the studies as `dvc repro` does, with several cells at a time.
+"""``layertune repro``: build the studies as `dvc repro` does, with each study's cells trained where you say.
 
     layertune repro [STUDY ...]                   # one cell at a time: the same as `dvc repro`
     layertune repro --jobs 4                      # four cells at a time on this machine (one GPU each, if any)
     layertune repro --ray [ADDRESS]               # every cell a task on a Ray cluster ("layertune[cluster]")
     layertune repro --decide [--budget MINUTES]   # the studies with a decide section, round after round
 
-Every way builds the stages all cells read once (plan … tokenize), then each cell that changed (`changed_cells`),
-then evaluates and aggregates with a plain ``dvc repro`` of the studies' reports, every cell being up to date by
-then. Each cell trains exactly as in a serial build: the reports are the same, byte for byte. Only this process
-writes dvc.lock.
+Every way is one `dvc repro` of the studies' reports: DVC runs each stage once, and each study's train stage trains
+its cells that are not built yet where this command tells it, through the environment (``LAYERTUNE_JOBS``,
+``LAYERTUNE_RAY``, ``LAYERTUNE_CPUS_PER_CELL``: `pipelines.scheduling`; ``LAYERTUNE_JOBS=4 dvc repro`` is the same
+build). Each cell trains exactly as in a serial build: the reports are the same, byte for byte. One build of a
+project runs at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import subprocess
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipelines.dvc_stages import changed_cells
-from pipelines.parallel import Children, Interrupted, StageFailed, devices, run_cells
-from pipelines.processes import tied
+from pipelines.processes import BuildRunning, Children, Interrupted, one_build, tied
 
 PROG = "layertune repro"
 
 
-def shared_stages(studies: Sequence[str]) -> list[str]:
-    """The stages whose outputs the cells of ``studies`` read."""
-    return ["plan", *(f"{stage}@{study}" for study in studies for stage in ("prepare", "tokenize"))]
+class BuildFailed(RuntimeError):
+    """`dvc repro` failed; its output (above) says why."""
 
 
-def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_per_cell: int | None = None) -> int:
-    """The studies' shared stages, then their changed cells (``jobs`` at a time here, or on the Ray cluster at
-    ``ray``: "" for `ray.init`'s own choice), then evaluate and aggregate; 0 when all succeeded."""
+def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_per_cell: int | None = None,
+          every: bool = False) -> None:
+    """One `dvc repro` of the reports of ``studies`` (``every``: of the whole project), their cells trained
+    ``jobs`` at a time here, or on the Ray cluster at ``ray`` ("": `ray.init`'s own choice). `BuildFailed` if it
+    fails; `Interrupted` once a signal stopped it (and every process it started)."""
+    from pipelines.ray_cluster import CPUS_ENV, RAY_ENV, check_reachable
+    from pipelines.scheduling import JOBS_ENV
+
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1; got {jobs}")
-    cluster = None
+    if cpus_per_cell is not None and cpus_per_cell < 1:
+        raise ValueError(f"--cpus-per-cell must be at least 1; got {cpus_per_cell}")
+    env = {**os.environ, JOBS_ENV: str(jobs)}
     if ray is not None:
-        from pipelines.ray_cluster import RayCluster
-
-        inputs = {study: shared_stages([study]) for study in studies}
-        cluster = RayCluster.connect(ray or None, inputs, cpus_per_cell)  # every check before any work
+        check_reachable(ray or None)  # within seconds, before any work: Ray's own connect retries for minutes
+        env[RAY_ENV] = ray
+        if cpus_per_cell is not None:
+            env[CPUS_ENV] = str(cpus_per_cell)
+    command = ["dvc", "repro", *([] if every else [f"aggregate@{study}" for study in studies])]
     children = Children()
-    status = "KILLED"  # how the build ended, for the cluster's parent runs (MLflow's statuses)
-    try:
-        with children.stopped_on_signal():
-            returncode = _build(studies, children, cluster.train if cluster else _local(jobs, children),
-                                pull=cluster is not None)
-        status = "FINISHED" if returncode == 0 else "FAILED"
-        return returncode
-    except (Interrupted, KeyboardInterrupt):
-        raise  # KILLED
-    except Exception:
-        status = "FAILED"
-        raise
-    finally:
-        if cluster is not None:
-            cluster.close(status)
-
-
-def _local(jobs: int, children: Children) -> Callable[[list[str]], None]:
-    def train(cells: list[str]) -> None:
-        gpus = devices()
-        print(f"{PROG}: {len(cells)} cell(s) to train, {jobs} at a time"
-              + (f" on GPUs {', '.join(g for g in gpus if g is not None)}" if gpus != [None] else ""), flush=True)
-        run_cells(cells, jobs, gpus, children)
-    return train
-
-
-def _build(studies: Sequence[str], children: Children, train: Callable[[list[str]], None], pull: bool) -> int:
-    # tied: a build killed with SIGKILL takes its `dvc` with it, and that the stage it runs (`pipelines.processes`)
-    tokenize = children.run(tied(["dvc", "repro", *(f"tokenize@{study}" for study in studies)]))
-    if tokenize.returncode:
-        raise subprocess.CalledProcessError(tokenize.returncode, tokenize.args)
-    reports = [f"aggregate@{study}" for study in studies]
-    try:
-        train(changed_cells(reports))
-    except StageFailed as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return 1
-    # --pull: cells trained elsewhere are restored from the remote's run-cache (DVC says "is cached - skipping run")
-    return children.run(tied(["dvc", "repro", *(["--pull"] if pull else []), *reports])).returncode
+    with children.stopped_on_signal():
+        # tied: a build killed with SIGKILL takes its `dvc` with it, and that its stage (`pipelines.processes`)
+        done = children.run(tied(command), env=env)
+    if done is not None and done.returncode:
+        raise BuildFailed(f"{' '.join(command)} failed (exit status {done.returncode}); its output above says why")
 
 
 def study_names(chosen: Sequence[str], decided: bool = False) -> list[str]:
@@ -138,19 +110,24 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         studies = study_names(args.studies, decided=args.decide)
-        if args.decide:
-            from pipelines.decide import decide
+        with one_build(Path.cwd()):
+            if args.decide:
+                from pipelines.decide import decide
 
-            return decide(studies, args.budget, lambda: repro(studies, args.jobs, args.ray, args.cpus_per_cell),
-                          jobs=args.jobs)
-        return repro(studies, args.jobs, args.ray, args.cpus_per_cell)
-    except (ValueError, subprocess.CalledProcessError) as error:
+                return decide(studies, args.budget, lambda: repro(studies, args.jobs, args.ray, args.cpus_per_cell),
+                              jobs=args.jobs)
+            repro(studies, args.jobs, args.ray, args.cpus_per_cell, every=not args.studies)
+            return 0
+    except (ValueError, BuildRunning) as error:
         print(f"{PROG}: {error}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(error, ValueError) else 1
+    except BuildFailed as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 1
     except Interrupted as error:
         print(f"{PROG}: {error}; the cells it was training were stopped", file=sys.stderr)
         return 128 + error.signum
-    except KeyboardInterrupt:  # between builds (a round half recorded gets its dvc.yaml stages at the next call)
+    except KeyboardInterrupt:  # between builds (a round half recorded is trained at the next call)
         print(f"{PROG}: stopped by SIGINT", file=sys.stderr)
         return 130
 

@@ -1,13 +1,13 @@
 """Kedro settings: parameters come from the root ``params.yaml`` (the file DVC reads); hooks check it before the plan
-stage runs (a bad value is one message, no traceback), run one stage at a time (a cell is never trained twice at
-once) and track trained cells in MLflow."""
+stage runs (a bad value is one message, no traceback), find models through its model mirror, and tie each stage
+to the `dvc repro` that runs it."""
 
 from kedro.config import OmegaConfigLoader
 
-from pipelines.hooks import MlflowCellHook, ModelMirrorHook, StageLockHook
+from pipelines.hooks import ModelMirrorHook, StageProcessHook
 from pipelines.param_checks import ParamsCheckHook
 
-HOOKS = (ModelMirrorHook(), ParamsCheckHook(), StageLockHook(), MlflowCellHook())
+HOOKS = (ModelMirrorHook(), StageProcessHook(), ParamsCheckHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 # Paths are relative to conf/<env>/. The root params.yaml is the only parameter file (conf/ holds none); only the

@@ -1,27 +1,25 @@
-"""MLflow tracking: the cell folder is the record, and MLflow shows it. One run per study cell, one experiment per
-study; a run ends FINISHED only once its cell's folder is saved, and a tracking outage never costs a trained cell.
+"""MLflow tracking: the cell folder is the record, and MLflow shows it. One experiment per study, one run per
+cell, each the child of its study build's run; a run ends FINISHED only once its cell's folder is saved, and a
+tracking outage never costs a trained cell.
 
-A cell's run opens as the cell starts (RUNNING, with its parameters and dataset inputs, so the UI shows what
-trains). Once the folder is saved, `log_cell` projects it onto the run: per-epoch history, final metrics, the
-model's path and the frozen-prefix cache's decision (tags), and the folder's summary, history and run info as
-artifacts. Then the run ends FINISHED. A failed cell ends FAILED; Ctrl-C or SIGTERM (what ``kill`` and CI timeouts
-send) ends it KILLED.
+One process owns every run of a build: the train stage's (`StudyRuns`), whichever processes or machines train the
+cells. It opens the build's parent run, opens a cell's run as the cell starts (RUNNING, with its parameters and
+dataset inputs, so the UI shows what trains; a cell trained on a Ray node gets its run once its folder comes back,
+started at the time it started there), projects the saved folder onto it (`log_cell`: per-epoch history, final
+metrics, the model's path and the frozen-prefix cache's decision as tags, the folder's summary, history and run info
+as artifacts) and ends it FINISHED. A failed cell ends FAILED; Ctrl-C or SIGTERM (what ``kill`` and CI timeouts
+send) ends the cells' runs and the build's KILLED. A build killed with SIGKILL cannot end anything: the next build
+of the study ends the runs it left RUNNING KILLED (`end_abandoned_runs`: their owner, this machine's process that
+created them, is gone).
 
 Runs are driven through `mlflow.MlflowClient` with explicit run ids, never mlflow's active-run globals: mlflow ends a
 still-active run as FINISHED when the interpreter exits, which would mark an interrupted cell as finished.
 
-Whatever MLflow could not take is logged later, from the folder, by `sync`. Three callers run it: the next cell of
-the study as it starts, the evaluate stage before it reads the cells, and ``python -m pipelines.tracking sync``.
-It finds each folder's run by the cell's name and its spec's digest (`SPEC_TAG`; for a folder saved in an earlier
-form of the spec, the digest its run was tagged with then matches too):
-- a FINISHED run: the folder is logged already, so syncing again changes nothing;
-- a run that nobody is left to end (`_Abandoned`: its process died on this machine, or, for a Ray cell, its build's
-  parent run has ended) and that began before the folder was written: completed from the folder;
-- none: a run is created from the folder.
-Any other abandoned RUNNING run ends KILLED. So a server that is down
-for a whole build, a killed cell, or outputs that DVC restored from its run-cache all end with one FINISHED run per
-cell and none RUNNING. A cell trained again with the same spec (its earlier run FINISHED, but DVC never recorded
-it, or ``dvc repro --force``) ends that earlier run KILLED once it FINISHES itself (`end_superseded_runs`).
+Whatever MLflow could not take is logged later, from the folders: once per build, as the train stage ends, `sync`
+gives every cell folder of the study a FINISHED run of its build key (`BUILD_KEY_TAG`), created from the folder
+where there is none (a store that was down, cells that DVC pulled from a remote), and ends the FINISHED runs of a
+cell's earlier builds KILLED, tagged `SUPERSEDED_TAG` (their folder was replaced). ``python -m pipelines.tracking
+sync`` does the same by hand.
 
 The tracking URI is ``$MLFLOW_TRACKING_URI`` when set (a team server, say), else ``sqlite:///mlflow.db`` in the
 working directory (MLflow 3 no longer accepts a plain folder as its store); artifacts of a SQLite store go to
@@ -42,6 +40,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -51,21 +50,17 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-HOST_TAG, PID_TAG = "layertune.host", "layertune.pid"  # which process owns a run: a dead owner's run is abandoned
-PARENT_RUN_ENV, PARENT_TAG = "LAYERTUNE_PARENT_RUN_ID", "mlflow.parentRunId"  # a cell's run as a build's child
-BUILD_ENV, BUILD_TAG = "LAYERTUNE_BUILD", "layertune.build"  # the build a parent run and its cells' runs belong to
-SPEC_TAG = "layertune.spec"  # digest of the cell's spec: which folder is this run's (`sync`)
+HOST_TAG, PID_TAG = "layertune.host", "layertune.pid"  # the process owning a run: a dead owner's run is abandoned
+PARENT_TAG = "mlflow.parentRunId"  # a cell's run as its build's child
+BUILD_TAG = "layertune.build"  # the build a parent run and its cells' runs belong to
+SPEC_TAG = "layertune.spec"  # digest of the cell's spec
+BUILD_KEY_TAG = "layertune.build_key"  # the cell folder's build key (`pipelines.trained_cells`): which folder it logs
 SUPERSEDED_TAG = "layertune.superseded_by"  # a FINISHED run whose cell was trained again: the run that did
 LOGGED_FROM_TAG = "layertune.logged_from"  # a run created by `sync` from a folder MLflow had not seen
-FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+FINISHED, FAILED, KILLED, RUNNING = "FINISHED", "FAILED", "KILLED", "RUNNING"
 # The kind of experiment the MLflow UI (3.x) shows: a model-training experiment opens on its runs table. Without it
 # the UI guesses, and opens ours on its GenAI overview page.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
-# Relative to the project folder, where every stage runs (conf/base/catalog.yml): the cell folders, their specs in
-# the study's grid, and their prepared data (a run created from a folder logs these as its parameters and inputs).
-MODELS_ROOT, PLANS_ROOT, PREPARED_ROOT = (Path("data") / "04_models", Path("data") / "00_plan",
-                                         Path("data") / "02_prepared")
-SYNC_LOCKS = Path("data") / ".locks"  # one process at a time syncs an experiment (`sync`)
 # MLflow's own defaults retry an unreachable server for about four minutes per call (7 retries, backoff factor 2,
 # 120 s timeout). What a run cannot log now is logged later from the cell's folder, so a few seconds are enough.
 HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -79,19 +74,20 @@ def tracking_uri() -> str:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread so that cleanup (and the run's KILLED status) happens as for Ctrl-C."""
+    """SIGTERM or SIGHUP, raised in the main thread so that cleanup (and the runs' KILLED status) happens as for
+    Ctrl-C."""
 
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises `Terminated` instead of ending the process silently (in the main thread;
-    elsewhere nothing changes)."""
+    """Within the block, SIGTERM and SIGHUP raise `Terminated` instead of ending the process silently (in the main
+    thread; elsewhere nothing changes)."""
     from pipelines.processes import on_signals
 
     def handler(signum, frame):
         raise Terminated(f"received signal {signal.Signals(signum).name}")
 
-    with on_signals(handler, [signal.SIGTERM]):
+    with on_signals(handler, [signal.SIGTERM, signal.SIGHUP]):
         yield
 
 
@@ -107,14 +103,48 @@ def end_status(error: BaseException | None) -> str:
 # ---------------------------------------------------------------------------------------------------- a run
 
 
-class CellRun:
-    """One MLflow run. `start` opens it (without a ``run_id`` when the store did not answer: nothing is kept then,
-    `sync` logs the cell's folder later); `finish` logs the saved folder onto it and ends it FINISHED; `end` ends it
-    with a status. The first ending wins."""
+class Store:
+    """One tracking store and one experiment in it, as this process reaches them: every call goes through `call`,
+    which turns a store's failure into one warning line (`_warn_unreachable`) and no error, and skips the store
+    for a while after one (`RETRY_AFTER_S`)."""
 
-    def __init__(self, uri: str, experiment: str, run_name: str) -> None:
-        self.uri, self.experiment, self.run_name = uri, experiment, run_name
+    def __init__(self, experiment: str, uri: str | None = None) -> None:
+        self.experiment, self.uri = experiment, uri or tracking_uri()
         self.client = None
+        self.experiment_id: str | None = None
+        use_quick_http_retries(self.uri)
+
+    def call(self, function, *args, **kwargs):
+        """``function(client, experiment_id, *args, **kwargs)``'s result, or None if the store failed (now, or a
+        moment ago)."""
+        if not _reachable(self.uri):
+            return None
+        try:
+            with _quiet_retries():
+                if self.client is None:
+                    client = connect(self.uri)
+                    self.experiment_id = ensure_experiment(client, self.uri, self.experiment)
+                    self.client = client
+                return function(self.client, self.experiment_id, *args, **kwargs)
+        except Exception as error:  # whatever the store's failure (down, refusing, broken), the cells go on
+            _warn_unreachable(self.uri, error)
+            return None
+
+    def succeeds(self, function, *args) -> bool:
+        """Whether ``function(client, experiment_id, *args)`` ran without the store failing (its result aside)."""
+        return self.call(lambda client, experiment_id: function(client, experiment_id, *args) or True) is not None
+
+    def runs_page(self) -> str | None:
+        return runs_page(self.uri, self.experiment_id) if self.experiment_id else None
+
+
+class CellRun:
+    """One MLflow run in a `Store`: `start` opens it (without an id when the store did not answer: nothing is kept
+    then, and `sync` logs the cell's folder later); `finish` logs the saved folder onto it and ends it FINISHED;
+    `end` ends it with a status. The first ending wins."""
+
+    def __init__(self, store: Store, run_name: str) -> None:
+        self.store, self.run_name = store, run_name
         self.run = None  # the `mlflow.entities.Run` as created
         self.ended: str | None = None
 
@@ -123,64 +153,35 @@ class CellRun:
         return self.run.info.run_id if self.run is not None else None
 
     @classmethod
-    def start(cls, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
-              uri: str | None = None, datasets: Iterable = ()) -> CellRun:
-        """A new run ``run_name`` with ``params`` and dataset inputs (`corpus_datasets`); runs of the same name that a
-        dead process left RUNNING end KILLED first."""
-        run = cls(uri or tracking_uri(), experiment, run_name)
-        use_quick_http_retries(run.uri)
-        if not _reachable(run.uri):
-            return run
-        try:
-            client = connect(run.uri)
-            experiment_id = ensure_experiment(client, run.uri, experiment)
-            with _quiet_retries():
-                end_abandoned_runs(client, experiment_id, run_name)
-                run.run = client.create_run(experiment_id, tags={**(tags or {}), **_owner()}, run_name=run_name)
-                run.client = client
-                _log_params(client, run.run_id, params)
-                if datasets := list(datasets):
-                    client.log_inputs(run.run_id, datasets)
-        except Exception as error:  # whatever the store's failure (down, refusing, broken), the cell goes on
-            _warn_unreachable(run.uri, error)
-            return run
-        local = not run.uri.startswith(("http://", "https://"))
-        logger.info("MLflow run %s (%s) in experiment %r at %s; the study's runs: %s%s", run.run_id, run_name,
-                    experiment, run.uri, runs_page(run.uri, experiment_id),
-                    f" (mlflow ui --backend-store-uri {run.uri})" if local else "")
+    def start(cls, store: Store, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
+              datasets: Iterable = (), start_time: int | None = None) -> CellRun:
+        """A new run ``run_name`` with ``params`` and dataset inputs (`corpus_datasets`), owned by this process."""
+        def create(client, experiment_id):
+            created = client.create_run(experiment_id, start_time=start_time, tags={**(tags or {}), **_owner()},
+                                        run_name=run_name)
+            _log_params(client, created.info.run_id, params)
+            if inputs := list(datasets):
+                client.log_inputs(created.info.run_id, inputs)
+            return created
+
+        run = cls(store, run_name)
+        run.run = store.call(create)
         return run
 
-    def finish(self, folder: str | Path) -> None:
-        """The saved cell ``folder`` logged onto the run (`log_cell`), which ends FINISHED. Without a run (the store
-        did not answer as the cell started), the folder's study is synced instead: whatever the store takes now."""
-        if self.ended is None and self.run is None:
-            self.ended = FINISHED
-            sync(self.experiment, Path(folder).parent, self.uri)
-        elif self.ended is None and self._call(log_cell, self.run, SavedCell.read(folder)):
+    def finish(self, saved: SavedCell) -> None:
+        """The saved cell logged onto the run (`log_cell`), which ends FINISHED. Without a run (the store did not
+        answer as the cell started), nothing: the build's `sync` logs the folder once the store answers."""
+        if self.ended is None and self.run is not None and \
+                self.store.succeeds(lambda client, _: log_cell(client, self.run, saved)):
             self.end(FINISHED)
 
     def end(self, status: str) -> None:
-        """Ends the run ``status``; FINISHED also ends earlier FINISHED runs of the same cell and spec KILLED
-        (`end_superseded_runs`)."""
         if self.ended is not None:
             return
         self.ended = status
-        if self._call(lambda client: client.set_terminated(self.run_id, status=status)):
-            if status == FINISHED:
-                self._call(end_superseded_runs, self.run_id, self.run.data.tags)
-            logger.info("MLflow run %s ended %s", self.run_id, status)
-
-    def _call(self, function, *args) -> bool:
-        """``function(client, *args)``, unless the store failed (then, or a moment ago): a warning, no error."""
-        if self.client is None or not _reachable(self.uri):
-            return False
-        try:
-            with _quiet_retries():
-                function(self.client, *args)
-            return True
-        except Exception as error:
-            _warn_unreachable(self.uri, error)
-            return False
+        if self.run is not None and self.store.succeeds(
+                lambda client, _: client.set_terminated(self.run_id, status=status)):
+            logger.debug("MLflow run %s (%s) ended %s", self.run_id, self.run_name, status)
 
 
 # ------------------------------------------------------------------------------ a cell folder, projected
@@ -196,44 +197,38 @@ class SavedCell:
     summary: dict
     history: list
     run_info: dict
-    written_ms: int  # when it was written (the folder's or its metrics' time, whichever is later)
-    stored_digest: str  # of its cell.json as written: a run tagged by an earlier form of the spec matches it
+    build_key: str | None  # what `pipelines.trained_cells` recorded with it (None: a folder written elsewhere)
 
     @classmethod
     def read(cls, folder: str | Path) -> SavedCell:
         from layertune.cell import CellFolder
-        from layertune.specs import CellSpec
+        from pipelines.trained_cells import recorded_build_key
 
         folder = Path(folder).resolve()
         cell = CellFolder(folder)
-        written = max(folder.stat().st_mtime, (folder / "metrics.json").stat().st_mtime)  # DVC may keep old times
-        text = (folder / "cell.json").read_text()  # read once: the spec and its digest as written are of one file
-        spec = CellSpec.model_validate_json(text)
-        return cls(folder, spec, cell.metrics(), cell.history(), cell.run_info(), int(written * 1000),
-                   _json_digest(json.loads(text)))
+        return cls(folder, cell.spec(), cell.metrics(), cell.history(), cell.run_info(), recorded_build_key(folder))
 
     @property
     def digest(self) -> str:
         return spec_digest(self.spec)
 
-    @property
-    def digests(self) -> set[str]:
-        """The digests a run of this folder may be tagged with: its spec's, and its cell.json's as written."""
-        return {self.digest, self.stored_digest}
+    def tags(self) -> dict[str, str]:
+        return {SPEC_TAG: self.digest, **({BUILD_KEY_TAG: self.build_key} if self.build_key else {})}
 
 
 def log_cell(client, run, saved: SavedCell) -> None:
     """A saved cell projected onto ``run`` (an `mlflow.entities.Run`): per-epoch history (step = epoch) and final
-    metrics (`final_metrics`); the model's path and the frozen-prefix cache's decision, and why, as tags; the
-    folder's ``metrics.json``, ``history.json`` and ``run_info.json`` as artifacts. Logging it again changes
-    nothing: every value carries the run's start time, and MLflow keeps an equal metric, tag or file once."""
+    metrics (`final_metrics`); the model's path, the folder's build key and the frozen-prefix cache's decision, and
+    why, as tags; the folder's ``metrics.json``, ``history.json`` and ``run_info.json`` as artifacts. Logging it
+    again changes nothing: every value carries the run's start time, and MLflow keeps an equal metric, tag or file
+    once."""
     from mlflow.entities import Metric, RunTag
 
     run_id, when = run.info.run_id, run.info.start_time
     metrics = [Metric(key, float(value), when, int(record["epoch"])) for record in saved.history
                for key, value in sorted(record.items()) if key != "epoch" and _is_number(value)]
     metrics += [Metric(key, float(value), when, 0) for key, value in sorted(final_metrics(saved.summary).items())]
-    tags = {"model_path": str(saved.folder / "model")}
+    tags = {"model_path": str(saved.folder / "model"), **saved.tags()}
     if cache := saved.run_info.get("frozen_prefix_cache"):
         tags |= {"frozen_prefix_cache.used": str(cache["used"]), "frozen_prefix_cache.reason": cache["reason"]}
     client.log_batch(run_id, tags=[RunTag(key, value) for key, value in sorted(tags.items())])
@@ -245,161 +240,163 @@ def log_cell(client, run, saved: SavedCell) -> None:
             client.log_dict(run_id, data, name)
 
 
-def sync(experiment: str, cells: str | Path, uri: str | None = None, wait_s: float = 0) -> dict[str, str]:
-    """Brings ``experiment`` up to date with the cell folders right below ``cells`` (see the module's docstring):
-    every saved folder gets a FINISHED run of its spec, and runs a dead process left RUNNING without saving theirs
-    end KILLED. Returns ``{run id: status}`` for each run it ended. A store that does not answer changes nothing
-    (one warning); nor does another process syncing the same experiment, unless it is done within ``wait_s``."""
-    uri = uri or tracking_uri()
-    if not _reachable(uri):
-        return {}  # a store that failed a moment ago
-    with _sync_lock(experiment, wait_s) as locked:
-        folders = saved_cells(cells) if locked else []
-        if not locked or (uri.startswith("sqlite:///") and not _database(uri).exists() and not folders):
-            return {}  # another process is syncing this experiment; or no store, and nothing to log
-        try:
-            client = connect(uri)
-            experiment_id = ensure_experiment(client, uri, experiment)
-            with _quiet_retries():
-                return _sync_runs(client, experiment_id, folders)
-        except Exception as error:  # the store's: a folder's own errors are handled in `_sync_runs`
-            _warn_unreachable(uri, error)
-            return {}
+# ------------------------------------------------------------------------------------------- a study's build
 
 
-def saved_cells(cells: str | Path) -> list[Path]:
-    """The complete cell folders right below ``cells`` (an unfinished write is dot-named)."""
-    return [spec.parent for spec in sorted(Path(cells).glob("*/cell.json"))
-            if not spec.parent.name.startswith(".") and (spec.parent / "metrics.json").is_file()]
+class StudyRuns:
+    """The MLflow runs of one build of a study, all owned by this process: the build's parent run (opened once a
+    cell is to train), each cell's run as its child, and the study's folders synced at the end (`sync`).
+
+    As a context manager: entering ends the runs an earlier build of the study left RUNNING as it was killed
+    (`end_abandoned_runs`); leaving ends every run still open and the parent FINISHED, FAILED or KILLED by how the
+    block ended, and syncs unless the block was interrupted."""
+
+    def __init__(self, study: str, cells, planned: Mapping[str, Any], prepared: Mapping[str, Path],
+                 uri: str | None = None, enabled: bool = True) -> None:
+        self.study, self.cells, self.planned, self.prepared = study, cells, planned, prepared
+        self.enabled = enabled  # False: a process that does not own runs (one of several training a cell)
+        self.store = Store(experiment_name(study), uri)
+        self.build = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.parent: CellRun | None = None
+        self.open: dict[str, CellRun] = {}  # cell key -> its run, until it ends
+        self.done: list[str] = []  # the cells finished in this build
+        self._datasets: dict[str, list] = {}  # per task, its MLflow dataset inputs (read once a build)
+
+    def __enter__(self) -> StudyRuns:
+        if self.enabled:
+            self.store.call(end_abandoned_runs)
+        return self
+
+    def open_build(self, params: Mapping[str, Any]) -> None:
+        """The build's parent run, with ``params`` (what it trains, and where)."""
+        if not self.enabled:
+            return
+        self.parent = CellRun.start(self.store, f"build {self.build}", {"commit": git_commit(), **params},
+                                    tags={**cell_tags(study=self.study), BUILD_TAG: self.build})
+        if page := self.store.runs_page():
+            local = not self.store.uri.startswith(("http://", "https://"))
+            logger.info("MLflow: the study's runs are at %s%s", page,
+                        f" (mlflow ui --backend-store-uri {self.store.uri})" if local else "")
+
+    def started(self, key: str, start_time: int | None = None) -> None:
+        """Cell ``key`` started training (``start_time``: when, in ms, if not now)."""
+        if not self.enabled:
+            return
+        cell = self.planned[key]
+        self.open[key] = CellRun.start(self.store, key, cell_params(cell), tags=self._tags(cell),
+                                       datasets=self._inputs(cell.task), start_time=start_time)
+
+    def finished(self, key: str, start_time: int | None = None) -> None:
+        """Cell ``key``'s folder is saved: logged onto its run, which ends FINISHED."""
+        self.done.append(key)
+        if not self.enabled:
+            return
+        if key not in self.open:
+            self.started(key, start_time)
+        self.open.pop(key).finish(SavedCell.read(self.cells[key].path))
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if not self.enabled:
+            return
+        status = end_status(error)
+        failed = getattr(error, "cell", None)  # a `pipelines.scheduling.CellFailed`
+        for key, run in self.open.items():
+            run.end(FAILED if key == failed else KILLED)
+        if self.parent is not None:
+            self.parent.end(status)
+        if status != KILLED:
+            self.store.call(sync, self.cells, self.planned, self.prepared)
+
+    def _tags(self, cell) -> dict[str, str]:
+        return {**cell_tags(stage=f"train@{cell.study}", study=cell.study, spec=cell.spec), BUILD_TAG: self.build,
+                **({PARENT_TAG: self.parent.run_id} if self.parent and self.parent.run_id else {})}
+
+    def _inputs(self, task: str) -> list:
+        if task not in self._datasets:
+            self._datasets[task] = corpus_datasets(self.prepared[task], task) if task in self.prepared else []
+        return self._datasets[task]
 
 
-def _sync_runs(client, experiment_id: str, folders: list[Path]) -> dict[str, str]:
-    runs, abandoned = _all_runs(client, experiment_id), _Abandoned(client)
-    ended: dict[str, str] = {}
-    for folder in folders:
-        try:
-            saved = SavedCell.read(folder)
-        except (OSError, ValueError) as error:  # removed or replaced meanwhile (a parallel rerun), or not a cell's
-            logger.warning("%s is not logged to MLflow: %s", folder, _cause(error))
+def sync(client, experiment_id: str, cells: Mapping[str, Any], planned: Mapping[str, Any],
+         prepared: Mapping[str, Path]) -> dict[str, str]:
+    """Brings the experiment up to date with a study's cell folders (``cells``: {key: its `CellFolder`}): each gets a
+    FINISHED run of its build key, created from the folder where there is none (with the parameters and inputs of
+    its place in ``planned``, {key: `StudyCell`}, where it is planned), and FINISHED runs of a cell's earlier builds
+    end KILLED, tagged `SUPERSEDED_TAG`. Returns ``{run id: status}`` for each run it created or ended."""
+    from pipelines.trained_cells import recorded_build_key
+
+    finished: dict[str, list] = {}
+    for run in _all_runs(client, experiment_id, "attributes.status = 'FINISHED'"):
+        finished.setdefault(run.info.run_name, []).append(run)
+    changed: dict[str, str] = {}
+    for key in cells:
+        runs = finished.get(key, [])
+        build_key = recorded_build_key(cells[key].path)
+        if build_key is not None:
+            current = [run for run in runs if run.data.tags.get(BUILD_KEY_TAG) == build_key]
+        else:  # a folder written elsewhere, with no build key: its spec's runs stand for it
+            current = [run for run in runs if run.data.tags.get(SPEC_TAG) == spec_digest(cells[key].spec())]
+        if not current:
+            try:
+                saved = SavedCell.read(cells[key].path)
+            except (OSError, ValueError) as error:  # replaced meanwhile, or not a cell's
+                logger.warning("%s is not logged to MLflow: %s", cells[key].path, _cause(error))
+                continue
+            run = _run_from_folder(client, experiment_id, saved, planned.get(key), prepared)
+            log_cell(client, run, saved)
+            client.set_terminated(run.info.run_id, status=FINISHED)
+            changed[run.info.run_id] = FINISHED
+            current = [run]
+            logger.info("MLflow run %s of %s: logged from its folder %s", run.info.run_id, key, saved.folder)
+        if build_key is None:
             continue
-        of_spec = sorted((run for run in runs if run.info.run_name == folder.name and
-                          run.data.tags.get(SPEC_TAG) in saved.digests), key=lambda run: -run.info.start_time)
-        if any(run.info.status == FINISHED or run.info.status == "RUNNING" and not abandoned(run) for run in of_spec):
-            continue  # logged already, or its own process is about to log it
-        # A run whose process died after it saved this folder is completed (unless its process ended it meanwhile);
-        # any other folder gets a run of its own (a crashed run is not credited with an older folder's results).
-        run = next((run for run in of_spec if run.info.status == "RUNNING" and _outputs_of(saved, run)), None)
-        if run is not None and client.get_run(run.info.run_id).info.status != "RUNNING":
-            continue
-        run = run or _run_from_folder(client, experiment_id, saved, earlier=of_spec[0] if of_spec else None)
-        log_cell(client, run, saved)
-        client.set_terminated(run.info.run_id, status=FINISHED)
-        ended[run.info.run_id] = FINISHED
-        logger.info("MLflow run %s of %s: logged from its folder %s", run.info.run_id, folder.name, saved.folder)
-    for run in runs:
-        if run.info.status == "RUNNING" and run.info.run_id not in ended and abandoned(run) and \
-                client.get_run(run.info.run_id).info.status == "RUNNING":  # not ended meanwhile by its process
+        for earlier in runs:
+            if earlier.data.tags.get(BUILD_KEY_TAG) != build_key:
+                client.set_tag(earlier.info.run_id, SUPERSEDED_TAG, current[0].info.run_id)
+                client.set_terminated(earlier.info.run_id, status=KILLED, end_time=earlier.info.end_time)
+                changed[earlier.info.run_id] = KILLED
+    return changed
+
+
+def end_abandoned_runs(client, experiment_id: str) -> list[str]:
+    """Runs of the experiment left RUNNING by a process of this machine that is gone (a build killed with SIGKILL:
+    nothing could end them) end KILLED. Returns their ids. Runs of another machine's processes, which cannot be
+    checked from here, are left to the next build there."""
+    from layertune.io import process_alive
+
+    ended = []
+    for run in _all_runs(client, experiment_id, "attributes.status = 'RUNNING'"):
+        host, pid = run.data.tags.get(HOST_TAG), run.data.tags.get(PID_TAG, "")
+        if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
             client.set_terminated(run.info.run_id, status=KILLED)
-            ended[run.info.run_id] = KILLED
-            logger.info("MLflow run %s of %s was left RUNNING by a process that died: ended KILLED", run.info.run_id,
-                        run.info.run_name)
+            ended.append(run.info.run_id)
+            logger.info("MLflow run %s (%s) was left RUNNING by a build that was killed: ended KILLED",
+                        run.info.run_id, run.info.run_name)
     return ended
 
 
-class _Abandoned:
-    """Whether a RUNNING run has nobody left to end it: its process died on this machine, or (a cell of a Ray build,
-    whose process another machine ran) the build's parent run has ended."""
-
-    def __init__(self, client) -> None:
-        from layertune.io import process_alive
-
-        self.client, self.process_alive, self.parents = client, process_alive, {}
-
-    def __call__(self, run) -> bool:
-        if not _owner_alive(run.data.tags, self.process_alive):
-            return True
-        parent = run.data.tags.get(PARENT_TAG)
-        if parent and parent not in self.parents:
-            self.parents[parent] = self._ended(parent)
-        return bool(parent) and self.parents[parent]
-
-    def _ended(self, run_id: str) -> bool:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            return self.client.get_run(run_id).info.status != "RUNNING"
-        except MlflowException as error:  # deleted and collected (`mlflow gc`): it ended
-            if error.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return True
-            raise
-
-
-def _all_runs(client, experiment_id: str) -> list:
+def _all_runs(client, experiment_id: str, condition: str = "") -> list:
     runs, token = [], None
     while True:
-        page = client.search_runs([experiment_id], max_results=50_000, page_token=token)
+        page = client.search_runs([experiment_id], condition, max_results=50_000, page_token=token)
         runs += page
         if not (token := page.token):
             return runs
 
 
-def _run_from_folder(client, experiment_id: str, saved: SavedCell, earlier=None):
-    """A new run for a folder MLflow never saw (the store did not answer while its cell trained), with the
-    parameters, tags and inputs the cell's own run would have had: its place in the grid comes from the plan
-    beside it (``data/00_plan/<study>/cells/<cell>.json``). ``earlier``: the newest run of the same cell and spec
-    (one that ended without logging the folder): its build, and its place under the build's parent run, carry over."""
-    from layertune.study import StudyCell
-    from pipelines.plans import dvc_stage
-
-    folder, study = saved.folder, saved.folder.parent.name
-    data = folder.parents[2]  # data/04_models/<study>/<cell>
-    try:
-        cell = StudyCell.model_validate_json((data / PLANS_ROOT.name / study / "cells" / f"{folder.name}.json")
-                                            .read_text())
-    except (OSError, ValueError):  # no plan beside it
-        cell = None
+def _run_from_folder(client, experiment_id: str, saved: SavedCell, cell, prepared: Mapping[str, Path]):
+    """A new run for a folder MLflow never saw (the store did not answer while its cell trained, or DVC pulled it),
+    with the parameters, tags and inputs the cell's own run would have had where the plan has the cell as it was
+    trained (``cell``, a `StudyCell`, or None)."""
+    study = saved.folder.parent.name
     cell = cell if cell is not None and cell.spec == saved.spec else None  # a plan that moved on does not describe it
-    nesting = {key: earlier.data.tags[key] for key in (PARENT_TAG, BUILD_TAG) if earlier and key in earlier.data.tags}
-    tags = {**cell_tags(stage=cell and dvc_stage(cell), study=study, spec=saved.spec), **nesting, **_owner(),
-            LOGGED_FROM_TAG: f"its folder {folder}: MLflow did not answer while the cell trained"}
-    run = client.create_run(experiment_id, start_time=saved.written_ms, tags=tags, run_name=folder.name)
+    tags = {**cell_tags(stage=f"train@{study}", study=study, spec=saved.spec), **saved.tags(), **_owner(),
+            LOGGED_FROM_TAG: f"its folder {saved.folder}"}
+    run = client.create_run(experiment_id, tags=tags, run_name=saved.folder.name)
     _log_params(client, run.info.run_id, cell_params(cell) if cell else {"study": study})
-    if cell and (datasets := corpus_datasets(data / PREPARED_ROOT.name / study / cell.task, cell.task)):
+    if cell and cell.task in prepared and (datasets := corpus_datasets(prepared[cell.task], cell.task)):
         client.log_inputs(run.info.run_id, datasets)
     return run
-
-
-def _outputs_of(saved: SavedCell, run) -> bool:
-    """Whether ``saved`` is what ``run``'s process saved: written after the run began."""
-    return saved.written_ms >= run.info.start_time
-
-
-@contextlib.contextmanager
-def _sync_lock(experiment: str, wait_s: float = 0) -> Iterator[bool]:
-    """Whether this process may sync ``experiment``: one process at a time does (two would create a run for one
-    folder twice)."""
-    from filelock import FileLock, Timeout
-
-    SYNC_LOCKS.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = FileLock(SYNC_LOCKS / f"tracking-sync-{experiment}.lock").acquire(timeout=wait_s)
-    except Timeout:
-        yield False
-        return
-    with lock:
-        yield True
-
-
-def end_abandoned_runs(client, experiment_id: str, run_name: str) -> list[str]:
-    """Runs named ``run_name`` still RUNNING with nobody left to end them (`_Abandoned`) end KILLED: a cell trained
-    again leaves one live run, even when another process's `sync` holds the lock. Returns the ids it ended."""
-    abandoned, ended = _Abandoned(client), []
-    for run in client.search_runs([experiment_id], f"attributes.run_name = '{run_name}' and "
-                                                   "attributes.status = 'RUNNING'"):
-        if abandoned(run):
-            client.set_terminated(run.info.run_id, status=KILLED)
-            ended.append(run.info.run_id)
-    return ended
 
 
 def _log_params(client, run_id: str, params: Mapping[str, Any]) -> None:
@@ -451,68 +448,15 @@ def _store_lock(uri: str) -> Iterator[None]:
         yield
 
 
-def end_superseded_runs(client, run_id: str, tags: Mapping[str, str]) -> list[str]:
-    """Earlier FINISHED runs of the same cell and spec as ``run_id`` (just FINISHED), whose process is gone from this
-    machine, end KILLED, tagged `SUPERSEDED_TAG`: DVC deleted their outputs before it trained the cell again. So a
-    cell keeps one FINISHED run when a SIGKILL of `dvc repro` fell after the cell's run ended and before DVC recorded
-    the stage (the rerun trains it again), and after `dvc repro --force`. Returns the ids it ended."""
-    if SPEC_TAG not in tags:
-        return []
-    run = client.get_run(run_id)
-    condition = (f"attributes.run_name = '{run.info.run_name}' and attributes.status = 'FINISHED' and "
-                 f"tags.`{SPEC_TAG}` = '{tags[SPEC_TAG]}'")
-    ended = []
-    from layertune.io import process_alive
-
-    for earlier in client.search_runs([run.info.experiment_id], filter_string=condition):
-        if earlier.info.run_id == run_id or _owner_alive(earlier.data.tags, process_alive):
-            continue
-        client.set_tag(earlier.info.run_id, SUPERSEDED_TAG, run_id)
-        client.set_terminated(earlier.info.run_id, status=KILLED, end_time=earlier.info.end_time)
-        ended.append(earlier.info.run_id)
-        logger.info("MLflow run %s of %s: the cell was trained again (run %s), its outputs replaced: ended KILLED",
-                    earlier.info.run_id, run.info.run_name, run_id)
-    return ended
-
-
-def end_children(uri: str, parent_run_id: str) -> list[str]:
-    """Children of ``parent_run_id`` still RUNNING end KILLED: once a build is over, such a run is an attempt whose
-    process died on a node that is gone (its retry ran elsewhere). Returns the ids it ended."""
-    ended = []
-    try:
-        client = connect(uri)
-        with _quiet_retries():
-            parent = client.get_run(parent_run_id)
-            for run in client.search_runs([parent.info.experiment_id], filter_string=(
-                    f"tags.`{PARENT_TAG}` = '{parent_run_id}' and attributes.status = 'RUNNING'")):
-                client.set_terminated(run.info.run_id, status=KILLED)
-                ended.append(run.info.run_id)
-    except Exception as error:  # a store that does not answer: the runs stay as they are
-        _warn_unreachable(uri, error)
-    return ended
-
-
-def _owner_alive(tags: Mapping[str, str], process_alive) -> bool:
-    """Whether the process that owns a run may still be running: it does unless it is known dead on this machine
-    (another machine's processes cannot be checked)."""
-    host, pid = tags.get(HOST_TAG), tags.get(PID_TAG, "")
-    return not (host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)))
-
-
 def spec_digest(spec) -> str:
     """A `CellSpec` (or its JSON)'s digest: equal specs, however their JSON is laid out, give the same one."""
     from layertune.specs import CellSpec
 
     if isinstance(spec, str):
         spec = CellSpec.model_validate_json(spec)
-    return _json_digest(spec.model_dump(mode="json"))
-
-
-def _json_digest(data: Any) -> str:
-    """Of JSON data as pydantic writes it compactly (so a spec's digest is that of its saved JSON read back)."""
     import pydantic_core
 
-    return hashlib.sha256(pydantic_core.to_json(data)).hexdigest()[:16]
+    return hashlib.sha256(pydantic_core.to_json(spec.model_dump(mode="json"))).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------- a failing store
@@ -640,14 +584,8 @@ def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def cell_tags(stage: str | None = None, study: str | None = None, spec=None) -> dict[str, str]:
-    """The tags of a cell's run; a child of the run ``$LAYERTUNE_PARENT_RUN_ID`` names (a build on a Ray cluster
-    opens one per study: `pipelines.ray_cluster`), as MLflow's nested runs are, and tagged with the build
-    ``$LAYERTUNE_BUILD`` names (to find a build's runs in the runs table)."""
+    """The tags of a run: the commit, the DVC stage and study, and the spec's digest."""
     tags = {"mlflow.source.type": "JOB"}
-    if parent := os.environ.get(PARENT_RUN_ENV):
-        tags[PARENT_TAG] = parent
-    if build := os.environ.get(BUILD_ENV):
-        tags[BUILD_TAG] = build
     if commit := git_commit():
         tags["mlflow.source.git.commit"] = commit
     if stage:
@@ -690,24 +628,34 @@ def _is_number(value: Any) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.tracking sync [--study NAME]``, in the project folder: every saved cell folder that
-    ``$MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``) lacks is logged there, and runs that killed cells left
-    RUNNING are ended (see `sync`). Exit status 1 if the store did not answer."""
+    """``python -m pipelines.tracking sync [--study NAME]``, in the project folder: every cell folder of a study
+    that ``$MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``) lacks is logged there, as the train stage does at
+    its end (`sync`). Exit status 1 if the store did not answer."""
+    from pipelines.plans import TrainPlan
+    from pipelines.trained_cells import TrainedCells
+
     parser = argparse.ArgumentParser(prog="python -m pipelines.tracking", description=main.__doc__)
     parser.add_argument("command", choices=["sync"])
     parser.add_argument("--study", action="append", help="only this study (repeatable; default: every study)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    uri = tracking_uri()
-    studies = args.study or sorted(p.name for p in MODELS_ROOT.glob("*") if p.is_dir())
-    ended = [status for study in studies
-             for status in sync(experiment_name(study), MODELS_ROOT / study, uri, wait_s=120).values()]
-    if not _reachable(uri):
-        print(f"MLflow at {uri} did not answer: nothing was logged; run this again once it does")
-        return 1
-    logged = ended.count(FINISHED)
-    print(f"{logged} cell folder(s) logged to {uri} as FINISHED runs; {len(ended) - logged} run(s) left RUNNING by "
-          "killed cells ended KILLED")
+    models, plans, prepared = Path("data/04_models"), Path("data/00_plan"), Path("data/02_prepared")
+    studies = args.study or sorted(p.name for p in models.glob("*") if p.is_dir() and not p.name.startswith("."))
+    changed = []
+    for study in studies:
+        plan = plans / study / "train.json"
+        planned = {cell.key: cell for cell in TrainPlan.model_validate_json(plan.read_text()).cells} \
+            if plan.is_file() else {}
+        cells = TrainedCells(models / study, models / ".retired" / study)
+        store = Store(experiment_name(study))
+        found = store.call(sync, cells, planned, {task.name: task for task in (prepared / study).glob("*")})
+        if found is None:
+            print(f"MLflow at {store.uri} did not answer: nothing was logged; run this again once it does")
+            return 1
+        changed += found.values()
+    logged = changed.count(FINISHED)
+    print(f"{logged} cell folder(s) logged to {tracking_uri()} as FINISHED runs; {len(changed) - logged} run(s) of "
+          "cells trained again since ended KILLED")
     return 0
 
 

@@ -91,9 +91,6 @@ def make_dvc_project(folder: Path, params: dict) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(ROOT / name, folder / name)
-    from pipelines.dvc_stages import main as write_train_stages
-
-    write_train_stages(["--project", str(folder)])  # the train stages of these params' studies, as `make study` does
     for command in (["git", "init", "--quiet"], ["dvc", "init", "--quiet"]):
         subprocess.run(command, cwd=folder, check=True, capture_output=True)
     shutil.copy(ROOT / ".dvc" / "config", folder / ".dvc" / "config")  # this repository's settings and remote

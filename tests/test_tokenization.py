@@ -6,6 +6,7 @@ import torch
 from transformers import AutoTokenizer
 
 from layertune.corpora import GLUE_RTE
+from layertune import tokenization
 from layertune.corpus import Corpus
 from layertune.testing import build_tokenizer
 from layertune.batching import Examples, make_loader
@@ -68,9 +69,14 @@ def test_second_call_loads_from_cache_without_tokenizing(tokenizer, tmp_path, mo
         raise AssertionError("tokenized again instead of loading the cache")
 
     monkeypatch.setattr(type(tokenizer), "__call__", refuse)
+    monkeypatch.setattr(tokenization, "_reported", set())  # as in a new process
     with caplog.at_level(logging.WARNING, logger="layertune.tokenization"):
         second = tokenize_corpus(pair_corpus(), tokenizer, max_length=10, cache_dir=tmp_path)
     assert "(cached)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="layertune.tokenization"):  # the next cell of a study, say
+        tokenize_corpus(pair_corpus(), tokenizer, max_length=10, cache_dir=tmp_path)
+    assert "truncated" not in caplog.text  # a finding about a cached split is said once per process
     for split in first:
         assert second[split][:] == first[split][:]
     with pytest.raises(AssertionError, match="tokenized again"):  # a new max_length is a new cache entry

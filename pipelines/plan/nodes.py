@@ -1,31 +1,45 @@
 """plan: params.yaml checked once and resolved into what each later stage reads (with a fingerprint of the files of
 every base model a cell starts from), plus each stage's code fingerprint. Stages depend on these files, not on
-params.yaml, the source tree or the models, so a stage reruns exactly when what it reads changes."""
+params.yaml, the source tree or the models, so a stage reruns exactly when what it reads changes.
 
+The plan itself is computed once per build, by the check that runs before any node (`pipelines.param_checks`):
+the node below only splits it into the stages' files."""
+
+import hashlib
 from pathlib import Path
 
 import layertune
 import pipelines
-from pipelines.plans import plan_studies as plan
-from pipelines.provenance import stage_fingerprint
+from pipelines.plans import Plan, TrainPlan
+from pipelines.provenance import import_closure, stage_fingerprint
 
 PROJECT = Path(pipelines.__file__).resolve().parent.parent
+LIBRARY = Path(layertune.__file__).resolve().parent
 # What every stage runs besides its own pipeline: hooks, datasets and settings, followed into their imports; the
 # registry and configuration, hashed as they are (the registry imports every stage's pipeline, but runs only one).
 FOLLOWED = ("pipelines/hooks.py", "pipelines/param_checks.py", "pipelines/datasets.py", "pipelines/settings.py")
 HASHED = ("pipelines/pipeline_registry.py", "conf/base/catalog.yml", "conf/logging.yml")
 
 
-def plan_studies(parameters: dict) -> tuple:
-    """The download plan, and per study: its plan, prepare and tokenize slices, and one spec per cell."""
-    planned = plan(parameters)
-    cells = {f"{cell.study}/cells/{cell.key}": cell for cell in planned.cells()}
-    return planned.download, planned.studies, planned.prepare, planned.features, cells
+def plan_files(plan: Plan) -> tuple:
+    """The download plan, and per study: its plan, prepare, tokenize and train slices."""
+    code = cell_code_fingerprint()
+    train = {name: TrainPlan(study=name, cells=study.cells, code=code) for name, study in plan.studies.items()}
+    return plan.download, plan.studies, plan.prepare, plan.features, train
 
 
 def code_fingerprints() -> dict[str, dict]:
     """Per stage, the hash of every source file it runs (see `pipelines.provenance`)."""
-    packages = {"layertune": Path(layertune.__file__).resolve().parent, "pipelines": PROJECT / "pipelines"}
+    packages = {"layertune": LIBRARY, "pipelines": PROJECT / "pipelines"}
     followed, hashed = [PROJECT / name for name in FOLLOWED], [PROJECT / name for name in HASHED]
     return {stage: stage_fingerprint(PROJECT / "pipelines" / stage, followed, hashed, packages, PROJECT)
             for stage in pipelines.STAGES if stage != "plan"}
+
+
+def cell_code_fingerprint() -> str:
+    """One digest of every library file that training a cell runs (`layertune.cell` and its imports)."""
+    digest = hashlib.sha256()
+    for path in import_closure([LIBRARY / "cell.py"], {"layertune": LIBRARY}):
+        digest.update(f"{path.relative_to(LIBRARY.parent)}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n"
+                      .encode())
+    return digest.hexdigest()[:32]

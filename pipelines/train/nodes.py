@@ -1,13 +1,50 @@
-"""train: one cell of one study (``--params study=<study>,cell=<key>``)."""
+"""train: every cell of a study's plan that is not built yet (`pipelines.trained_cells`), in the plan's order, where
+`layertune repro` asked (`pipelines.scheduling`: this process, N worker processes, or a Ray cluster). Each cell's
+folder is written whole as it ends, and is one MLflow run under the build's (`pipelines.tracking.StudyRuns`)."""
 
-from collections.abc import Callable
+import contextlib
+import logging
+import time
 from pathlib import Path
 
-from layertune.cell import TrainedCell, train_cell
-from layertune.corpus import Corpus
-from layertune.study import StudyCell
+from layertune.distributed import is_main_process, launched, state
+from pipelines import scheduling, tracking
+from pipelines.datasets import SavedCorpus
+from pipelines.plans import TrainPlan
+from pipelines.scheduling import CellJob, Started
+from pipelines.trained_cells import TrainedCells, build_record
+
+logger = logging.getLogger(__name__)
 
 
-def train(cell: StudyCell, corpora: dict[str, Callable[..., Corpus]], cache_root: Path) -> TrainedCell:
-    """The cell trained on its study's prepared data, from the tokenize stage's caches."""
-    return train_cell(cell.spec, corpus=corpora[cell.task](), cache_dir=cache_root)
+def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Path, cells: TrainedCells) -> None:
+    scheduler = scheduling.from_environment()  # first: a bad LAYERTUNE_JOBS stops the stage before any work
+    data = {task: scheduling.loaded(corpora[task]).fingerprint for task in {cell.task for cell in plan.cells}}
+    builds = {cell.key: build_record(cell, plan.code, data[cell.task]) for cell in plan.cells}
+    if is_main_process():  # in a cell trained by several processes, the main one moves folders; the others wait
+        cells.set_aside({key: build["key"] for key, build in builds.items()})
+        for cell in plan.cells:
+            if not cells.is_built(cell.key, builds[cell.key]["key"]):
+                cells.take_back(cell.key, builds[cell.key]["key"])
+    if launched():
+        state().wait_for_everyone()
+    todo = [cell for cell in plan.cells if not cells.is_built(cell.key, builds[cell.key]["key"])]
+    logger.info("%s: %d of %d cell(s) to train%s", plan.study, len(todo), len(plan.cells),
+                f", {scheduler.description}" if todo else "")
+    jobs = [CellJob(cell, builds[cell.key], corpora[cell.task], cache_root, cells) for cell in todo]
+    planned = {cell.key: cell for cell in plan.cells}
+    prepared = {task: corpus.path for task, corpus in corpora.items()}
+    started: dict[str, float] = {}
+    with tracking.sigterm_raises(), tracking.StudyRuns(plan.study, cells, planned, prepared,
+                                                        enabled=is_main_process()) as runs:
+        if jobs:
+            runs.open_build({"cells": len(jobs), "where": scheduler.description})
+        with contextlib.closing(scheduler.cells(jobs)) as events:
+            for event in events:
+                if isinstance(event, Started):
+                    started[event.key] = time.monotonic()
+                    runs.started(event.key, event.at_ms)
+                    continue
+                runs.finished(event.key, event.started_ms)
+                took = f" in {time.monotonic() - started[event.key]:.1f} s" if event.key in started else ""
+                logger.info("[%d/%d] %s trained%s", len(runs.done), len(jobs), event.key, took)

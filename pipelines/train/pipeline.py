@@ -1,9 +1,8 @@
 from kedro.pipeline import Pipeline, node
 
-from pipelines.hooks import MLFLOW_TAG
-from pipelines.train.nodes import train
+from pipelines.train.nodes import train_cells
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return Pipeline([node(train, ["cell_plan", "prepared_corpora", "feature_cache"], "trained_cell",
-                          name="train_cell", tags=[MLFLOW_TAG])])
+    return Pipeline([node(train_cells, ["train_plan", "prepared_corpora", "feature_cache", "study_cells"], None,
+                          name="train_cells")])

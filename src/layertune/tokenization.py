@@ -244,16 +244,28 @@ def _intact_meta(path: Path) -> dict | None:
     return None
 
 
+# Findings about a cached split already said in this process: a study's cells, trained in one process, read the
+# same split once each, and a finding about it is news once.
+_reported: set[tuple] = set()
+
+
+def _warn(cached: bool, finding: tuple, message: str, *args: object) -> None:
+    if cached and finding in _reported:
+        return
+    _reported.add(finding)
+    logger.warning(message + (" (cached)" if cached else ""), *args)
+
+
 def _report_unscored_words(name: str, split: str, num_words: int, cached: bool) -> None:
     if num_words:
-        logger.warning("%s/%s: %d words have no word piece left (cut off by truncation, or empty after "
-                       "tokenization): they get no prediction and are not scored%s", name, split, num_words,
-                       " (cached)" if cached else "")
+        _warn(cached, (name, split, "unscored", num_words), "%s/%s: %d words have no word piece left (cut off by "
+              "truncation, or empty after tokenization): they get no prediction and are not scored", name, split,
+              num_words)
 
 
 def _report_truncation(name: str, split: str, num_truncated: int, num_examples: int, max_length: int,
                        cached: bool) -> None:
     if num_truncated:
-        logger.warning("%s/%s: %d of %d examples (%.1f%%) truncated to max_length=%d tokens%s", name, split,
-                       num_truncated, num_examples, 100 * num_truncated / max(num_examples, 1), max_length,
-                       " (cached)" if cached else "")
+        _warn(cached, (name, split, "truncated", num_truncated, max_length), "%s/%s: %d of %d examples (%.1f%%) "
+              "truncated to max_length=%d tokens", name, split, num_truncated, num_examples,
+              100 * num_truncated / max(num_examples, 1), max_length)
