@@ -9,8 +9,8 @@ started at the time it started there), projects the saved folder onto it (`log_c
 metrics, the model's path and the frozen-prefix cache's decision as tags, the folder's summary, history and run info
 as artifacts) and ends it FINISHED. A failed cell ends FAILED; Ctrl-C or SIGTERM (what ``kill`` and CI timeouts
 send) ends the cells' runs and the build's KILLED. A build killed with SIGKILL cannot end anything: the next build
-of the study ends the runs it left RUNNING KILLED (`end_abandoned_runs`: their owner, this machine's process that
-created them, is gone).
+of the study settles the runs it left RUNNING (`settle_abandoned_runs`: their owner, this machine's process that
+created them, is gone): completed from the cell's folder where it was saved, else KILLED.
 
 Runs are driven through `mlflow.MlflowClient` with explicit run ids, never mlflow's active-run globals: mlflow ends a
 still-active run as FINISHED when the interpreter exits, which would mark an interrupted cell as finished.
@@ -46,6 +46,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -201,12 +203,30 @@ class SavedCell:
 
     @classmethod
     def read(cls, folder: str | Path) -> SavedCell:
-        from layertune.cell import CellFolder
+        """The folder's files; a `ValueError` naming the file and what is wrong with it (a missing one is an
+        `OSError` naming it)."""
+        from layertune.specs import CellSpec
         from pipelines.trained_cells import recorded_build_key
 
         folder = Path(folder).resolve()
-        cell = CellFolder(folder)
-        return cls(folder, cell.spec(), cell.metrics(), cell.history(), cell.run_info(), recorded_build_key(folder))
+
+        def read_json(name: str, default: Any = None) -> Any:
+            path = folder / name
+            if default is not None and not path.is_file():
+                return default
+            try:
+                return json.loads(path.read_text())
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{name} is not valid JSON ({error.msg}, line {error.lineno} column "
+                                 f"{error.colno})") from None
+
+        try:
+            spec = CellSpec.model_validate(read_json("cell.json"))
+        except ValidationError as error:
+            raise ValueError(f"cell.json is not a cell's spec ({error.error_count()} error(s), the first: "
+                             f"{error.errors()[0]['msg']})") from None
+        return cls(folder, spec, read_json("metrics.json"), read_json("history.json"), read_json("run_info.json", {}),
+                   recorded_build_key(folder))
 
     @property
     def digest(self) -> str:
@@ -247,13 +267,14 @@ class StudyRuns:
     """The MLflow runs of one build of a study, all owned by this process: the build's parent run (opened once a
     cell is to train), each cell's run as its child, and the study's folders synced at the end (`sync`).
 
-    As a context manager: entering ends the runs an earlier build of the study left RUNNING as it was killed
-    (`end_abandoned_runs`); leaving ends every run still open and the parent FINISHED, FAILED or KILLED by how the
+    As a context manager: entering settles the runs an earlier build of the study left RUNNING as it was killed
+    (`settle_abandoned_runs`); leaving ends every run still open and the parent FINISHED, FAILED or KILLED by how the
     block ended, and syncs unless the block was interrupted."""
 
     def __init__(self, study: str, cells, planned: Mapping[str, Any], prepared: Mapping[str, Path],
-                 uri: str | None = None, enabled: bool = True) -> None:
+                 build_keys: Mapping[str, str] | None = None, uri: str | None = None, enabled: bool = True) -> None:
         self.study, self.cells, self.planned, self.prepared = study, cells, planned, prepared
+        self.build_keys = build_keys or {}  # cell key -> the build key its folder will record
         self.enabled = enabled  # False: a process that does not own runs (one of several training a cell)
         self.store = Store(experiment_name(study), uri)
         self.build = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -264,7 +285,7 @@ class StudyRuns:
 
     def __enter__(self) -> StudyRuns:
         if self.enabled:
-            self.store.call(end_abandoned_runs)
+            self.store.call(settle_abandoned_runs, self.cells)
         return self
 
     def open_build(self, params: Mapping[str, Any]) -> None:
@@ -309,7 +330,8 @@ class StudyRuns:
 
     def _tags(self, cell) -> dict[str, str]:
         return {**cell_tags(stage=f"train@{cell.study}", study=cell.study, spec=cell.spec), BUILD_TAG: self.build,
-                **({PARENT_TAG: self.parent.run_id} if self.parent and self.parent.run_id else {})}
+                **({PARENT_TAG: self.parent.run_id} if self.parent and self.parent.run_id else {}),
+                **({BUILD_KEY_TAG: self.build_keys[cell.key]} if cell.key in self.build_keys else {})}
 
     def _inputs(self, task: str) -> list:
         if task not in self._datasets:
@@ -325,10 +347,10 @@ def sync(client, experiment_id: str, cells: Mapping[str, Any], planned: Mapping[
     end KILLED, tagged `SUPERSEDED_TAG`. Returns ``{run id: status}`` for each run it created or ended."""
     from pipelines.trained_cells import recorded_build_key
 
+    changed = settle_abandoned_runs(client, experiment_id, cells)
     finished: dict[str, list] = {}
     for run in _all_runs(client, experiment_id, "attributes.status = 'FINISHED'"):
         finished.setdefault(run.info.run_name, []).append(run)
-    changed: dict[str, str] = {}
     for key in cells:
         runs = finished.get(key, [])
         build_key = recorded_build_key(cells[key].path)
@@ -340,7 +362,7 @@ def sync(client, experiment_id: str, cells: Mapping[str, Any], planned: Mapping[
             try:
                 saved = SavedCell.read(cells[key].path)
             except (OSError, ValueError) as error:  # replaced meanwhile, or not a cell's
-                logger.warning("%s is not logged to MLflow: %s", cells[key].path, _cause(error))
+                logger.warning("%s is not logged to MLflow: %s", cells[key].path, error)
                 continue
             run = _run_from_folder(client, experiment_id, saved, planned.get(key), prepared)
             log_cell(client, run, saved)
@@ -358,21 +380,33 @@ def sync(client, experiment_id: str, cells: Mapping[str, Any], planned: Mapping[
     return changed
 
 
-def end_abandoned_runs(client, experiment_id: str) -> list[str]:
-    """Runs of the experiment left RUNNING by a process of this machine that is gone (a build killed with SIGKILL:
-    nothing could end them) end KILLED. Returns their ids. Runs of another machine's processes, which cannot be
-    checked from here, are left to the next build there."""
+def settle_abandoned_runs(client, experiment_id: str, cells) -> dict[str, str]:
+    """Runs of the experiment left RUNNING by a process of this machine that is gone (a build killed with SIGKILL,
+    or one whose store went down before it could end them): a cell's run whose folder holds the build it was
+    training (the same build key) is completed from it, FINISHED; any other ends KILLED, the build's parent run
+    included. Returns ``{run id: status}``. Runs of another machine's processes, which cannot be checked from here,
+    are left to the next build there."""
     from layertune.io import process_alive
+    from pipelines.trained_cells import recorded_build_key
 
-    ended = []
+    settled = {}
     for run in _all_runs(client, experiment_id, "attributes.status = 'RUNNING'"):
         host, pid = run.data.tags.get(HOST_TAG), run.data.tags.get(PID_TAG, "")
-        if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
-            client.set_terminated(run.info.run_id, status=KILLED)
-            ended.append(run.info.run_id)
-            logger.info("MLflow run %s (%s) was left RUNNING by a build that was killed: ended KILLED",
-                        run.info.run_id, run.info.run_name)
-    return ended
+        if host != socket.gethostname() or not pid.isdigit() or process_alive(int(pid)):
+            continue
+        key, folder = run.info.run_name, Path(cells.path) / run.info.run_name
+        built = key in cells and run.data.tags.get(BUILD_KEY_TAG) == recorded_build_key(folder)
+        if built:
+            try:
+                log_cell(client, run, SavedCell.read(folder))
+            except (OSError, ValueError) as error:  # replaced meanwhile, or damaged
+                logger.warning("%s is not logged to MLflow: %s", folder, error)
+                built = False
+        settled[run.info.run_id] = FINISHED if built else KILLED
+        client.set_terminated(run.info.run_id, status=settled[run.info.run_id])
+        logger.info("MLflow run %s (%s) was left RUNNING by a process that is gone: %s", run.info.run_id, key,
+                    "completed from its folder" if built else "ended KILLED")
+    return settled
 
 
 def _all_runs(client, experiment_id: str, condition: str = "") -> list:
@@ -487,7 +521,9 @@ def _warn_unreachable(uri: str, error: BaseException) -> None:
 def _cause(error: BaseException) -> str:
     """The innermost exception of a chain, on one line: 'ConnectionRefusedError: [Errno 111] Connection refused'."""
     seen = {id(error)}
-    while (inner := error.__cause__ or error.__context__) is not None and id(inner) not in seen:
+    # An exception raised `from None` says all there is: what it replaced is not the cause.
+    while (inner := error.__cause__ or (None if error.__suppress_context__ else error.__context__)) is not None \
+            and id(inner) not in seen:
         error = inner
         seen.add(id(error))
     text = " ".join(str(error).split())

@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import tarfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,9 +84,9 @@ class TrainedCells(Mapping):
             tar.extractall(staging, filter="data")  # no links out, no absolute paths, no devices
         return self.path / key
 
-    def set_aside(self, planned: Mapping[str, str]) -> list[str]:
-        """Folders of cells not in ``planned`` ({key: build key}) moved to `retired`; returns their keys. Writes
-        left by stopped builds (dot-named, of dead processes) are removed first."""
+    def set_aside(self, planned: Collection[str]) -> list[str]:
+        """Folders of cells whose keys are not in ``planned`` moved to `retired`; returns their keys. Writes left
+        by stopped builds (dot-named, of dead processes) are removed first."""
         self.path.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(self.path)
         gone = [key for key in self if key not in planned]

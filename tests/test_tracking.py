@@ -1,8 +1,8 @@
-"""MLflow: a run per cell that ends FINISHED only on success; FAILED on an error, KILLED on Ctrl-C or SIGTERM. The
-cell folder is the record: a tracking store that does not answer costs a cell seconds, never its outputs, and the
-folder is logged once it answers."""
+"""MLflow: one process owns a study build's runs, a parent run and one child per cell, which ends FINISHED only once
+the cell's folder is saved; FAILED on an error, KILLED on Ctrl-C or SIGTERM, and KILLED by the next build when the
+build was killed with SIGKILL. The cell folder is the record: a tracking store that does not answer costs a build
+seconds, never a cell, and the folder is logged once it answers."""
 
-import contextlib
 import json
 import logging
 import os
@@ -13,16 +13,17 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
-from pipelines import tracking
 from layertune.specs import CellSpec, CorpusSpec, EncoderSpec
 from layertune.study import StudyCell
 from layertune.trainer import TrainingResult
+from pipelines import tracking
+from pipelines.trained_cells import BUILD_FILE, TrainedCells
 
+ROOT = Path(__file__).resolve().parents[1]
 CELL = StudyCell(study="e", task="sst2", encoder="m", tunable_layers=2, seed=1,
                  spec=CellSpec(corpus=CorpusSpec(task="sst2", train_size=10), encoders=[
                      EncoderSpec(model="org/m", tunable_layers=2, pooling="mean")]))
@@ -41,17 +42,20 @@ def uri(store, monkeypatch):
     return uri
 
 
-def only_run(uri, experiment):
+def runs_of(uri: str, study: str) -> list:
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
-    assert len(runs) == 1
-    return client, runs[0]
+    experiment = client.get_experiment_by_name(f"layertune-{study}")
+    return client.search_runs([experiment.experiment_id]) if experiment else []
 
 
-def cell(study: str) -> StudyCell:
-    return CELL.model_copy(update={"study": study})
+def statuses(uri: str, study: str) -> list[tuple[str, str]]:
+    return sorted((run.info.run_name, run.info.status) for run in runs_of(uri, study))
+
+
+def cell(study: str, seed: int = 1) -> StudyCell:
+    return CELL.model_copy(update={"study": study, "seed": seed})
 
 
 def result() -> TrainingResult:
@@ -63,6 +67,22 @@ def result() -> TrainingResult:
         frozen_prefix_cache={"used": True, "reason": "cached, by estimate: …", "estimate": {"pass_s": 1.5}},
         predictions={}, test_metrics={"test_accuracy": 0.7},
         drift=pd.DataFrame())
+
+
+def save_folder(folder: Path, spec: CellSpec = CELL.spec, build_key: str = "k1") -> Path:
+    """What the train stage saves for a cell (`TrainedCells.write`), less the model."""
+    folder.mkdir(parents=True)
+    (folder / "cell.json").write_text(spec.model_dump_json(indent=2) + "\n")
+    (folder / "metrics.json").write_text(json.dumps(result().summary()))
+    (folder / "history.json").write_text(json.dumps(result().history))
+    (folder / "run_info.json").write_text(json.dumps({"frozen_prefix_cache": result().frozen_prefix_cache}))
+    (folder / BUILD_FILE).write_text(json.dumps({"key": build_key}))
+    return folder
+
+
+def study_runs(study: str, root: Path, planned: list[StudyCell] = (), prepared=None, **kwargs):
+    cells = TrainedCells(root / study, root / ".retired" / study)
+    return cells, tracking.StudyRuns(study, cells, {c.key: c for c in planned}, prepared or {}, **kwargs)
 
 
 def test_run_params_are_flat_and_name_the_cell():
@@ -78,75 +98,49 @@ def test_end_status_of_errors_and_interruptions():
     assert tracking.end_status(KeyboardInterrupt()) == tracking.end_status(tracking.Terminated()) == "KILLED"
 
 
-def test_sigterm_raises_within_the_block_and_restores_the_handler():
-    before = signal.getsignal(signal.SIGTERM)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_raises_within_the_block_and_restores_the_handler(signum):
+    before = signal.getsignal(signum)
     with pytest.raises(tracking.Terminated), tracking.sigterm_raises():
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signum)
         signal.sigtimedwait([], 1)
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signum) is before
 
 
-def save_folder(folder: Path, spec: CellSpec = CELL.spec) -> Path:
-    """What the train node saves for a cell (`layertune.cell.TrainedCell.save`), less the model."""
-    folder.mkdir(parents=True)
-    (folder / "cell.json").write_text(spec.model_dump_json(indent=2) + "\n")
-    (folder / "metrics.json").write_text(json.dumps(result().summary()))
-    (folder / "history.json").write_text(json.dumps(result().history))
-    (folder / "run_info.json").write_text(json.dumps({"frozen_prefix_cache": result().frozen_prefix_cache}))
-    return folder
-
-
-def run_hook(uri, study: str, folder: Path | None = None):
-    from pipelines.hooks import MLFLOW_TAG, MlflowCellHook
-
-    hook, node = MlflowCellHook(), SimpleNamespace(tags={MLFLOW_TAG})
-    hook.catalog = catalog(trained_cell=folder) if folder else None
-    hook.before_node_run(node=node, inputs={"cell_plan": cell(study)})
-    return hook, node
-
-
-def test_hook_finishes_only_after_the_whole_run_with_history_metrics_and_artifacts(uri, store, tmp_path):
-    folder = tmp_path / "04_models" / "e1" / "sst2-m-2-1"
-    hook, node = run_hook(uri, "e1", folder)
-    save_folder(folder)  # the node's output, saved by Kedro after the node ran
-    client, found = only_run(uri, "layertune-e1")
-    assert found.info.status == "RUNNING"  # the run is not over yet
-    hook.after_pipeline_run()
-    client, found = only_run(uri, "layertune-e1")
-    assert found.info.status == "FINISHED" and found.info.run_name == "sst2-m-2-1"
-    assert found.data.params["tunable_layers"] == "2" and found.data.params["head_learning_rate"] == "0.003"
-    assert found.data.tags["dvc_stage"] == "train-e1@sst2-m-2-1" and found.data.tags["study"] == "e1"
-    assert [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "eval_accuracy")] == [
-        (1, 0.5), (2, 0.75)]
-    assert found.data.metrics["best_eval_accuracy"] == 0.75 and found.data.metrics["test_accuracy"] == 0.7
-    assert sorted(a.path for a in client.list_artifacts(found.info.run_id)) == ["history.json", "metrics.json",
-                                                                                "run_info.json"]
-    # what the frozen-prefix cache decided, and why, is on the run
-    assert found.data.tags["frozen_prefix_cache.used"] == "True"
-    assert found.data.tags["frozen_prefix_cache.reason"].startswith("cached, by estimate")
-    assert (store / "mlartifacts" / "layertune-e1").is_dir()  # artifacts beside the database, not in the cwd
-    assert found.data.tags["model_path"] == str(folder.resolve() / "model")
-    tracking.sync("layertune-e1", folder.parent)  # the folder has its FINISHED run: nothing to do
-    assert len(client.search_runs([found.info.experiment_id])) == 1
-
-
-def test_a_folder_saved_in_an_earlier_form_of_the_spec_keeps_its_run(uri, tmp_path):
-    """A cell saved before the spec lost a field (encoders' own `learning_rate`, now the cell's training rate) was
-    tagged with the digest of the spec as written then: its run still matches, and a sync logs nothing twice."""
+def test_a_build_is_a_parent_run_and_each_cell_a_child_finished_once_its_folder_is_saved(uri, store, tmp_path):
+    planned = [cell("b1", 1), cell("b1", 2)]
+    cells, runs = study_runs("b1", tmp_path, planned)
+    with runs:
+        runs.open_build({"cells": 2, "where": "in this process"})
+        for each in planned:
+            runs.started(each.key)
+            assert ("sst2-m-2-%d" % each.seed, "RUNNING") in statuses(uri, "b1")  # the UI shows what trains
+            save_folder(cells.path / each.key, each.spec, build_key=f"key-{each.seed}")
+            runs.finished(each.key)
+    found = {run.info.run_name: run for run in runs_of(uri, "b1")}
+    parent = next(run for name, run in found.items() if name.startswith("build "))
+    assert sorted((name, run.info.status) for name, run in found.items()) == [
+        (parent.info.run_name, "FINISHED"), ("sst2-m-2-1", "FINISHED"), ("sst2-m-2-2", "FINISHED")]
+    assert parent.data.params["cells"] == "2" and parent.data.params["where"] == "in this process"
+    run = found["sst2-m-2-1"]
+    assert run.data.tags[tracking.PARENT_TAG] == parent.info.run_id
+    assert run.data.tags[tracking.BUILD_TAG] == parent.data.tags[tracking.BUILD_TAG]
+    assert run.data.params["tunable_layers"] == "2" and run.data.params["head_learning_rate"] == "0.003"
+    assert run.data.tags["dvc_stage"] == "train@b1" and run.data.tags["study"] == "b1"
+    assert run.data.tags[tracking.BUILD_KEY_TAG] == "key-1"
     from mlflow import MlflowClient
 
-    folder = save_folder(tmp_path / "04_models" / "earlier" / "sst2-m-2-1")
-    written = json.loads((folder / "cell.json").read_text())
-    written["encoders"][0] = {**written["encoders"][0], "learning_rate": None}  # the form 25c9497 wrote
-    (folder / "cell.json").write_text(json.dumps(written, indent=2))
-    then = tracking._json_digest(written)
-    assert then != tracking.spec_digest(CellSpec.model_validate(written))  # the spec read back has moved on
     client = MlflowClient(uri)
-    experiment = client.create_experiment("layertune-earlier")
-    run = client.create_run(experiment, run_name=folder.name, tags={tracking.SPEC_TAG: then})
-    client.set_terminated(run.info.run_id)
-    assert tracking.sync("layertune-earlier", folder.parent) == {}
-    assert [r.info.run_id for r in client.search_runs([experiment])] == [run.info.run_id]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval_accuracy")] == [
+        (1, 0.5), (2, 0.75)]
+    assert run.data.metrics["best_eval_accuracy"] == 0.75 and run.data.metrics["test_accuracy"] == 0.7
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["history.json", "metrics.json",
+                                                                              "run_info.json"]
+    assert run.data.tags["frozen_prefix_cache.used"] == "True"  # what the cache decided, and why
+    assert run.data.tags["frozen_prefix_cache.reason"].startswith("cached, by estimate")
+    assert (store / "mlartifacts" / "layertune-b1").is_dir()  # artifacts beside the database, not in the cwd
+    assert run.data.tags["model_path"] == str((cells.path / "sst2-m-2-1").resolve() / "model")
+    assert tracking.Store("layertune-b1").call(tracking.sync, cells, {}, {}) == {}  # every folder has its run
 
 
 def test_logging_a_folder_again_changes_nothing_however_it_is_named(uri, tmp_path, monkeypatch):
@@ -165,101 +159,82 @@ def test_logging_a_folder_again_changes_nothing_however_it_is_named(uri, tmp_pat
         (1, 0.5), (2, 0.75)]
 
 
-def test_hook_failed_on_node_error(uri):
-    hook, node = run_hook(uri, "e2")
-    hook.on_node_error(error=ValueError("bad"), node=node)
-    hook.after_pipeline_run()  # already ended: stays FAILED
-    assert only_run(uri, "layertune-e2")[1].info.status == "FAILED"
+def test_a_failed_cell_ends_failed_the_others_killed_and_the_build_failed(uri, tmp_path):
+    from pipelines.scheduling import CellFailed
+
+    planned = [cell("b2", 1), cell("b2", 2)]
+    _, runs = study_runs("b2", tmp_path, planned)
+    with pytest.raises(CellFailed), runs:
+        runs.open_build({})
+        runs.started("sst2-m-2-1")
+        runs.started("sst2-m-2-2")
+        raise CellFailed("sst2-m-2-2", "FloatingPointError: the loss is NaN")
+    found = {name: status for name, status in statuses(uri, "b2")}
+    assert found["sst2-m-2-1"] == "KILLED" and found["sst2-m-2-2"] == "FAILED"
+    assert [status for name, status in found.items() if name.startswith("build ")] == ["FAILED"]
 
 
-def test_hook_killed_when_interrupted_before_kedro_could_tell(uri):
-    hook, _ = run_hook(uri, "e3")
-    hook.end_open_run()  # what atexit calls after Ctrl-C, which skips Kedro's error hooks
-    assert only_run(uri, "layertune-e3")[1].info.status == "KILLED"
+def test_an_interrupted_build_ends_every_open_run_killed(uri, tmp_path):
+    _, runs = study_runs("b3", tmp_path, [cell("b3")])
+    with pytest.raises(KeyboardInterrupt), runs:
+        runs.open_build({})
+        runs.started("sst2-m-2-1")
+        raise KeyboardInterrupt
+    assert {status for _, status in statuses(uri, "b3")} == {"KILLED"} and len(statuses(uri, "b3")) == 2
 
 
-def test_sigterm_to_a_tracked_process_ends_its_run_killed(uri, tmp_path):
-    """A real process: the hook starts a run, the 'cell' is killed with SIGTERM mid-work."""
-    script = tmp_path / "cell.py"
-    script.write_text(textwrap.dedent("""
-        import time
-        from types import SimpleNamespace
-        from pipelines.hooks import MLFLOW_TAG, MlflowCellHook
-        from tests.test_tracking import cell
-        MlflowCellHook().before_node_run(node=SimpleNamespace(tags={MLFLOW_TAG}), inputs={"cell_plan": cell("e4")})
-        print("started", flush=True)
-        time.sleep(60)
-    """))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root,
-                               env={**os.environ, "PYTHONPATH": root})
+BUILD_SCRIPT = """
+import os, signal, sys, time
+from pathlib import Path
+from pipelines import tracking
+from tests.test_tracking import cell, study_runs
+_, runs = study_runs({study!r}, Path({root!r}), [cell({study!r})])
+with tracking.sigterm_raises(), runs:
+    runs.open_build({{}})
+    runs.started("sst2-m-2-1")
+    print("started", flush=True)
+    time.sleep(120)
+"""
+
+
+def start_build(study: str, tmp_path: Path) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT.format(study=study, root=str(tmp_path))],
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"})
     assert process.stdout.readline().strip() == "started"
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) != 0
-    assert only_run(uri, "layertune-e4")[1].info.status == "KILLED"
+    return process
 
 
-def test_a_sigterm_while_the_run_opens_ends_it_killed(uri, tmp_path):
-    """SIGTERM arriving just after the run was created, before its handler was installed, ended the process and
-    left the run RUNNING (CI saw it: `kill -9` of `dvc repro` as the cell's run appeared). It now waits for the
-    handler."""
-    script = tmp_path / "cell.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal, time
-        from types import SimpleNamespace
-        from pipelines import tracking
-        from pipelines.hooks import MLFLOW_TAG, MlflowCellHook
-        from tests.test_tracking import cell
-
-        start = tracking.CellRun.start
-        def start_then_terminated(*args, **kwargs):
-            run = start(*args, **kwargs)
-            os.kill(os.getpid(), signal.SIGTERM)  # the run exists; its handler is not installed yet
-            time.sleep(0.5)
-            return run
-        tracking.CellRun.start = start_then_terminated
-        MlflowCellHook().before_node_run(node=SimpleNamespace(tags={MLFLOW_TAG}), inputs={"cell_plan": cell("e5")})
-        time.sleep(60)
-    """))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    process = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=120, capture_output=True,
-                             text=True, env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root}/src"})
-    assert process.returncode != 0 and "Terminated" in process.stderr, process.stderr[-2000:]
-    assert only_run(uri, "layertune-e5")[1].info.status == "KILLED"
+def test_sigterm_to_a_build_ends_its_runs_killed(uri, tmp_path):
+    build = start_build("b4", tmp_path)
+    build.send_signal(signal.SIGTERM)
+    assert build.wait(timeout=60) != 0
+    assert {status for _, status in statuses(uri, "b4")} == {"KILLED"} and len(statuses(uri, "b4")) == 2
 
 
-def test_a_second_sigterm_while_the_run_ends_does_not_leave_it_running(uri, tmp_path):
-    """The first SIGTERM ends the run KILLED; a second one arriving as the run ends met the default handler (the
-    cell's was gone by then) and killed the process with its run RUNNING (CI saw it after `kill -9` of `dvc repro`
-    under load). The ending now runs whole."""
-    script = tmp_path / "cell.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal, time
-        from types import SimpleNamespace
-        from pipelines import tracking
-        from pipelines.hooks import MLFLOW_TAG, MlflowCellHook
-        from tests.test_tracking import cell
+def test_runs_a_build_killed_with_sigkill_left_running_are_ended_by_the_next_build(uri, tmp_path):
+    """Nothing can end a run when its process is killed with SIGKILL; the next build of the study ends it KILLED, and
+    the build's parent run with it. A run whose owner lives, or whose owner is another machine's (which cannot be
+    checked from here), is left to it."""
+    from mlflow import MlflowClient
 
-        end = tracking.CellRun.end
-        def end_after_another_sigterm(self, status):
-            os.kill(os.getpid(), signal.SIGTERM)  # the second signal, as the run ends
-            time.sleep(0.5)
-            end(self, status)
-        tracking.CellRun.end = end_after_another_sigterm
-        hook = MlflowCellHook()
-        hook.before_node_run(node=SimpleNamespace(tags={MLFLOW_TAG}), inputs={"cell_plan": cell("e6")})
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)  # the first
-            time.sleep(60)
-        except KeyboardInterrupt as error:
-            hook.on_node_error(error, None)
-            raise
-    """))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    process = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=120, capture_output=True,
-                             text=True, env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root}/src"})
-    assert process.returncode != 0 and "Terminated" in process.stderr, process.stderr[-2000:]
-    assert only_run(uri, "layertune-e6")[1].info.status == "KILLED"
+    build = start_build("b5", tmp_path)
+    build.kill()
+    build.wait()
+    assert {status for _, status in statuses(uri, "b5")} == {"RUNNING"}
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("layertune-b5").experiment_id
+    alive = client.create_run(experiment, run_name="alive", tags={
+        tracking.HOST_TAG: socket.gethostname(), tracking.PID_TAG: str(os.getpid())})
+    far = client.create_run(experiment, run_name="far", tags={tracking.HOST_TAG: "another-machine",
+                                                              tracking.PID_TAG: "1"})
+    _, runs = study_runs("b5", tmp_path)
+    with runs:
+        pass
+    found = dict(statuses(uri, "b5"))
+    assert found.pop("alive") == found.pop("far") == "RUNNING" and set(found.values()) == {"KILLED"}
+    for run in (alive, far):
+        client.set_terminated(run.info.run_id)
 
 
 # ------------------------------------------------------------------ a tracking store that does not answer
@@ -268,250 +243,126 @@ RETRY_VARIABLES = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKO
                    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "MLFLOW_HTTP_REQUEST_TIMEOUT")
 
 
-def catalog(**paths):
-    """What the hook reads of Kedro's catalog: where datasets live."""
-    return SimpleNamespace(get=lambda name: SimpleNamespace(path=paths[name])
-                           if name in paths else None)
-
-
-def train_cell_hook(study: str, project: Path, seed: int = 1, **paths) -> Path:
-    """The hook through a whole cell of ``project`` (its plan, then its folder saved), run in the project's folder
-    as stages are; returns the cell's folder."""
-    from pipelines.hooks import MLFLOW_TAG, MlflowCellHook
-
-    planned = cell(study).model_copy(update={"seed": seed})
-    plan = project / "data" / "00_plan" / study / "cells" / f"{planned.key}.json"
-    plan.parent.mkdir(parents=True, exist_ok=True)
-    plan.write_text(planned.model_dump_json())
-    folder = project / "data" / "04_models" / study / planned.key
-    hook, node = MlflowCellHook(), SimpleNamespace(tags={MLFLOW_TAG})
-    hook.catalog = catalog(trained_cell=folder, **paths)
-    with contextlib.chdir(project):
-        hook.before_node_run(node=node, inputs={"cell_plan": planned})
-        save_folder(folder, planned.spec)
-        hook.after_pipeline_run()
-    return folder
-
-
-def test_an_unreachable_server_costs_seconds_and_one_warning_and_keeps_only_the_folder(tmp_path, monkeypatch, caplog):
+def test_an_unreachable_server_costs_seconds_and_one_warning_and_keeps_only_the_folders(tmp_path, monkeypatch,
+                                                                                        caplog):
     from tests.team_server import free_port
 
     for name in RETRY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")  # the user's own setting is kept
-    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     started = time.monotonic()
-    folder = train_cell_hook("down", tmp_path)
+    planned = [cell("down", seed) for seed in (1, 2, 3)]
+    cells, runs = study_runs("down", tmp_path, planned)
+    with runs:
+        runs.open_build({})
+        for each in planned:
+            runs.started(each.key)
+            save_folder(cells.path / each.key, each.spec)
+            runs.finished(each.key)
     elapsed = time.monotonic() - started
     assert elapsed < 30, elapsed  # MLflow's own retries took 256 s per call
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and not warnings[0].exc_info, [r.getMessage() for r in warnings]
-    assert uri in warnings[0].getMessage() and "Connection refused" in warnings[0].getMessage()
+    assert url in warnings[0].getMessage() and "Connection refused" in warnings[0].getMessage()
     assert "\n" not in warnings[0].getMessage()
-    # no record of its own beside the cell's folder: that folder is what is logged later
-    written = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and ".locks" not in p.parts}
-    assert written == {f"data/00_plan/down/cells/{folder.name}.json",
-                       *(str(p.relative_to(tmp_path)) for p in folder.iterdir())}
+    # no record of its own beside the cells' folders: they are what is logged later
+    assert {p.parent.name for p in tmp_path.rglob("*") if p.is_file()} == {each.key for each in planned}
 
 
-def test_a_folder_saved_while_mlflow_was_down_is_logged_when_the_next_cell_of_the_study_starts(uri, tmp_path,
-                                                                                             monkeypatch):
-    monkeypatch.setitem(tracking._failed, uri, time.monotonic())  # the store failed a moment ago, in this process
-    train_cell_hook("back", tmp_path, seed=1)
-    del tracking._failed[uri]  # the store answers again
-    train_cell_hook("back", tmp_path, seed=2)
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("layertune-back").experiment_id])
-    assert sorted((r.info.run_name, r.info.status) for r in runs) == [("sst2-m-2-1", "FINISHED"),
-                                                                     ("sst2-m-2-2", "FINISHED")]
-    kept = next(r for r in runs if r.info.run_name == "sst2-m-2-1")
-    assert kept.data.params["seed"] == "1" and kept.data.metrics["best_eval_accuracy"] == 0.75
-    assert [(m.step, m.value) for m in client.get_metric_history(kept.info.run_id, "eval_accuracy")] == [
-        (1, 0.5), (2, 0.75)]
-    assert sorted(a.path for a in client.list_artifacts(kept.info.run_id)) == ["history.json", "metrics.json",
-                                                                               "run_info.json"]
-    assert kept.data.tags["dvc_stage"] == "train-back@sst2-m-2-1" and tracking.LOGGED_FROM_TAG in kept.data.tags
-
-
-def test_runs_left_running_by_killed_cells_are_settled_by_the_evaluate_stage(uri, tmp_path):
-    """Cells killed with SIGKILL whose training did not run again: a run whose process saved the folder before it
-    died is completed from it; one whose folder is older (DVC restored it from its run-cache) or of another spec
-    ends KILLED, and the folder gets a FINISHED run of its own, in the place of the run of its spec it replaces under
-    a build's parent run; a live owner's run is left."""
-    from mlflow import MlflowClient
-
-    from pipelines.hooks import MlflowCellHook
-
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("layertune-settle")
-    owner = {tracking.HOST_TAG: socket.gethostname(), tracking.SPEC_TAG: tracking.spec_digest(CELL.spec)}
-    runs = {name: client.create_run(experiment, run_name=name, tags={**owner, tracking.PID_TAG: str(pid), **(
-                {tracking.PARENT_TAG: "p-1"} if pid == dead.pid else {})}).info  # under a build's parent run
-            for name, pid in (("restored", dead.pid), ("older", dead.pid), ("other-spec", dead.pid),
-                              ("failed", dead.pid), ("alive", os.getpid()))}
-    client.set_terminated(runs["failed"].run_id, status="FAILED")  # ended without logging its folder
-    cells = tmp_path / "04_models" / "settle"
-    for name in ("restored", "older", "other-spec", "failed"):
-        spec = CELL.spec.model_copy(update={"training": CELL.spec.training.model_copy(update={"seed": 9})}) \
-            if name == "other-spec" else CELL.spec
-        save_folder(cells / name, spec)
-    old = runs["older"].start_time / 1000 - 3600  # written an hour before that run began: not its outputs
-    for path in (cells / "older", cells / "older" / "metrics.json"):
-        os.utime(path, (old, old))
-
-    hook = MlflowCellHook()
-    hook.catalog = catalog(study_cells=cells)
-    hook.before_node_run(node=SimpleNamespace(tags=set()),
-                         inputs={"study_plan": SimpleNamespace(name="settle"), "study_cells": {}})
-    status = {name: client.get_run(info.run_id).info.status for name, info in runs.items()}
-    assert status == {"restored": "FINISHED", "older": "KILLED", "other-spec": "KILLED", "failed": "FAILED",
-                      "alive": "RUNNING"}
-    restored = client.get_run(runs["restored"].run_id)
-    assert restored.data.metrics["best_eval_accuracy"] == 0.75 and restored.data.metrics["test_accuracy"] == 0.7
-    assert [m.step for m in client.get_metric_history(restored.info.run_id, "train_loss")] == [1, 2]
-    every = client.search_runs([experiment])
-    assert sorted((r.info.run_name, r.info.status) for r in every) == [
-        ("alive", "RUNNING"), ("failed", "FAILED"), ("failed", "FINISHED"), ("older", "FINISHED"),
-        ("older", "KILLED"), ("other-spec", "FINISHED"),
-        ("other-spec", "KILLED"), ("restored", "FINISHED")]
-    assert all(tracking.LOGGED_FROM_TAG in r.data.tags for r in every if r.info.run_id not in
-               {info.run_id for info in runs.values()})
-    assert "test_accuracy" not in client.get_run(runs["older"].run_id).data.metrics  # not credited with the folder
-    # a folder's new run keeps the place of the run of its spec it replaces under a build's parent run
-    for name in ("older", "failed"):
-        assert {r.data.tags.get(tracking.PARENT_TAG) for r in every if r.info.run_name == name} == {"p-1"}
-    client.set_terminated(runs["alive"].run_id)
-
-
-def test_each_cell_logs_its_train_and_dev_data_as_dataset_inputs(uri, tmp_path):
+def test_folders_saved_while_mlflow_was_down_are_logged_when_the_build_ends(uri, tmp_path, monkeypatch):
     import mlflow.data
 
-    prepared = tmp_path / "02_prepared"
-    (prepared / "sst2").mkdir(parents=True)
+    prepared = tmp_path / "02_prepared" / "sst2"
+    prepared.mkdir(parents=True)
     frames = {"train": pd.DataFrame({"sentence": ["a good film", "a bad film"], "label": [1, 0]}),
               "dev": pd.DataFrame({"sentence": ["great"], "label": [1]})}
     for split, frame in frames.items():
-        frame.to_parquet(prepared / "sst2" / f"{split}.parquet")
-    train_cell_hook("data", tmp_path, prepared_corpora=prepared)
-    client, found = only_run(uri, "layertune-data")
-    inputs = {d.dataset.name: d for d in found.inputs.dataset_inputs}
-    assert sorted(inputs) == ["sst2-dev", "sst2-train"]
-    for split, context in (("train", "training"), ("dev", "eval")):
-        logged = inputs[f"sst2-{split}"]
-        assert logged.dataset.digest == mlflow.data.from_pandas(frames[split]).digest
-        assert str(prepared / "sst2" / f"{split}.parquet") in logged.dataset.source
-        assert [(t.key, t.value) for t in logged.tags] == [("mlflow.data.context", context)]
-        assert json.loads(logged.dataset.profile)["num_rows"] == len(frames[split])
-
-
-def dead_pid() -> int:
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    return dead.pid
-
-
-def test_a_run_its_process_finished_while_a_sync_ran_stays_finished(uri, tmp_path):
-    """A sync that read the runs while a cell's run was still RUNNING, and reaches it after the cell ended it
-    FINISHED and exited, neither kills it nor logs its folder a second time."""
+        frame.to_parquet(prepared / f"{split}.parquet")
+    planned = [cell("back", 1), cell("back", 2)]
+    cells, runs = study_runs("back", tmp_path, planned, prepared={"sst2": prepared})
+    with runs:
+        runs.open_build({})
+        monkeypatch.setitem(tracking._failed, uri, time.monotonic())  # the store fails as the first cell trains
+        runs.started("sst2-m-2-1")
+        save_folder(cells.path / "sst2-m-2-1")
+        runs.finished("sst2-m-2-1")
+        del tracking._failed[uri]  # and answers again
+        runs.started("sst2-m-2-2")
+        save_folder(cells.path / "sst2-m-2-2", planned[1].spec)
+        runs.finished("sst2-m-2-2")
+    found = {run.info.run_name: run for run in runs_of(uri, "back")}
+    assert sorted((name, run.info.status) for name, run in found.items() if not name.startswith("build")) == [
+        ("sst2-m-2-1", "FINISHED"), ("sst2-m-2-2", "FINISHED")]
+    kept = found["sst2-m-2-1"]
+    assert tracking.LOGGED_FROM_TAG in kept.data.tags and tracking.LOGGED_FROM_TAG not in found["sst2-m-2-2"].data.tags
+    assert kept.data.params["seed"] == "1" and kept.data.metrics["best_eval_accuracy"] == 0.75
+    assert kept.data.tags["dvc_stage"] == "train@back" and kept.data.tags[tracking.BUILD_KEY_TAG] == "k1"
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
-    experiment = client.create_experiment("layertune-race")
-    tags = {tracking.HOST_TAG: socket.gethostname(), tracking.PID_TAG: str(dead_pid()),
-            tracking.SPEC_TAG: tracking.spec_digest(CELL.spec)}
-    run = client.create_run(experiment, run_name="sst2-m-2-1", tags=tags)
-    cells = tmp_path / "04_models" / "race"
-    save_folder(cells / "sst2-m-2-1")
-    stale = client.search_runs([experiment])  # what the sync read: RUNNING
-    client.set_terminated(run.info.run_id, status="FINISHED")  # then the cell ended its run, and exited
-
-    class Stale:
-        def __getattr__(self, name):
-            return getattr(client, name)
-
-        def search_runs(self, *args, **kwargs):
-            return stale
-
-    assert tracking._sync_runs(Stale(), experiment, tracking.saved_cells(cells)) == {}
-    assert [(r.info.run_id, r.info.status) for r in client.search_runs([experiment])] == [
-        (run.info.run_id, "FINISHED")]
+    assert [(m.step, m.value) for m in client.get_metric_history(kept.info.run_id, "eval_accuracy")] == [
+        (1, 0.5), (2, 0.75)]
+    # each cell's train and dev data are its run's dataset inputs, whether it logged itself or was logged later
+    for run in found.values():
+        if run.info.run_name.startswith("build"):
+            continue
+        inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+        assert sorted(inputs) == ["sst2-dev", "sst2-train"]
+        for split, context in (("train", "training"), ("dev", "eval")):
+            logged = inputs[f"sst2-{split}"]
+            assert logged.dataset.digest == mlflow.data.from_pandas(frames[split]).digest
+            assert str(prepared / f"{split}.parquet") in logged.dataset.source
+            assert [(t.key, t.value) for t in logged.tags] == [("mlflow.data.context", context)]
 
 
-def test_a_folder_that_cannot_be_read_is_skipped_and_the_others_are_logged(uri, tmp_path, caplog):
-    from mlflow import MlflowClient
+def test_a_cell_trained_again_supersedes_its_earlier_run(uri, tmp_path):
+    """A cell whose build key changed (its trainer was edited, say) is trained again into the same folder: the run
+    of its earlier build ends KILLED, tagged with the run that replaced it, so each folder has one FINISHED run.
+    Another cell's run stays FINISHED."""
+    planned = [cell("again", 1), cell("again", 2)]
+    cells, runs = study_runs("again", tmp_path, planned)
+    with runs:
+        for each in planned:
+            runs.started(each.key)
+            save_folder(cells.path / each.key, each.spec)
+            runs.finished(each.key)
+    import shutil
 
-    cells = tmp_path / "04_models" / "odd"
-    save_folder(cells / "sst2-m-2-1")
-    broken = cells / "sst2-m-2-2"
-    broken.mkdir()
-    (broken / "cell.json").write_text("{not json")
-    (broken / "metrics.json").write_text("{}")
-    with caplog.at_level(logging.WARNING):
-        ended = tracking.sync("layertune-odd", cells)
-    assert list(ended.values()) == ["FINISHED"]
-    assert tracking._reachable(uri)  # a bad folder is not a store that failed
-    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert warning.startswith(f"{broken} is not logged to MLflow: ValidationError")
-    client = MlflowClient(uri)
-    [run] = client.search_runs([client.get_experiment_by_name("layertune-odd").experiment_id])
-    assert run.info.run_name == "sst2-m-2-1" and run.info.status == "FINISHED"
-
-
-def test_a_rerun_ends_its_abandoned_run_while_another_process_syncs(uri, tmp_path, monkeypatch):
-    from filelock import FileLock
-    from mlflow import MlflowClient
-
-    monkeypatch.chdir(tmp_path)
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("layertune-busy")
-    old = client.create_run(experiment, run_name="sst2-m-2-1", tags={
-        tracking.HOST_TAG: socket.gethostname(), tracking.PID_TAG: str(dead_pid())})
-    tracking.SYNC_LOCKS.mkdir(parents=True)
-    with FileLock(tracking.SYNC_LOCKS / "tracking-sync-layertune-busy.lock"):  # another process's sync
-        assert tracking.sync("layertune-busy", tmp_path / "04_models" / "busy") == {}
-        run = tracking.CellRun.start("layertune-busy", "sst2-m-2-1", {}, uri=uri)
-    assert client.get_run(old.info.run_id).info.status == "KILLED"
-    run.end("FINISHED")
+    shutil.rmtree(cells.path / "sst2-m-2-1")
+    _, runs = study_runs("again", tmp_path, planned)
+    with runs:
+        runs.started("sst2-m-2-1")
+        save_folder(cells.path / "sst2-m-2-1", build_key="k2")
+        runs.finished("sst2-m-2-1")
+    found = sorted(((run.info.run_name, run.data.tags.get(tracking.BUILD_KEY_TAG), run.info.status)
+                    for run in runs_of(uri, "again")))
+    assert found == [("sst2-m-2-1", "k1", "KILLED"), ("sst2-m-2-1", "k2", "FINISHED"),
+                     ("sst2-m-2-2", "k1", "FINISHED")]
+    superseded = next(run for run in runs_of(uri, "again") if run.info.status == "KILLED")
+    replacing = next(run for run in runs_of(uri, "again") if run.data.tags.get(tracking.BUILD_KEY_TAG) == "k2")
+    assert superseded.data.tags[tracking.SUPERSEDED_TAG] == replacing.info.run_id
 
 
-@pytest.mark.parametrize("build_over", [True, False, "collected"])
-def test_a_ray_cells_run_left_running_on_another_machine_ends_with_its_build(uri, tmp_path, build_over):
-    """A run whose process ran on another machine cannot be checked: it counts as abandoned once its build's parent
-    run has ended (its node was lost, or the server was down when the build closed), or is gone from the store
-    (deleted, and collected by `mlflow gc`)."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    experiment = client.create_experiment(f"layertune-far-{build_over}")
-    parent = client.create_run(experiment, run_name="build b").info.run_id
-    if build_over is True:
-        client.set_terminated(parent, status="FINISHED")
-    if build_over == "collected":
-        parent = "0" * 32
-    far = client.create_run(experiment, run_name="sst2-m-2-1", tags={
-        tracking.HOST_TAG: "another-machine", tracking.PID_TAG: "1", tracking.PARENT_TAG: parent})
-    tracking.sync(f"layertune-far-{build_over}", tmp_path / "none")
-    build_over = bool(build_over)
-    assert client.get_run(far.info.run_id).info.status == ("KILLED" if build_over else "RUNNING")
-    # the same rule when the cell trains again here: its start ends the far run it replaces, once the build is over
-    again = client.create_run(experiment, run_name="sst2-m-2-1", tags=far.data.tags)
-    ended = tracking.end_abandoned_runs(client, experiment, "sst2-m-2-1")
-    assert ended == ([again.info.run_id] if build_over else [])
-    for run in (far, again):
-        client.set_terminated(run.info.run_id)
+def test_sync_names_a_folder_it_cannot_read_and_logs_the_others(uri, tmp_path, monkeypatch):
+    """`python -m pipelines.tracking sync`, in a project: a cell folder whose metrics.json is not JSON is named with
+    the file and what is wrong (it was `StopIteration: 12`); the good folder is logged."""
+    models = tmp_path / "data" / "04_models" / "odd"
+    save_folder(models / "sst2-m-2-1")
+    broken = save_folder(models / "sst2-m-2-2")
+    (broken / "metrics.json").write_text('{"eval_accuracy": 0.7,')
+    done = subprocess.run([sys.executable, "-m", "pipelines.tracking", "sync"], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"})
+    assert done.returncode == 0, done.stderr
+    assert "1 cell folder(s) logged" in done.stdout
+    [warning] = [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
+    assert "data/04_models/odd/sst2-m-2-2 is not logged to MLflow: metrics.json is not valid JSON" in warning, warning
+    assert statuses(uri, "odd") == [("sst2-m-2-1", "FINISHED")]
 
 
 # ------------------------------------------------------------- a real server killed while a cell trains
-
-
-def cell_command(key: str) -> list[str]:
-    return [sys.executable, "-m", "kedro", "run", "--pipelines", "train", "--params", f"study=slow,cell={key}"]
 
 
 def server_runs(url: str) -> list:
@@ -522,13 +373,9 @@ def server_runs(url: str) -> list:
     return client.search_runs([experiment.experiment_id]) if experiment else []
 
 
-def warning_lines(output: str) -> list[str]:
-    return [line for line in output.splitlines() if "WARNING" in line or "Traceback" in line]
-
-
 def test_a_tracking_server_killed_mid_cell_loses_no_cell(tmp_path, monkeypatch):
-    """A real `mlflow server` killed while a cell trains: the stage succeeds with the cell's folder and one warning
-    line; once the server is back, `python -m pipelines.tracking sync` completes the cell's run there from its folder:
+    """A real `mlflow server` killed while a study's cell trains: the stage succeeds with the cell's folder and one
+    warning line; once the server is back, `python -m pipelines.tracking sync` logs the cell there from its folder:
     FINISHED, with its parameters, metrics and dataset inputs."""
     from tests.projects import make_project, project_env, run, study
     from tests.team_server import free_port, mlflow_server
@@ -544,62 +391,38 @@ def test_a_tracking_server_killed_mid_cell_loses_no_cell(tmp_path, monkeypatch):
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, **project_env(project), "MLFLOW_TRACKING_URI": url}
     folder, log = project / "data" / "04_models" / "slow" / "sst2-tiny-1-1", tmp_path / "cell.log"
+    command = [sys.executable, "-m", "kedro", "run", "--pipelines", "train", "--params", "study=slow"]
 
     with mlflow_server(store, tmp_path / "artifacts", port=port), open(log, "w") as output:
-        cell = subprocess.Popen(cell_command("sst2-tiny-1-1"), cwd=project, env=env, stdout=output,
-                                stderr=subprocess.STDOUT)
+        stage = subprocess.Popen(command, cwd=project, env=env, stdout=output, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
-        while not server_runs(url) and cell.poll() is None and time.monotonic() < deadline:
+        while len(server_runs(url)) < 2 and stage.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert [r.info.status for r in server_runs(url)] == ["RUNNING"]
-    assert cell.wait(timeout=300) == 0, log.read_text()[-3000:]  # the server was gone before training ended
+        assert [r.info.status for r in server_runs(url)] == ["RUNNING", "RUNNING"]  # the build and its cell
+    assert stage.wait(timeout=300) == 0, log.read_text()[-3000:]  # the server was gone before training ended
     assert (folder / "metrics.json").is_file()
-    assert len(warning_lines(log.read_text())) == 1 and url in warning_lines(log.read_text())[0], log.read_text()
+    warnings = [line for line in log.read_text().splitlines() if "WARNING" in line or "Traceback" in line]
+    assert len(warnings) == 1 and url in warnings[0], log.read_text()
 
     with mlflow_server(store, tmp_path / "artifacts", port=port):
         synced = subprocess.run([sys.executable, "-m", "pipelines.tracking", "sync"], cwd=project, env=env,
                                 capture_output=True, text=True, timeout=300)
         assert synced.returncode == 0, synced.stdout + synced.stderr
-        assert "1 cell folder(s) logged" in synced.stdout
-        [found] = server_runs(url)
-    assert found.info.status == "FINISHED" and found.data.params["epochs"] == "100"
+        found = server_runs(url)
+    assert sorted((run.info.run_name.split()[0], run.info.status) for run in found) == [
+        ("build", "KILLED"), ("sst2-tiny-1-1", "FINISHED")]  # nothing could end the build's own run
+    logged = next(run for run in found if run.info.run_name == "sst2-tiny-1-1")
+    assert tracking.LOGGED_FROM_TAG not in logged.data.tags  # the cell's own run, completed from its folder
+    assert logged.data.params["epochs"] == "100"
     saved = json.loads((folder / "metrics.json").read_text())
-    assert found.data.metrics["best_eval_accuracy"] == saved["eval_accuracy"]
-    assert sorted(d.dataset.name for d in found.inputs.dataset_inputs) == ["sst2-dev", "sst2-train"]
-    assert tracking.LOGGED_FROM_TAG not in found.data.tags  # the cell's own run, completed
+    assert logged.data.metrics["best_eval_accuracy"] == saved["eval_accuracy"]
+    assert sorted(d.dataset.name for d in logged.inputs.dataset_inputs) == ["sst2-dev", "sst2-train"]
 
 
-def test_a_cell_trained_again_leaves_one_finished_run_of_its_spec(uri):
-    """`kill -9` of `dvc repro` after a cell's run ended FINISHED but before DVC recorded the stage: the rerun trains
-    the cell again (DVC deleted its outputs first). Its FINISHED run supersedes the earlier one of the same spec (its
-    process gone): one FINISHED run per cell. Another spec's run, and a live process's, stay FINISHED."""
-    from mlflow import MlflowClient
-
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("layertune-again")
-    spec = tracking.spec_digest(CELL.spec)
-    earlier = {}
-    for name, digest, pid in (("before", spec, dead.pid), ("other-spec", "0" * 16, dead.pid),
-                              ("alive", spec, os.getpid())):
-        tags = {tracking.HOST_TAG: socket.gethostname(), tracking.PID_TAG: str(pid), tracking.SPEC_TAG: digest}
-        earlier[name] = client.create_run(experiment, run_name="sst2-m-2-1", tags=tags).info.run_id
-        client.set_terminated(earlier[name], status="FINISHED")
-    run = tracking.CellRun.start("layertune-again", "sst2-m-2-1", {}, tags={tracking.SPEC_TAG: spec}, uri=uri)
-    run.end("FINISHED")
-    status = {name: client.get_run(run_id).info.status for name, run_id in earlier.items()}
-    assert status == {"before": "KILLED", "other-spec": "FINISHED", "alive": "FINISHED"}
-    assert client.get_run(earlier["before"]).data.tags[tracking.SUPERSEDED_TAG] == run.run_id
-    assert client.get_run(run.run_id).info.status == "FINISHED"
-
-
-def test_a_read_only_store_is_one_warning_line_and_the_cell_is_kept(tmp_path, capfd, caplog):
+def test_a_read_only_store_is_one_warning_line_and_the_build_goes_on(tmp_path, capfd, caplog):
     """A read-only mlflow.db printed ~70 lines of SQLAlchemy (MLflow's SQL store logs each database error with its
     traceback). Made read-only with chattr, which binds root too (a file mode does not)."""
-    import logging
     import shutil
-    import subprocess
 
     from mlflow import MlflowClient
 
@@ -610,8 +433,10 @@ def test_a_read_only_store_is_one_warning_line_and_the_cell_is_kept(tmp_path, ca
     try:
         capfd.readouterr()
         with caplog.at_level(logging.WARNING):
-            run = tracking.CellRun.start("layertune-ro", "cell-1", {"seed": 1}, uri=uri)
-            run.end("FINISHED")
+            _, runs = study_runs("ro", tmp_path, [cell("ro")], uri=uri)
+            with runs:
+                runs.open_build({})
+                runs.started("sst2-m-2-1")
         out, err = capfd.readouterr()
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         # SQLite says "attempt to write a readonly database" or "disk I/O error", by journal mode

@@ -22,7 +22,7 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
     data = {task: scheduling.loaded(corpora[task]).fingerprint for task in {cell.task for cell in plan.cells}}
     builds = {cell.key: build_record(cell, plan.code, data[cell.task]) for cell in plan.cells}
     if is_main_process():  # in a cell trained by several processes, the main one moves folders; the others wait
-        cells.set_aside({key: build["key"] for key, build in builds.items()})
+        cells.set_aside(builds)
         for cell in plan.cells:
             if not cells.is_built(cell.key, builds[cell.key]["key"]):
                 cells.take_back(cell.key, builds[cell.key]["key"])
@@ -35,7 +35,8 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
     planned = {cell.key: cell for cell in plan.cells}
     prepared = {task: corpus.path for task, corpus in corpora.items()}
     started: dict[str, float] = {}
-    with tracking.sigterm_raises(), tracking.StudyRuns(plan.study, cells, planned, prepared,
+    build_keys = {key: build["key"] for key, build in builds.items()}
+    with tracking.sigterm_raises(), tracking.StudyRuns(plan.study, cells, planned, prepared, build_keys,
                                                         enabled=is_main_process()) as runs:
         if jobs:
             runs.open_build({"cells": len(jobs), "where": scheduler.description})
