@@ -1,6 +1,7 @@
-"""Parameters checked before a stage runs anything, so that a bad one ends `kedro run` with one message naming it (a
-command-line error) rather than a failed node or dataset and Kedro's traceback: params.yaml and the data it names
-for the plan stage, ``--params study=…`` against the plan for the stages after it."""
+"""What a stage is given, checked before it runs anything, so that a bad value ends `kedro run` with one message
+naming it (a command-line error) rather than a failed node or dataset and Kedro's traceback: params.yaml and the
+data it names for the plan stage, ``--params study=…`` against the plan for the stages after it, and the feature
+cache's folder for the stages that write it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ PLAN_NODE = "plan_files"
 PLAN = "plan"  # the catalog's in-memory dataset that holds the plan once it is checked
 # The plan files a stage reads for one study: the catalog's paths name them by `--params study=<name>`.
 STUDY_INPUTS = ("prepare_plan", "feature_plan", "study_plan", "train_plan")
+FEATURE_CACHE = "feature_cache"  # the catalog's content-keyed cache folder (tokenized splits, frozen-prefix states)
 
 
 class InvalidParams(click.ClickException):
@@ -42,6 +44,19 @@ class ParamsCheckHook:
         elif any(name in pipeline.inputs() for name in STUDY_INPUTS):
             plans = Path(catalog.get("study_plans").path)
             check_planned(run_params.get("runtime_params") or {}, plans)
+        if FEATURE_CACHE in pipeline.inputs():
+            check_cache_folder(Path(catalog.get(FEATURE_CACHE).path))
+
+
+def check_cache_folder(folder: Path) -> None:
+    """The feature cache's folder can be written (made if missing); else `InvalidParams` naming it and the fix."""
+    from layertune.frozen_prefix import CacheNotWritable, check_writable
+
+    try:
+        check_writable(folder)
+    except CacheNotWritable as error:
+        raise InvalidParams(str(error.advising("Point the catalog's feature_cache (conf/base/catalog.yml) at a "
+                                               "folder you can write."))) from None
 
 
 def check_planned(runtime: dict, plans: Path) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.plans import dvc_stage
 from tests.projects import ROOT, make_dvc_project, make_project, project_env, run, study
 
 PARAMS = {
@@ -52,8 +51,7 @@ def run_stages(project: Path) -> dict:
         run(project, "prepare", study=name)
         run(project, "tokenize", study=name)
         cache_before = sorted(p.name for p in (project / "data" / "cache").rglob("*"))
-        for cell in plan.cells:
-            run(project, "train", study=name, cell=cell.key)
+        run(project, "train", study=name)
         assert sorted(p.name for p in (project / "data" / "cache").rglob("*")) == cache_before, \
             "cells found the tokenize stage's caches: they wrote none of their own"
         run(project, "evaluate", study=name)
@@ -68,12 +66,12 @@ def test_every_cell_of_every_study_has_its_folder(built):
             folder = project / "data" / "04_models" / cell.path
             assert {p.name for p in folder.iterdir()} == {"cell.json", "metrics.json", "history.json", "drift.csv",
                                                           "predictions.json", "run_info.json", "model",
-                                                          ".layertune-output"}
+                                                          "build.json", ".layertune-output"}
     tagging = json.loads((project / "data/04_models/tags/conll2003-tiny-0-1/predictions.json").read_text())
     assert set(tagging) == {"dev", "test"}  # CoNLL-2003 has a labelled test split
 
 
-def test_one_finished_mlflow_run_per_cell_with_params_history_and_model(built):
+def test_one_finished_mlflow_run_per_cell_under_the_builds_with_params_history_and_model(built):
     from mlflow import MlflowClient
 
     project, plans = built
@@ -81,6 +79,9 @@ def test_one_finished_mlflow_run_per_cell_with_params_history_and_model(built):
     for name, plan in plans.items():
         experiment = client.get_experiment_by_name(f"layertune-{name}")
         runs = {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
+        [build] = [run for run_name, run in runs.items() if run_name.startswith("build ")]
+        assert build.info.status == "FINISHED" and build.data.params["cells"] == str(len(plan.cells))
+        runs = {run_name: run for run_name, run in runs.items() if run is not build}
         assert set(runs) == {cell.key for cell in plan.cells}
         for cell in plan.cells:
             run = runs[cell.key]
@@ -94,7 +95,8 @@ def test_one_finished_mlflow_run_per_cell_with_params_history_and_model(built):
             history = client.get_metric_history(run.info.run_id, "eval_loss")
             assert [m.step for m in history] == [1, 2]
             assert (project / run.data.tags["model_path"] / "config.json").is_file()
-            assert run.data.tags["dvc_stage"] == dvc_stage(cell)
+            assert run.data.tags["dvc_stage"] == f"train@{name}"
+            assert run.data.tags["mlflow.parentRunId"] == build.info.run_id
 
 
 def test_reports_of_all_four_kinds(built):
@@ -204,81 +206,68 @@ def test_bad_local_data_stops_the_plan_with_one_error_line(tmp_path):
     assert not (project / "data" / "00_plan").exists()
 
 
-def test_a_study_without_its_train_stage_stops_the_plan_naming_the_command(tmp_path):
-    """A study in params.yaml whose train stage dvc.yaml lacks (`python -m pipelines.dvc_stages` not run): the plan
-    stage ends as for a bad parameter, exit 2 and one `Error:` line naming the command, before any node."""
-    project = make_project(tmp_path, PARAMS)
-    dvc_yaml = (ROOT / "dvc.yaml").read_text()  # its train stages are the default studies', none of PARAMS'
-    (project / "dvc.yaml").write_text(dvc_yaml)
-    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "plan"], cwd=project, text=True,
-                          env={**os.environ, **project_env(project)}, capture_output=True)
-    output = done.stderr + done.stdout
-    assert done.returncode == 2, output
-    errors = [line for line in output.splitlines() if "Error" in line]
-    assert errors == ["Error: dvc.yaml has no train stage for studies 'layers', 'tags', 'combo', 'tuning' of "
-                      "params.yaml: run python -m pipelines.dvc_stages (it writes dvc.yaml's train stages from "
-                      "params.yaml), then dvc repro or dvc exp run again"], output
-    assert "Traceback" not in output and not (project / "data" / "00_plan").exists()
-
-
-def test_an_unknown_study_or_cell_is_one_message_naming_the_planned_ones(built):
+def test_an_unknown_study_is_one_message_naming_the_planned_ones(built):
     """Checked before the stage runs (Kedro's command line prints it as `Error: …`, no traceback)."""
     from click import ClickException
 
     project, _ = built
-    with pytest.raises(ClickException, match=r"^unknown study 'nope' \(--params study=<name>\); studies: combo, "
-                                             r"layers, tags, tuning \(those of the last plan"):
-        run(project, "prepare", study="nope")
-    with pytest.raises(ClickException, match=r"^study 'layers' has no cell 'sst2-tiny-9-1' .* Valid choices: "
-                                             r"sst2-tiny-0-1, sst2-tiny-0-2, sst2-tiny-2-1, sst2-tiny-2-2\.$"):
-        run(project, "train", study="layers", cell="sst2-tiny-9-1")
+    for stage in ("prepare", "train"):
+        with pytest.raises(ClickException, match=r"^unknown study 'nope' \(--params study=<name>\); studies: "
+                                                 r"combo, layers, tags, tuning \(those of the last plan"):
+            run(project, stage, study="nope")
+
+
+def trained(log: str) -> list[str]:
+    """The cells a `dvc repro` log says were trained."""
+    return sorted(line.split("] ")[1].split()[0] for line in log.splitlines() if " trained" in line and "] " in line)
 
 
 @pytest.mark.integration  # DVC builds a tiny project three times (as tests/test_scale.py does): ~1 min
-def test_a_base_model_changed_in_place_reruns_exactly_the_cells_built_on_it(tmp_path):
-    """The plan hashes each base model's files into the plan files of the cells built on it, and runs at every
-    `dvc repro`: new weights for tiny-b, in place, rerun b's cell (and the tokenize stage, whose cached states
+def test_a_base_model_changed_in_place_retrains_exactly_the_cells_built_on_it(tmp_path):
+    """The plan hashes each base model's files into the plan of the cells built on it, and runs at every `dvc
+    repro`: new weights for tiny-b, in place, retrain b's cell (and rerun the tokenize stage, whose cached states
     depend on them), never a's."""
     from layertune.testing import make_tiny_model
 
     two = {"a": "models/tiny-a", "b": "models/tiny-b"}
-    params = {"download": {"mirror": "mirror"}, "studies": {  # dvc.yaml names the three studies
-        "ablation": study("layers", ["sst2"], two, [1], [1]), "ner": study("ner", ["conll2003"], two, [1], [1]),
-        "multi_encoder": study("encoders", ["sst2"], two, [1], [1])}}
+    params = {"download": {"mirror": "mirror"}, "studies": {"ablation": study("layers", ["sst2"], two, [1], [1])}}
     project = make_dvc_project(tmp_path, params)
-    cells = ["train-ablation@sst2-a-1-1", "train-ablation@sst2-b-1-1"]
-    env = {**os.environ, **project_env(project), "LAYERTUNE_WARM_IDLE": "10"}
+    env = {**os.environ, **project_env(project)}
 
     def repro() -> str:
-        done = subprocess.run(["dvc", "repro", *cells], cwd=project, env=env, capture_output=True, text=True)
+        done = subprocess.run(["dvc", "repro", "train@ablation"], cwd=project, env=env, capture_output=True,
+                              text=True)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return done.stdout
+        return done.stdout + done.stderr
 
-    repro()
+    assert trained(repro()) == ["sst2-a-1-1", "sst2-b-1-1"]
     unchanged = repro()
     assert [line for line in unchanged.splitlines() if line.startswith("Running stage")] == ["Running stage 'plan':"]
-    assert "Stage 'tokenize@ablation' didn't change" in unchanged
     make_tiny_model(project / "models" / "tiny-b", "bert", seed=2, extra_words=("really", "peter", "paris"))
     log = repro()
-    assert "Running stage 'train-ablation@sst2-b-1-1'" in log and "Running stage 'tokenize@ablation'" in log
-    assert "Stage 'train-ablation@sst2-a-1-1' didn't change" in log and "Stage 'prepare@ablation' didn't change" in log
+    assert "Running stage 'train@ablation'" in log and "Running stage 'tokenize@ablation'" in log
+    assert "Stage 'prepare@ablation' didn't change" in log
+    assert trained(log) == ["sst2-b-1-1"] and "ablation: 1 of 2 cell(s) to train" in log
 
 
-@pytest.mark.integration  # DVC builds a one-cell study, an experiment adds a seed, two new studies are refused: ~2 min
-def test_dvc_builds_a_new_seed_refuses_a_study_without_its_stage_and_shows_the_plots(tmp_path):
-    """A study's grid comes from params.yaml through dvc.yaml's matrix: `dvc exp run -S` adding a seed trains just
-    that cell. A study added without `python -m pipelines.dvc_stages`, by editing params.yaml or with `-S`, stops
-    in the plan stage, the first to run, naming the command. `dvc plots show` renders the declared plots."""
+@pytest.mark.integration  # DVC builds a one-cell study, an experiment adds a seed, then a study: ~3 min
+def test_dvc_builds_a_new_seed_and_a_new_study_from_params_alone_and_shows_the_plots(tmp_path):
+    """A study's cells come from params.yaml through the plan: `dvc exp run -S` adding a seed trains just that cell;
+    a study added to params.yaml, by editing it or with `-S`, is built by `dvc repro` with no other step.
+    `dvc plots show` renders the declared plots."""
     params = {"download": {"mirror": "mirror"},
               "studies": {"layers": study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [0], [1])}}
     project = make_dvc_project(tmp_path, params)
-    env = {**os.environ, **project_env(project), "LAYERTUNE_WARM_IDLE": "10"}
+    env = {**os.environ, **project_env(project)}
 
     def dvc(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["dvc", *args], cwd=project, env=env, capture_output=True, text=True)
 
-    built = dvc("repro")
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    def log(done: subprocess.CompletedProcess) -> str:
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        return done.stdout + done.stderr
+
+    log(dvc("repro"))
     plots = json.loads(dvc("plots", "show", "--json").stdout)["data"]
     assert set(plots) == {"reports/layers.scores.csv", "reports/layers.losses.csv"}
     for name, (x, y, rows) in {"reports/layers.scores.csv": ("setting", "score", 1),
@@ -292,30 +281,21 @@ def test_dvc_builds_a_new_seed_refuses_a_study_without_its_stage_and_shows_the_p
     html = dvc("plots", "show", "-o", str(tmp_path / "html"))
     assert html.returncode == 0 and "reports/layers.scores.csv" in (tmp_path / "html" / "index.html").read_text()
     tables = {name: (project / "reports" / name).read_bytes() for name in ("layers.scores.csv", "layers.losses.csv")}
-    rebuilt = dvc("repro", "--force")  # every stage again, the cell retrained: the same plots' tables, byte for byte
-    assert rebuilt.returncode == 0 and "Running stage 'train-layers@sst2-tiny-0-1'" in rebuilt.stdout, rebuilt.stdout
+    import shutil
+
+    shutil.rmtree(project / "data" / "04_models" / "layers")  # the cell trained again: the same tables, byte for byte
+    assert trained(log(dvc("repro"))) == ["sst2-tiny-0-1"]
     assert {name: (project / "reports" / name).read_bytes() for name in tables} == tables
 
-    seed = dvc("exp", "run", "-S", "studies.layers.seeds=[1,2]")
-    assert seed.returncode == 0, seed.stdout[-3000:] + seed.stderr[-3000:]
-    assert "Running stage 'train-layers@sst2-tiny-0-2'" in seed.stdout
-    assert "Stage 'train-layers@sst2-tiny-0-1' didn't change" in seed.stdout
+    seed = log(dvc("exp", "run", "-S", "studies.layers.seeds=[1,2]"))
+    assert trained(seed) == ["sst2-tiny-0-2"] and "layers: 1 of 2 cell(s) to train" in seed
     assert {line.split(",")[2] for line in (project / "reports/layers.losses.csv").read_text().splitlines()[1:]} \
         == {"1", "2"}
     assert (project / "reports/layers.scores.csv").read_bytes() != tables["layers.scores.csv"]  # over two seeds now
 
-    edited = {**params, "studies": {**params["studies"], "more": params["studies"]["layers"]}}
-    (project / "params.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
-    added = {"repro": dvc("repro"),
-             "exp run -S": dvc("exp", "run", "-S", "+studies.other={report:{kind:layers},tasks:[sst2],"
-                                                   "encoders:{tiny:'models/tiny-a'},tunable_layers:[0],seeds:[1]}")}
-    for (command, done), new in zip(added.items(), (["more"], ["more", "other"])):
-        output = done.stdout + done.stderr
-        assert done.returncode != 0 and "exited with 2" in output, (command, output[-3000:])
-        assert [line for line in output.splitlines() if line.startswith("Running stage")] == \
-            ["Running stage 'plan':"], (command, output[-3000:])
-        [error] = [line for line in output.splitlines() if line.startswith("Error:")]
-        assert error.startswith(f"Error: dvc.yaml has no train stage for {'study' if len(new) == 1 else 'studies'} "
-                                f"{', '.join(map(repr, new))} of params.yaml"), (command, error)
-        assert "run python -m pipelines.dvc_stages" in error
-    assert not (project / "data/02_prepared/more").exists()
+    other = log(dvc("exp", "run", "-S", "+studies.other={report:{kind:layers},tasks:[sst2],"
+                                        "encoders:{tiny:'models/tiny-a'},tunable_layers:[0],seeds:[1],"
+                                        "training:{epochs:1}}"))
+    assert trained(other) == ["sst2-tiny-0-1"] and "Running stage 'train@other'" in other
+    assert "Running stage 'train@layers'" not in other  # nothing of the other study changed
+    assert json.loads((project / "reports/other.json").read_text())["sst2"]["tiny"]["mean"].keys() == {"0"}

@@ -25,7 +25,7 @@ def build_features(corpora: Mapping[str, Corpus], plan: FeaturePlan, cache_root:
     its cells will read."""
     import torch
 
-    from layertune.frozen_prefix import CacheDiskFull, CacheNotWritable
+    from layertune.frozen_prefix import CacheDiskFull
     from layertune.training_config import autocast_dtype, resolve_mixed_precision
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # where the cells train, as ModelTrainer decides
@@ -40,9 +40,6 @@ def build_features(corpora: Mapping[str, Corpus], plan: FeaturePlan, cache_root:
                     cache_dtype=plan.cache_dtype, device=device, autocast=autocast)
             except CacheDiskFull as full:  # the library's advice names its own arguments; here the catalog decides
                 raise full.advising(PIPELINE_ADVICE.format(root=cache_root)) from None
-            except CacheNotWritable as locked:
-                raise locked.advising("Point the catalog's feature_cache (conf/base/catalog.yml) at a folder you "
-                                      "can write.") from None
         del encoder
     manifests = {}
     for key, cell in plan.settings.items():
