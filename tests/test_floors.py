@@ -18,7 +18,7 @@ FLOORS = (
     ("model parts and tuning methods", ("model_paths", "model_loading", "layer_stack", "tuning_methods")),
     ("the frozen-prefix cache", ("cache_costs", "frozen_prefix")),
     ("encoders", ("language_model", "multi_encoder", "encoder")),
-    ("task models: their specs, heads, persistence", ("model_specs", "initialization", "persistence", "heads", "drift")),
+    ("task models", ("model_specs", "initialization", "persistence", "heads", "drift")),
     ("the trainer", ("trainer",)),
     ("cells", ("specs", "cell", "cli")),
     ("studies", ("study", "statistics", "rounds")),

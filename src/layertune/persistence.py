@@ -35,8 +35,8 @@ def register(model_class: type[nn.Module]) -> None:
 
 
 def save_task_model(model: nn.Module, directory: str | Path) -> Path:
-    """Write the task model ``model`` into ``directory``, all or nothing; a model that kept a tenth or more of its weights frozen
-    stores only what is not its base model's (see `TaskModel.save`)."""
+    """Write the task model ``model`` into ``directory``, all or nothing; a model that kept a tenth or more of its
+    weights frozen stores only what is not its base model's (see `TaskModel.save`)."""
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     trained = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     # Frozen and provided by the base checkpoint: these can be left to it (a frozen tensor the checkpoint lacked
