@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, PositiveInt
 
 from layertune.specs import CorpusSpec, DatasetSpec, EncoderSpec, Spec
-from layertune.frozen_prefix import cache_boundary, states_spec
+from layertune.model_specs import cache_boundary, states_spec
 from layertune.model_paths import model_fingerprint
 from layertune.study import ParamsError, StudyCell, StudyPlan, StudySpec, study_cells
 from pipelines.params import validate_params

@@ -8,6 +8,7 @@ from torch import nn
 
 from layertune import LanguageModel, encoder_layers
 from layertune.language_model import resolve_model_path
+from layertune.model_specs import EncoderSpec
 from layertune.training_config import TrainingConfig
 from tests.conftest import ARCHITECTURES
 
@@ -195,7 +196,7 @@ def test_layers_names_the_stack_the_generic_guess_misses(wrapped_bert, tmp_path)
     lm = LanguageModel(wrapped_bert, tunable_layers=1, layers="encoder.layer")
     assert lm.num_layers == 4 and lm.layers is lm.model.encoder.layer
     assert trainable_names(lm) == names_under(lm, lm.model.encoder.layer[3])
-    assert lm.frozen_prefix_layers == 3 and lm.spec().layers == "encoder.layer"
+    assert lm.frozen_prefix_layers == 3 and EncoderSpec.of(lm).layers == "encoder.layer"
     batch = lm.eval().tokenize(["the movie was good", "bad"])
     states = lm.boundary_states(batch, [3])[3]
     torch.testing.assert_close(lm.token_states({**batch, "boundary_states": states}), lm.token_states(batch),
@@ -214,13 +215,13 @@ def test_a_layers_path_that_is_no_stack_names_the_path_and_the_stacks(wrapped_be
 
 
 def test_a_language_models_spec_builds_it_again(tiny_bert):
-    """`LanguageModel.spec()` is the `EncoderSpec` that builds it, its layers and pooling resolved."""
+    """`EncoderSpec.of(lm)` is the `EncoderSpec` that builds ``lm``, its layers and pooling resolved."""
     lm = LanguageModel(tiny_bert, tunable_layers=1, hidden_dropout_prob=0.2, frozen_dropout=True)
-    spec = lm.spec()
+    spec = EncoderSpec.of(lm)
     assert (spec.model, spec.tunable_layers, spec.pooling, spec.layers) == (str(tiny_bert), 1, "cls", None)
     again = spec.build()
-    assert again.spec() == spec and again.model.config.hidden_dropout_prob == 0.2
-    assert LanguageModel(tiny_bert, tunable_layers=1, layers="encoder.layer").spec().layers == "encoder.layer"
+    assert EncoderSpec.of(again) == spec and again.model.config.hidden_dropout_prob == 0.2
+    assert EncoderSpec.of(LanguageModel(tiny_bert, tunable_layers=1, layers="encoder.layer")).layers == "encoder.layer"
 
 
 def test_a_half_precision_checkpoint_loads_in_float32(tiny_bert, tmp_path):

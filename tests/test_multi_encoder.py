@@ -7,6 +7,7 @@ import transformers
 
 from layertune import LanguageModel, ModelTrainer, TextClassifier, TextRegressor
 from layertune.batching import Examples
+from layertune.model_specs import CombineSpec, EncoderSpec
 from layertune.multi_encoder import MultiEncoder, MultiExamples
 from layertune.testing import make_tiny_model
 from layertune.trainer import TrainingConfig
@@ -101,8 +102,9 @@ def test_save_and_load_predict_identically(encoder_dirs, tmp_path, combine_metho
                                                                                                 **FAST)
     model.save(tmp_path / "saved")
     loaded = TextRegressor.from_pretrained(tmp_path / "saved").to(device_of(model))  # compared where trained
-    assert [lm.spec() for lm in loaded.encoder.language_models] == [lm.spec() for lm in model.encoder.language_models]
-    assert loaded.encoder.combine_spec() == model.encoder.combine_spec()
+    assert [EncoderSpec.of(lm) for lm in loaded.encoder.language_models] == [EncoderSpec.of(lm) for lm in
+                                                                             model.encoder.language_models]
+    assert CombineSpec.of(loaded.encoder) == CombineSpec.of(model.encoder)
     assert loaded.encoder.language_models[1].model.config.hidden_dropout_prob == 0.3
     model.eval()
     batch = model.encoder.tokenize(SENTENCES)
@@ -136,7 +138,7 @@ def test_a_model_saved_before_its_config_was_the_specs_still_loads(encoder_dirs,
         "label_names": ["no", "yes"], "num_classes": 2, "weights": config["weights"]}
     (path / "config.json").write_text(json.dumps(old))
     loaded = TextClassifier.from_pretrained(path)
-    assert [lm.spec().method for lm in loaded.encoder.language_models] == [lm.method for lm in lms]
+    assert [EncoderSpec.of(lm).method for lm in loaded.encoder.language_models] == [lm.method for lm in lms]
     assert loaded.encoder.language_models[1].pooling_source.startswith("default [CLS]")
     assert loaded.encoder.language_models[1].model.config.hidden_dropout_prob == 0.3  # its HF config's
     assert loaded.head_settings == model.head_settings and loaded.label_names == ["no", "yes"]
@@ -187,7 +189,8 @@ def test_bad_input_is_named(encoder_dirs):
         (lambda: MultiEncoder([lm, MultiEncoder([lm, other])]), TypeError, "not a LanguageModel"),
         (lambda: MultiEncoder([lm, other], "concat", projection_size=8), ValueError, "='dme' only"),
         (lambda: MultiEncoder([lm, other], "dme", dropout=1.5), ValueError, "dropout"),
-        (lambda: MultiEncoder([lm, other]).optimizer_groups([1e-5], 0.0), ValueError, "1 learning rates .* for 2"),
+        (lambda: TrainingConfig(learning_rate=[1e-5]).learning_rates([lm.name, other.name]), ValueError,
+         "1 learning rates .* for 2"),
     ]
     for make, error, message in cases:
         with pytest.raises(error, match=message):

@@ -36,7 +36,7 @@ def test_the_packaged_all_minilm_pools_as_it_was_trained(tiny_bert):
     lm = LanguageModel(MINILM, tunable_layers=0)
     assert lm.pooling == "mean"
     assert lm.pooling_source == "the model's own: its sentence-transformers pooling (1_Pooling/config.json) is mean"
-    assert "pooling='mean' (the model's own" in repr(lm) and lm.spec().pooling == "mean"
+    assert "pooling='mean' (the model's own" in repr(lm) and EncoderSpec.of(lm).pooling == "mean"
     plain = LanguageModel(tiny_bert, tunable_layers=0)  # a plain Hugging Face folder declares nothing
     assert plain.pooling == "cls" and plain.pooling_source.startswith("default [CLS]: the model declares no pooling")
 

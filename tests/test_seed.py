@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+import transformers
 
 from layertune import IA3, LanguageModel, Lora, ModelTrainer, MultiEncoder, TextClassifier
 from layertune.specs import CellSpec
@@ -85,7 +86,7 @@ def test_a_refused_train_leaves_the_parts_untrained_and_changed_parts_are_kept(t
     model, fresh = classifier(tiny_bert, 0), classifier(tiny_bert, 1)
     with pytest.raises(ValueError, match="max_length"):
         ModelTrainer(model, toy_corpus, cache_dir=tmp_path).train(seed=1, max_length=10**6, progress=False)
-    assert not model.trained and model.new_parts_seed == 1
+    assert not model.trained
     model.begin_training(2)
     fresh.begin_training(2)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
@@ -96,15 +97,22 @@ def test_a_refused_train_leaves_the_parts_untrained_and_changed_parts_are_kept(t
     assert torch.equal(fresh.head[1].weight, model.head[1].weight + 1.0)
 
 
-def test_a_cell_keeps_the_parts_it_drew_under_its_seed(tiny_bert, toy_corpus):
-    """`CellSpec.build_model` draws under ``training.seed`` (as cells always did, so their numbers stand): training
-    with that seed draws nothing anew."""
-    spec = CellSpec.model_validate({"corpus": {"task": "sst2"}, "encoders": [{"model": str(tiny_bert)}],
-                                    "training": {"seed": 4}})
-    model = spec.build_model(toy_corpus)
-    built = {n: v.clone() for n, v in model.state_dict().items()}
-    model.begin_training(4)
-    assert model.new_parts_seed == 4 and all(torch.equal(built[n], v) for n, v in model.state_dict().items())
+def test_a_cell_draws_its_parts_as_building_it_right_after_seeding_did(tiny_model_dirs, toy_corpus):
+    """A cell's new parts are drawn from ``training.seed`` when training begins, like any model's; the draws are those
+    a model built right after seeding had (how cells were built before: their numbers stand), LoRA's and IA3's
+    adapters, a checkpoint's gaps, dme's layers and an MLP head included."""
+    lora = {"model": str(tiny_model_dirs["bert"]), "tunable_layers": 2, "method": "lora"}
+    ia3 = {"model": str(tiny_model_dirs["roberta"]), "tunable_layers": 1, "method": "ia3", "pooling": "mean"}
+    for cell in ({"encoders": [lora], "head": {"head": "mlp"}},
+                 {"encoders": [ia3, lora], "combine": {"method": "dme"}}):
+        spec = CellSpec.model_validate({"corpus": {"task": "sst2"}, **cell, "training": {"seed": 4}})
+        transformers.set_seed(4)
+        seeded = spec.build_model(toy_corpus).state_dict()
+        torch.manual_seed(0), torch.rand(7)  # whatever the process drew before
+        model = spec.build_model(toy_corpus)
+        model.begin_training(4)
+        assert seeded.keys() == model.state_dict().keys()
+        assert all(torch.equal(seeded[n], v) for n, v in model.state_dict().items())
 
 
 # One process's runs, printed as JSON: the library's `train` with the cache as ``caches`` says (cold or warm) and

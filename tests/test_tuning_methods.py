@@ -138,7 +138,7 @@ def test_a_method_by_name_is_the_method_with_its_defaults_and_saves_as_a_mapping
 def test_full_fine_tuning_is_still_the_default(tiny_bert):
     lm = LanguageModel(tiny_bert)
     assert lm.method == TopK() and lm.tunable_layers == "all" and trainable(lm) == total(lm) - total(lm.pooler)
-    assert lm.spec().method == TopK()
+    assert EncoderSpec.of(lm).method == TopK()
 
 
 # ------------------------------------------------------------------------------------------ the cache

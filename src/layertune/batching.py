@@ -3,14 +3,13 @@
 Every per-token column is one flat tensor of all examples' tokens end to end, with where each example starts and how
 long it is; a batch is a gather of those rows into a (batch, longest) grid, padded by a mask (`Examples.batch`).
 With the examples on the training device (`Examples.to`) a batch never leaves it: no per-example Python, no host
-copy per step. Where cached frozen-prefix states do not fit there, they stay in host memory (pinned for a GPU) and
-each batch is gathered on the host and copied ahead of its step (`make_loader`'s ``pin_memory`` and accelerate's
-``non_blocking``).
+copy per step. The frozen prefix's cached states (`BoundaryStates`, written by `layertune.frozen_prefix`) are held
+the same way, one flat array of rows, and gathered into the same grid. Where they do not fit on the training device,
+they stay in host memory (pinned for a GPU) and each batch is gathered on the host and copied ahead of its step
+(`make_loader`'s ``pin_memory`` and accelerate's ``non_blocking``).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
@@ -18,9 +17,6 @@ import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
 from transformers.trainer_pt_utils import LengthGroupedSampler
-
-if TYPE_CHECKING:
-    from layertune.frozen_prefix import BoundaryStates
 
 TOKEN_FEATURES = ("input_ids", "attention_mask", "token_type_ids", "word_ids")
 IGNORE_INDEX = -100  # label of sub-word pieces and padding in token classification (PyTorch's cross-entropy default)
@@ -95,6 +91,71 @@ class Examples(Dataset):
             return states.target
         return None
 
+
+class BoundaryStates:
+    """Every example's hidden states entering one layer: one flat (tokens, hidden) array of all examples' rows, where
+    each example's rows start, and the dtype the model computes them in (stored smaller, they are cast back).
+
+    ``flat`` is a memory map of the entry's file, or a tensor (in RAM or on a GPU) that ends in one row of zeros,
+    which the padding of a batch reads; ``target`` is the device that trains from them (a GPU whose memory they did
+    not fit keeps them in pinned host memory)."""
+
+    def __init__(self, flat: torch.Tensor | np.memmap, starts: torch.Tensor, lengths: np.ndarray,
+                 dtype: torch.dtype, target: torch.device | None = None) -> None:
+        self.flat, self.starts, self.lengths, self.dtype = flat, starts, lengths, dtype
+        self.target = target or self.device
+
+    @property
+    def device(self) -> torch.device:
+        return self.flat.device if isinstance(self.flat, torch.Tensor) else torch.device("cpu")
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.flat.nbytes)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        """One example's states (tokens, hidden), in the model's dtype."""
+        length = int(self.lengths[index])
+        positions = torch.arange(length, device=self.device)
+        return self.rows(torch.tensor([index], device=self.device), positions, positions[None] < length)[0]
+
+    def rows(self, indices: torch.Tensor, positions: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """The states of the examples at ``indices`` as a (batch, positions, hidden) grid, zero where not ``real``."""
+        if isinstance(self.flat, np.ndarray):  # memory-mapped: copy just these rows off the disk
+            index = torch.where(real, self.starts[indices, None] + positions, 0)
+            values = _as_tensor(np.asarray(self.flat[index.numpy()]))
+            return torch.where(real[..., None], values.to(self.dtype), 0)
+        # One gather, the padding reading the zero row at the end: no second pass over the batch to mask it.
+        index = torch.where(real, self.starts[indices, None] + positions, len(self.flat) - 1)
+        return torch.index_select(self.flat, 0, index.view(-1)).view(*index.shape, -1).to(self.dtype)
+
+    def to(self, device: torch.device | str) -> BoundaryStates:
+        """The states held in ``device``'s memory (read into RAM first when memory-mapped)."""
+        flat = self.flat if isinstance(self.flat, torch.Tensor) else _with_zero_row(self.flat)
+        return BoundaryStates(flat.to(device), self.starts.to(device), self.lengths, self.dtype, torch.device(device))
+
+    def pinned(self, target: torch.device) -> BoundaryStates:
+        """The states in pinned host memory, for batches copied to ``target`` without blocking."""
+        flat = self.to("cpu").flat.pin_memory()
+        return BoundaryStates(flat, self.starts.cpu(), self.lengths, self.dtype, target)
+
+
+def _with_zero_row(mapped: np.memmap) -> torch.Tensor:
+    """A memory-mapped entry read into RAM, one row of zeros after its rows (what padding reads)."""
+    flat = np.empty((mapped.shape[0] + 1, mapped.shape[1]), dtype=mapped.dtype)
+    flat[:-1] = mapped
+    flat[-1] = 0
+    return _as_tensor(flat)
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A stored array as a tensor; bfloat16, which numpy lacks, is stored as its 16 bits (uint16)."""
+    if array.dtype == np.uint16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def _values(column: pa.ChunkedArray | pa.Array) -> pa.Array:

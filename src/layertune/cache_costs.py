@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from layertune.batching import Examples
-    from layertune.training_config import TrainingConfig
+from layertune.batching import BoundaryStates, Examples
+from layertune.training_config import TrainingConfig, autocast_context
 
 MARGIN = 0.9
 READ_ON_CPU = 0.011  # reading a token's cached states from RAM, as a share of computing it (see the docstring)
@@ -130,15 +128,13 @@ def _timed(batches: list, run, device: torch.device) -> float:
 def _time_forward(lm, examples: Examples, batches: list, boundary: int, device: torch.device,
                   autocast: torch.dtype | None) -> float:
     """Seconds per padded token of the frozen prefix's forward (eval mode, no gradient, the run's autocast)."""
-    from layertune.frozen_prefix import _autocast
-
     original = next(lm.parameters()).device
     lm.to(device)
     examples = examples.to(device)
 
     def forward(indices: list[int]) -> int:
         batch = examples.batch(indices)
-        with _autocast(device, autocast):
+        with autocast_context(device, autocast):
             lm.boundary_states(batch, [boundary])
         return batch["input_ids"].numel()
 
@@ -152,8 +148,6 @@ def _time_read(examples: Examples, batches: list, hidden_size: int, dtype: torch
                resident: bool) -> float:
     """Seconds per padded token of gathering cached states for ``batches``: from the device's memory, or from
     pinned host memory and copied to the device."""
-    from layertune.frozen_prefix import BoundaryStates
-
     lengths = np.asarray(examples.lengths)
     where = device if resident or device.type == "cpu" else torch.device("cpu")
     starts = torch.zeros(len(examples), dtype=torch.long)  # every example reads rows 0…: only the shape matters

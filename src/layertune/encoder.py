@@ -31,7 +31,8 @@ class HasParameterParts(Protocol):
 class Encoder(HasParameterParts, Protocol):
     """An encoder a `TaskModel` puts its head on: one vector of ``hidden_size`` per example."""
 
-    # The language models inside: ``[self]`` for a `LanguageModel`, each of them for a `MultiEncoder`.
+    # The language models inside: ``[self]`` for a `LanguageModel`, each of them for a `MultiEncoder`; each trains at
+    # its own rate (`TrainingConfig.learning_rates`).
     language_models: Sequence[LanguageModel]
 
     @property
@@ -43,8 +44,6 @@ class Encoder(HasParameterParts, Protocol):
 
     def prepare_examples(self, corpus, args: TrainingConfig | None = None, *, cache_dir=None, device: torch.device | str = "cpu",
                          autocast: torch.dtype | None = None) -> tuple[dict, dict]: ...
-
-    def optimizer_groups(self, learning_rate: float | list[float], weight_decay: float) -> list[dict]: ...
 
     def combination_parameters(self) -> list[nn.Parameter]: ...
 

@@ -17,6 +17,11 @@ with a checksum, and verified on load: a corrupt or partial entry is rebuilt, ne
 random generators and the model's train/eval modes as it found them, so a run that builds its entry trains exactly
 like one that reads it. Its disk space is reserved before any state is computed: a full disk is an OSError naming
 the folder and the bytes needed, and leaves nothing behind.
+
+It stands below the language models that call it (`LanguageModel.prepare_examples`, `LanguageModel.cache_features`)
+and asks of one only what it computes with: its tokenizer, its frozen layers (``frozen_prefix_layers``,
+``boundary_states``) and its parameters by part. Which entries a study's cells will read is planned from their specs
+(`layertune.model_specs.cache_boundary`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
@@ -41,15 +45,10 @@ import xxhash
 from tqdm.auto import tqdm
 
 from layertune import cache_costs, timing
-from layertune.batching import Examples
+from layertune.batching import BoundaryStates, Examples
 from layertune.io import atomic_directory, dataset_digest, file_digest, write_json
 from layertune.tokenization import tokenize_corpus
-from layertune.training_config import cache_decision
-
-if TYPE_CHECKING:
-    from layertune.language_model import LanguageModel
-    from layertune.specs import EncoderSpec
-    from layertune.training_config import TrainingConfig
+from layertune.training_config import TrainingConfig, autocast_context, cache_decision
 
 logger = logging.getLogger(__name__)
 
@@ -65,31 +64,7 @@ def default_cache_root() -> Path:
     return Path(os.environ.get("LAYERTUNE_CACHE", Path.home() / ".cache" / "layertune"))
 
 
-# ----------------------------------------------------------------------------------- planning a study's entries
-
-
-def states_spec(spec: EncoderSpec) -> EncoderSpec:
-    """What the frozen layers' output of an encoder built from ``spec`` depends on: its weights and config, not which
-    top layers train, how it pools or its method (LoRA, IA3 or BitFit on the top K leave the layers below as top-K
-    does). Encoders with equal ``states_spec`` share their cache entries."""
-    from layertune.tuning_methods import TopK
-
-    return spec.model_copy(update={"tunable_layers": "all", "pooling": "cls", "method": TopK()})
-
-
-def cache_boundary(spec: EncoderSpec, frozen_prefix_cache: bool | str = "auto") -> int | None:
-    """The boundary (number of frozen layers) whose cached states a run of ``spec`` reads, or None where it trains
-    without the cache (`layertune.training_config.cache_decision`: every layer tuned, frozen dropout, or disabled).
-    Read from the model's config, without loading weights, so a plan knows every entry before anything trains."""
-    from layertune.model_paths import model_layers
-
-    frozen = None if spec.tunable_layers == "all" else (
-        model_layers(spec.model, revision=spec.revision) - spec.tunable_layers)
-    used, _ = cache_decision(frozen, spec.frozen_dropout, frozen_prefix_cache, method=spec.method.name)
-    return frozen if used else None
-
-
-def prepare_examples(lm: LanguageModel, corpus, args: TrainingConfig | None = None, *, cache_dir=None,
+def prepare_examples(lm: torch.nn.Module, corpus, args: TrainingConfig | None = None, *, cache_dir=None,
                      device: torch.device | str = "cpu", autocast: torch.dtype | None = None,
                      ) -> tuple[dict[str, Examples], dict]:
     """Tokenized examples of every split (``train``, ``dev``, ``test`` where present) on ``device``, with cached
@@ -100,8 +75,6 @@ def prepare_examples(lm: LanguageModel, corpus, args: TrainingConfig | None = No
     batch size the estimate weighs); default `TrainingConfig()`. Returns the splits and what ran (recorded in the
     run's metadata: the decision, why, and the estimates behind it).
     """
-    from layertune.training_config import TrainingConfig
-
     args = args or TrainingConfig()
     device = torch.device(device)
     tokenized = _tokenized(lm, corpus, args.max_length, cache_dir)
@@ -131,7 +104,7 @@ def prepare_examples(lm: LanguageModel, corpus, args: TrainingConfig | None = No
     return splits, info
 
 
-def cache_features(lm: LanguageModel, corpus, boundaries: list[int], *, max_length: int | None = None,
+def cache_features(lm: torch.nn.Module, corpus, boundaries: list[int], *, max_length: int | None = None,
                    cache_dir=None, cache_dtype: str = "auto", device: torch.device | str = "cpu",
                    autocast: torch.dtype | None = None) -> dict:
     """Tokenize every split and cache, in one forward pass per split, the states entering each of ``boundaries``:
@@ -150,7 +123,7 @@ def cache_features(lm: LanguageModel, corpus, boundaries: list[int], *, max_leng
     return found
 
 
-def _tokenized(lm: LanguageModel, corpus, max_length: int | None, cache_dir) -> dict[str, datasets.Dataset]:
+def _tokenized(lm: torch.nn.Module, corpus, max_length: int | None, cache_dir) -> dict[str, datasets.Dataset]:
     lm.check_max_length(max_length)  # before tokenizing: a too-long max_length fails fast
     check_writable(Path(cache_dir) if cache_dir else default_cache_root())  # before any work, in one line
     return tokenize_corpus(corpus, lm.tokenizer, max_length=max_length,
@@ -219,72 +192,6 @@ def place(splits: Iterable[Examples], device: torch.device, budget: int) -> str:
             examples.boundary_states = examples.boundary_states.pinned(device)
     where = "memory-mapped from disk" if device.type == "cpu" else "in pinned host memory, copied per batch"
     return f"{where} ({needed / 2**20:,.1f} MiB over a {budget / 2**20:,.0f} MiB budget on {device.type})"
-
-
-class BoundaryStates:
-    """Every example's hidden states entering one layer: one flat (tokens, hidden) array of all examples' rows, where
-    each example's rows start, and the dtype the model computes them in (stored smaller, they are cast back).
-
-    ``flat`` is a memory map of the entry's file, or a tensor (in RAM or on a GPU) that ends in one row of zeros,
-    which the padding of a batch reads; ``target`` is the device that trains from them (a GPU whose memory they did
-    not fit keeps them in pinned host memory)."""
-
-    def __init__(self, flat: torch.Tensor | np.memmap, starts: torch.Tensor, lengths: np.ndarray,
-                 dtype: torch.dtype, target: torch.device | None = None) -> None:
-        self.flat, self.starts, self.lengths, self.dtype = flat, starts, lengths, dtype
-        self.target = target or self.device
-
-    @property
-    def device(self) -> torch.device:
-        return self.flat.device if isinstance(self.flat, torch.Tensor) else torch.device("cpu")
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.flat.nbytes)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        """One example's states (tokens, hidden), in the model's dtype."""
-        length = int(self.lengths[index])
-        positions = torch.arange(length, device=self.device)
-        return self.rows(torch.tensor([index], device=self.device), positions, positions[None] < length)[0]
-
-    def rows(self, indices: torch.Tensor, positions: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-        """The states of the examples at ``indices`` as a (batch, positions, hidden) grid, zero where not ``real``."""
-        if isinstance(self.flat, np.ndarray):  # memory-mapped: copy just these rows off the disk
-            index = torch.where(real, self.starts[indices, None] + positions, 0)
-            values = _as_tensor(np.asarray(self.flat[index.numpy()]))
-            return torch.where(real[..., None], values.to(self.dtype), 0)
-        # One gather, the padding reading the zero row at the end: no second pass over the batch to mask it.
-        index = torch.where(real, self.starts[indices, None] + positions, len(self.flat) - 1)
-        return torch.index_select(self.flat, 0, index.view(-1)).view(*index.shape, -1).to(self.dtype)
-
-    def to(self, device: torch.device | str) -> BoundaryStates:
-        """The states held in ``device``'s memory (read into RAM first when memory-mapped)."""
-        flat = self.flat if isinstance(self.flat, torch.Tensor) else _with_zero_row(self.flat)
-        return BoundaryStates(flat.to(device), self.starts.to(device), self.lengths, self.dtype, torch.device(device))
-
-    def pinned(self, target: torch.device) -> BoundaryStates:
-        """The states in pinned host memory, for batches copied to ``target`` without blocking."""
-        flat = self.to("cpu").flat.pin_memory()
-        return BoundaryStates(flat, self.starts.cpu(), self.lengths, self.dtype, target)
-
-
-def _with_zero_row(mapped: np.memmap) -> torch.Tensor:
-    """A memory-mapped entry read into RAM, one row of zeros after its rows (what padding reads)."""
-    flat = np.empty((mapped.shape[0] + 1, mapped.shape[1]), dtype=mapped.dtype)
-    flat[:-1] = mapped
-    flat[-1] = 0
-    return _as_tensor(flat)
-
-
-def _as_tensor(array: np.ndarray) -> torch.Tensor:
-    """A stored array as a tensor; bfloat16, which numpy lacks, is stored as its 16 bits (uint16)."""
-    if array.dtype == np.uint16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
 
 
 class FrozenPrefixCache:
@@ -414,7 +321,7 @@ class FrozenPrefixCache:
         if self.autocast is None:
             return next(encoder.parameters()).dtype
         shortest = int(np.argmin(examples.lengths))
-        with _autocast(device, self.autocast):
+        with autocast_context(device, self.autocast):
             states = encoder.boundary_states(examples.batch([shortest]), [min(boundaries)])
         return states[min(boundaries)].dtype
 
@@ -435,7 +342,7 @@ class FrozenPrefixCache:
                 sizes = examples.sizes_on_device[torch.as_tensor(indices, device=device)]
                 real = torch.arange(batch["input_ids"].shape[1], device=device) < sizes[:, None]
                 started = time.perf_counter()
-                with _autocast(device, self.autocast):
+                with autocast_context(device, self.autocast):
                     states = encoder.boundary_states(batch, list(arrays))
                 packed = {b: s[real].to(stored).cpu() for b, s in states.items()}  # waits for the device: timed
                 forward_s += time.perf_counter() - started
@@ -479,13 +386,6 @@ def _as_numpy(rows: torch.Tensor) -> np.ndarray:
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """The run's autocast (none when ``dtype`` is None), as accelerate enters it around each forward."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def _random_state_kept(device: torch.device) -> contextlib.AbstractContextManager:

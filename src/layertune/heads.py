@@ -18,6 +18,7 @@ from layertune import initialization, persistence
 from layertune.batching import IGNORE_INDEX
 from layertune.encoder import Encoder, TokenEncoder, require
 from layertune.errors import choices_hint
+from layertune.model_specs import CombineSpec, EncoderSpec, HeadSpec
 from layertune.multi_encoder import MultiEncoder
 
 logger = logging.getLogger(__name__)
@@ -51,9 +52,7 @@ class TaskModel(nn.Module):
                 nn.Dropout(head_dropout), nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(head_dropout),
                 nn.Linear(hidden, num_outputs),
             )
-        # Where the new parts' weights come from (see `begin_training`): the seed they were drawn from (None: the
-        # global generator's state when built), and their content hash as built or drawn (None: loaded).
-        self.new_parts_seed: int | None = None
+        # The new parts' content hash as built or drawn (None: loaded): changed, they trained (see `begin_training`).
         self._initial_digest: str | None = initialization.new_parts_digest(self)
 
     def forward(self, batch: dict) -> torch.Tensor:
@@ -96,19 +95,13 @@ class TaskModel(nn.Module):
     def begin_training(self, seed: int) -> None:
         """Before training (`ModelTrainer.train` calls this once its settings are checked, before its data is
         prepared): draw every new part, not from a checkpoint, from ``seed`` (`layertune.initialization`), unless
-        the model has trained, was loaded, or its parts were drawn from this seed already. Built weights otherwise
-        depend on what the process drew before; drawn from the seed, the same call trains alike in any process. A
-        trained model's weights are its own: a later `train` continues from them."""
-        if self.trained or self.new_parts_seed == seed:
+        the model has trained or was loaded. Built weights otherwise depend on what the process drew before; drawn
+        from the seed, the same call trains alike in any process. A trained model's weights are its own: a later
+        `train` continues from them."""
+        if self.trained:
             return
         initialization.draw_new_parts(self, seed)
-        self.drawn_from(seed)
-
-    def drawn_from(self, seed: int) -> None:
-        """Record that the new parts, as they are now and untrained, were drawn from ``seed`` (by `begin_training`,
-        or by building the model right after seeding, as `CellSpec.build_model` does): training with that seed
-        keeps them."""
-        self.new_parts_seed, self._initial_digest = seed, initialization.new_parts_digest(self)
+        self._initial_digest = initialization.new_parts_digest(self)
 
     # ----------------------------------------------------------------------------------------------------------
 
@@ -155,11 +148,9 @@ class TaskModel(nn.Module):
         """What ``config.json`` holds: the specs that build this model, as peft saves its config classes (an
         `EncoderSpec` per language model, the `CombineSpec` of a `MultiEncoder`, the `HeadSpec`), each language
         model's `pooling_source`, and what the task adds (its classes)."""
-        from layertune.specs import HeadSpec
-
         lms = self.encoder.language_models
-        combine = self.encoder.combine_spec() if isinstance(self.encoder, MultiEncoder) else None
-        return {"class": type(self).__name__, "encoders": [lm.spec().model_dump(mode="json") for lm in lms],
+        combine = CombineSpec.of(self.encoder) if isinstance(self.encoder, MultiEncoder) else None
+        return {"class": type(self).__name__, "encoders": [EncoderSpec.of(lm).model_dump(mode="json") for lm in lms],
                 "combine": combine and combine.model_dump(mode="json"),
                 "head": HeadSpec(**self.head_settings).model_dump(mode="json"),
                 "pooling_source": [lm.pooling_source for lm in lms], **self.extra_config()}
@@ -207,8 +198,6 @@ def _check_sentences(sentences) -> None:
 
 
 def _head_arguments(config: dict) -> dict:
-    from layertune.specs import HeadSpec
-
     return HeadSpec.model_validate(config["head"]).model_dump()
 
 

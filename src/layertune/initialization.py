@@ -1,13 +1,15 @@
 """Drawing a task model's new parts from a seed, so that `ModelTrainer.train(seed=s)` starts from the same weights in
 any process, whatever that process built, trained or drew before.
 
-New parts are what no checkpoint provides. They are drawn in this order: in each language model (in order), the
-tensors its checkpoint lacked (a pooler, say) and its tuning method's adapters (LoRA, IA3), in parameter order; then a
-`MultiEncoder`'s combination layer (dme); then the head. Each is drawn by the rule its owner uses when it builds it:
-Hugging Face's for a checkpoint's gaps (normal with the config's ``initializer_range``, biases zero, norms one), the
-method's for its adapters (peft's defaults: LoRA's A Kaiming-uniform and B zero, IA3's ones), torch's for a linear
-layer (Kaiming-uniform, bias uniform in ±1/√fan_in). All come from one CPU generator in float32, copied into place:
-the values depend on the seed alone, not on the device, the dtype's rounding aside, or the global generator.
+New parts are what no checkpoint provides. They are drawn as building the model right after seeding torch's generator
+with the seed draws them (how a cell's model was built before the seed was applied at one place, so that cells keep
+their numbers), in that order: in each language model (in order), the tensors its checkpoint lacked (a pooler, say),
+then its tuning method's adapters (LoRA, IA3); then a `MultiEncoder`'s combination layer (dme); then the head. Each is
+drawn by the rule its owner uses when it builds it: Hugging Face's for a checkpoint's gaps (normal with the config's
+``initializer_range``, biases zero, norms one), the method's for its adapters (peft's, draws it then overwrites
+included: `layertune.tuning_methods`), torch's for a linear layer (Kaiming-uniform, bias uniform in ±1/√fan_in). All
+come from one CPU generator in float32, copied into place: the values depend on the seed alone, not on the device,
+the dtype's rounding aside, or the global generator.
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from layertune.io import tensors_digest
 from layertune.multi_encoder import MultiEncoder
-from layertune.persistence import tensors_digest
 
 if TYPE_CHECKING:
-    from layertune.heads import TaskModel
     from layertune.language_model import LanguageModel
 
 
-def draw_new_parts(model: TaskModel, seed: int) -> None:
-    """Overwrite every new part of ``model`` with values drawn from ``seed`` (see the module's docstring)."""
+def draw_new_parts(model: nn.Module, seed: int) -> None:
+    """Overwrite every new part of the task model ``model`` with values drawn from ``seed`` (see the module's
+    docstring)."""
     generator = torch.Generator().manual_seed(seed)
     for lm in model.encoder.language_models:
         _draw_language_model(lm, generator)
@@ -36,8 +38,8 @@ def draw_new_parts(model: TaskModel, seed: int) -> None:
     _draw_torch_layers(model.head, generator)
 
 
-def new_parts_digest(model: TaskModel) -> str:
-    """A content hash of every new part of ``model``: it changes when anything trains them."""
+def new_parts_digest(model: nn.Module) -> str:
+    """A content hash of every new part of the task model ``model``: it changes when anything trains them."""
     parts = [*(p for lm in model.encoder.language_models for _, p in _new_parameters(lm)),
              *model.encoder.combination_parameters(), *model.head.parameters()]
     return tensors_digest({str(index): parameter for index, parameter in enumerate(parts)})
@@ -50,14 +52,19 @@ def _new_parameters(lm: LanguageModel) -> list[tuple[str, nn.Parameter]]:
 
 
 def _draw_language_model(lm: LanguageModel, generator: torch.Generator) -> None:
+    """The checkpoint's gaps first (Hugging Face fills them as it loads the weights), then the method's adapters
+    (added once the model is loaded)."""
     std = getattr(lm.model.config, "initializer_range", 0.02)
-    for name, parameter in _new_parameters(lm):
-        # peft moves an adapted module's own weights one level down: query.weight → query.base_layer.weight.
-        if name.removeprefix("model.").replace(".base_layer.", ".") in lm.initialized:
-            values = _checkpoint_gap(name, parameter.shape, std, generator)
-        else:
-            values = lm.method.initial_adapter(name, parameter.shape, generator)
-        _assign(parameter, values)
+    new = _new_parameters(lm)
+    # peft moves an adapted module's own weights one level down: query.weight → query.base_layer.weight.
+    gaps = {name for name, _ in new if name.removeprefix("model.").replace(".base_layer.", ".") in lm.initialized}
+    for name, parameter in new:
+        if name in gaps:
+            _assign(parameter, _checkpoint_gap(name, parameter.shape, std, generator))
+    adapters = {name: parameter for name, parameter in new if name not in gaps}
+    drawn = lm.method.initial_adapters({name: parameter.shape for name, parameter in adapters.items()}, generator)
+    for name, parameter in adapters.items():
+        _assign(parameter, drawn[name])
 
 
 def _checkpoint_gap(name: str, shape: torch.Size, std: float, generator: torch.Generator) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Writing outputs so that an interrupted run never leaves a half-written artifact, nor loses the previous one; and
-never replaces a folder that holds something layertune did not write (`output_directory`)."""
+never replaces a folder that holds something layertune did not write (`output_directory`). The content hashes that
+name and check what is written (of a file, a dataset, named tensors)."""
 
 from __future__ import annotations
 
@@ -189,6 +190,19 @@ def dataset_digest(dataset, columns: list[str] | None = None) -> str:
         with pa.ipc.new_stream(sink, pa.schema([(name, array.type) for name, array in zip(columns, arrays)])) as out:
             out.write_batch(pa.RecordBatch.from_arrays(arrays, names=columns))
         digest.update(sink.getvalue())
+    return digest.hexdigest()
+
+
+def tensors_digest(tensors: dict) -> str:
+    """A content hash (xxh3-128) of named tensors (``{name: torch.Tensor}``): names, dtypes, shapes and bytes."""
+    import torch
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")
     return digest.hexdigest()
 
 

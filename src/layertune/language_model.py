@@ -28,7 +28,6 @@ from layertune.model_paths import default_pooling, resolve_model_path
 from layertune.tuning_methods import METHODS, TopK, TuningMethod, tuning_method
 
 if TYPE_CHECKING:
-    from layertune.specs import EncoderSpec
     from layertune.training_config import TrainingConfig
 
 logger = logging.getLogger(__name__)
@@ -104,14 +103,15 @@ class LanguageModel(nn.Module):
         self.tokenizer = load_tokenizer(path, trust_remote_code, revision)
         self._init_structure()
         self.tunable_layers = self._resolve_tunable_layers(tunable_layers, frozen_layers)
-        self.method.check_tunable_layers(self.tunable_layers)
+        if frozen_layers is not None:  # K = L - frozen_layers is known only now (checked above otherwise)
+            self.method.check_tunable_layers(self.tunable_layers)
         self._apply_freezing()
 
     @classmethod
-    def from_saved(cls, directory: str | Path, spec: EncoderSpec, pooling_source: str = "saved with the model", *,
+    def from_saved(cls, directory: str | Path, spec, pooling_source: str = "saved with the model", *,
                    trust_remote_code: bool = False, pretrained: bool = False) -> LanguageModel:
-        """Rebuild from a saved config folder and the `EncoderSpec` saved beside it (`spec`): with random weights (the
-        whole state dict is loaded next), or with ``pretrained`` the base model's weights (``spec.model``), under
+        """Rebuild from a saved config folder and the `EncoderSpec` saved beside it (``spec``): with random weights
+        (the whole state dict is loaded next), or with ``pretrained`` the base model's weights (``spec.model``), under
         which only trained tensors load.
 
         ``trust_remote_code`` is the caller's decision alone: nothing in the saved folder can turn it on (the
@@ -144,16 +144,6 @@ class LanguageModel(nn.Module):
         provided = self._plain_names - self.initialized
         # peft moves an adapted module's own weights one level down: query.weight → query.base_layer.weight.
         return {f"model.{name}" for name in self.model.state_dict() if name.replace(".base_layer.", ".") in provided}
-
-    def spec(self) -> EncoderSpec:
-        """This language model as the `EncoderSpec` that builds it (its layers and pooling resolved): what a saved
-        model's ``config.json`` holds for it."""
-        from layertune.specs import EncoderSpec
-
-        return EncoderSpec(model=self.name, tunable_layers=self.tunable_layers, pooling=self.pooling,
-                           hidden_dropout_prob=self.hidden_dropout_prob, freeze_embeddings=self.freeze_embeddings,
-                           frozen_dropout=self.frozen_dropout, trust_remote_code=self.trust_remote_code,
-                           revision=self.revision, layers=self.layers_path, method=self.method)
 
     def save_config(self, directory: str | Path, tokenizer: bool = True) -> None:
         """The HF config (hidden dropout and all), and the tokenizer unless it comes from the base model."""
@@ -303,19 +293,6 @@ class LanguageModel(nn.Module):
         encoded = self.tokenizer(*arguments, truncation=True, max_length=max_length or self.max_length,
                                  padding=True, return_tensors="pt")
         return self.model_inputs(encoded)
-
-    def optimizer_groups(self, learning_rate: float | list[float], weight_decay: float) -> list[dict]:
-        """AdamW groups of the trainable parameters; biases and norms (1-D tensors) get no weight decay."""
-        if isinstance(learning_rate, list):
-            if len(learning_rate) != 1:
-                raise ValueError(f"Got {len(learning_rate)} learning rates {learning_rate} for one language model.")
-            learning_rate = learning_rate[0]
-        trainable = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in trainable if p.dim() >= 2], "lr": learning_rate, "weight_decay": weight_decay},
-            {"params": [p for p in trainable if p.dim() < 2], "lr": learning_rate, "weight_decay": 0.0},
-        ]
-        return [g for g in groups if g["params"]]
 
     def combination_parameters(self) -> list[nn.Parameter]:
         """An empty list: one language model has nothing to combine (see `MultiEncoder.combination_parameters`)."""

@@ -11,9 +11,9 @@ Combination:
   scored by one shared linear attention, the scores are soft-maxed over encoders per example, and the projections
   are summed with those weights. The last weights stay in `last_attention` for inspection.
 
-The combination layer is new, task-specific weights like the head, so it trains at the head's learning rate: it is
-left out of `optimizer_groups` (the encoders' rates) and handed to the trainer by `combination_parameters`, which
-`TaskModel.head_parameters` includes.
+The combination layer is new, task-specific weights like the head, so it trains at the head's learning rate, not at
+its language models' own: `combination_parameters` hands it to the trainer, and `TaskModel.head_parameters` includes
+it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from layertune.errors import choices_hint
 from layertune.language_model import LanguageModel
 
 if TYPE_CHECKING:
-    from layertune.specs import CombineSpec, EncoderSpec
     from layertune.training_config import TrainingConfig
 
 CombineMethod = Literal["concat", "dme"]
@@ -186,15 +185,6 @@ class MultiEncoder(nn.Module):
     # ----------------------------------------------------------------------------------------------------------
     # Training
 
-    def optimizer_groups(self, learning_rate: float | list[float], weight_decay: float) -> list[dict]:
-        """Each encoder's AdamW groups at its own rate: a list of one rate per encoder, or one float for all.
-
-        The combination layer is not here: it trains at the head's rate (see `combination_parameters`).
-        """
-        rates = self._per_encoder_rates(learning_rate)
-        return [group for lm, rate in zip(self.language_models, rates)
-                for group in lm.optimizer_groups(rate, weight_decay)]
-
     def base_tensors(self) -> set[str]:
         """Tensors provided by the encoders' checkpoints (see `LanguageModel.base_tensors`)."""
         return {f"language_models.{index}.{name}" for index, lm in enumerate(self.language_models)
@@ -203,18 +193,6 @@ class MultiEncoder(nn.Module):
     def combination_parameters(self) -> list[nn.Parameter]:
         """The projections and attention of dme (none for concat): new weights, trained at the head's rate."""
         return list(self.combine.parameters())
-
-    def _per_encoder_rates(self, learning_rate: float | list[float]) -> list[float]:
-        count = len(self.language_models)
-        if not isinstance(learning_rate, (list, tuple)):
-            return [learning_rate] * count
-        if len(learning_rate) != count:
-            names = ", ".join(lm.name for lm in self.language_models)
-            raise ValueError(
-                f"Got {len(learning_rate)} learning rates {list(learning_rate)} for {count} language models "
-                f"({names}): give one rate per language model, in the same order, or a single float for all."
-            )
-        return list(learning_rate)
 
     def parameter_parts(self) -> dict[str, str]:
         """Parameter name → part: ``lm0/embeddings``, ``lm1/layer.3`` … and ``combine`` for dme's own weights."""
@@ -227,23 +205,16 @@ class MultiEncoder(nn.Module):
     # ----------------------------------------------------------------------------------------------------------
     # Persistence: each encoder's HF config + tokenizer in its own subfolder lm0/, lm1/ …
 
-    def combine_spec(self) -> CombineSpec:
-        """How this model combines its language models, as the `CombineSpec` that builds it (dme's projection size
-        resolved): what a saved model's ``config.json`` holds for it."""
-        from layertune.specs import CombineSpec
-
-        return CombineSpec(method=self.combine_method, dropout=self.dropout.p, projection_size=self.projection_size)
-
     def save_config(self, directory: str | Path, tokenizer: bool = True) -> None:
         for prefix, lm in zip(self.prefixes, self.language_models):
             lm.save_config(Path(directory) / prefix[:-1], tokenizer)
 
 
     @classmethod
-    def from_saved(cls, directory: str | Path, specs: list[EncoderSpec], combine: CombineSpec,
-                   pooling_sources: list[str], *, trust_remote_code: bool = False,
-                   pretrained: bool = False) -> MultiEncoder:
-        """Rebuild from `save_config`'s folders and the specs saved beside them (see `LanguageModel.from_saved`)."""
+    def from_saved(cls, directory: str | Path, specs: list, combine, pooling_sources: list[str], *,
+                   trust_remote_code: bool = False, pretrained: bool = False) -> MultiEncoder:
+        """Rebuild from `save_config`'s folders and the specs saved beside them: an `EncoderSpec` per language model
+        (see `LanguageModel.from_saved`) and the `CombineSpec`."""
         language_models = [LanguageModel.from_saved(Path(directory) / f"lm{index}", spec, source,
                                                     trust_remote_code=trust_remote_code, pretrained=pretrained)
                            for index, (spec, source) in enumerate(zip(specs, pooling_sources))]

@@ -3,8 +3,9 @@
 A saved folder holds ``config.json`` (the task model's class, the specs that build it: an `EncoderSpec` per language
 model, a `CombineSpec`, the `HeadSpec`; and the weights' checksums), ``model.safetensors`` and ``encoder/`` (the
 Hugging Face config of each language model, and its tokenizer when the weights do not come from a base model).
-`TaskModel.save` and `TaskModel.from_pretrained` call this module. Folders saved before the specs were the config's
-form load too (`_spec_form`).
+`TaskModel.save` and `TaskModel.from_pretrained` call this module, which stands below them: each `TaskModel` class
+registers itself here (`register`), to be loaded by the name its config holds. Folders saved before the specs were the
+config's form load too (`_spec_form`).
 """
 
 from __future__ import annotations
@@ -14,28 +15,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import safetensors.torch
-import torch
+from torch import nn
 
-from layertune.io import atomic_directory, file_digest, write_json
+from layertune.io import atomic_directory, file_digest, tensors_digest, write_json
 from layertune.language_model import LanguageModel
+from layertune.model_specs import CombineSpec, EncoderSpec
 from layertune.multi_encoder import MultiEncoder
 
 if TYPE_CHECKING:
     from layertune.encoder import Encoder
-    from layertune.heads import TaskModel
 
 MIN_FROZEN_SHARE = 0.1  # below this share of frozen weights, a saved model stores everything (no base needed)
-_MODEL_CLASSES: dict[str, type[TaskModel]] = {}  # every TaskModel class by name (see `register`)
+_MODEL_CLASSES: dict[str, type[nn.Module]] = {}  # every `TaskModel` class by name (see `register`)
 
 
-def register(model_class: type[TaskModel]) -> None:
+def register(model_class: type[nn.Module]) -> None:
     """Make ``model_class`` loadable from the class name a saved config holds."""
     _MODEL_CLASSES[model_class.__name__] = model_class
 
 
-def save_task_model(model: TaskModel, directory: str | Path) -> Path:
-    """Write ``model`` into ``directory``, all or nothing; a model that kept a tenth or more of its weights frozen
-    stores only what is not its base model's (see `TaskModel.save`)."""
+def save_task_model(model: nn.Module, directory: str | Path) -> Path:
+    """Write the task model ``model`` into ``directory``, all or nothing; a model that kept a tenth or more of its
+    weights frozen stores only what is not its base model's (see `TaskModel.save`)."""
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     trained = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     # Frozen and provided by the base checkpoint: these can be left to it (a frozen tensor the checkpoint lacked
@@ -55,7 +56,7 @@ def save_task_model(model: TaskModel, directory: str | Path) -> Path:
     return Path(directory)
 
 
-def load_task_model(cls: type[TaskModel], directory: str | Path, *, trust_remote_code: bool = False) -> TaskModel:
+def load_task_model(cls: type[nn.Module], directory: str | Path, *, trust_remote_code: bool = False) -> nn.Module:
     """The model `save_task_model` wrote, as the class its config names, which must be ``cls`` or a subclass; in
     eval mode (see `TaskModel.from_pretrained`)."""
     directory = Path(directory)
@@ -87,8 +88,6 @@ def load_encoder(directory: Path, config: dict, *, trust_remote_code: bool = Fal
                  pretrained: bool = False) -> Encoder:
     """Rebuild a saved encoder (single or multi) from the specs in its model's ``config``: random weights, or
     ``pretrained`` the base models' (see `LanguageModel.from_saved`)."""
-    from layertune.specs import CombineSpec, EncoderSpec
-
     specs = [EncoderSpec.model_validate(spec) for spec in config["encoders"]]
     options = {"trust_remote_code": trust_remote_code, "pretrained": pretrained}
     if config["combine"] is None:
@@ -117,7 +116,7 @@ def _spec_form(config: dict) -> dict:
             "pooling_source": [single.get("pooling_source", "saved with the model") for single in singles]}
 
 
-def _read_config(directory: Path, cls: type[TaskModel]) -> dict:
+def _read_config(directory: Path, cls: type[nn.Module]) -> dict:
     missing = [f for f in ("config.json", "model.safetensors", "encoder") if not (directory / f).exists()]
     if missing:
         raise ValueError(f"{directory} is not a complete saved layertune model: missing {', '.join(missing)}.")
@@ -131,7 +130,7 @@ def _read_config(directory: Path, cls: type[TaskModel]) -> dict:
     return config
 
 
-def _check_base(model: TaskModel, stored: dict, base: dict, encoders: list[dict], directory: Path) -> None:
+def _check_base(model: nn.Module, stored: dict, base: dict, encoders: list[dict], directory: Path) -> None:
     """The base weights under the stored ones must be those the model was trained on."""
     current = model.state_dict()
     if unknown := sorted(set(stored) - set(current)):
@@ -142,15 +141,3 @@ def _check_base(model: TaskModel, stored: dict, base: dict, encoders: list[dict]
         raise ValueError(f"The base weights found for {', '.join(map(repr, names))} differ from the ones the model in "
                          f"{directory} was trained on (content hash of its frozen tensors): another version or "
                          "revision of the model is installed or mirrored. Load the base it was trained on.")
-
-
-def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
-    """A content hash of named tensors: names, dtypes, shapes and bytes."""
-    import xxhash
-
-    digest = xxhash.xxh3_128()
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")
-    return digest.hexdigest()

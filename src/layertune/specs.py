@@ -1,10 +1,10 @@
 """The recipe of one cell, typed and checked: which data, which encoder(s), which head, how it trains.
 
 A `CellSpec` is the whole recipe: a `CorpusSpec`, one `EncoderSpec` per language model (several are combined by a
-`CombineSpec`), a `HeadSpec` and the `TrainingConfig` (seed included). Each spec has exactly the arguments of the
-library object it builds (`LanguageModel`, `MultiEncoder`, the heads, `ModelTrainer.train`), so anything the library
-can do, a cell can do; each is also the saved form (a cell's ``cell.json``, a study's params). Running a cell is
-`layertune.cell.train_cell`.
+`CombineSpec`), a `HeadSpec` (the model's parts: `layertune.model_specs`) and the `TrainingConfig` (seed included).
+Each spec has exactly the arguments of the library object it builds (`LanguageModel`, `MultiEncoder`, the heads,
+`ModelTrainer.train`), so anything the library can do, a cell can do; each is also the saved form (a cell's
+``cell.json``, a study's params). Running a cell is `layertune.cell.train_cell`.
 """
 
 from __future__ import annotations
@@ -14,44 +14,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeFloat,
-    PositiveInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from layertune.corpus import TaskType
+from layertune.model_specs import (  # noqa: F401  (EncoderSettings, TunableLayers: a cell's vocabulary, named here too)
+    CombineSpec,
+    EncoderSettings,
+    EncoderSpec,
+    HeadSpec,
+    Spec,
+    TunableLayers,
+)
 from layertune.training_config import TrainingConfig, encoder_rates
-from layertune.tuning_methods import TopK, TuningMethod
 
 if TYPE_CHECKING:
     import datasets
-    from torch import nn
 
     from layertune.corpus import Corpus
     from layertune.heads import TaskModel
-
-def _tunable_layers(value: int | str) -> int | str:
-    if value != "all" and value < 0:
-        raise ValueError(f"tunable_layers must be 'all' or an int >= 0; got {value}")
-    return value
-
-
-# How many top layers train: checked here, once, wherever a spec or a study holds it (a model's own layer count is
-# checked by `LanguageModel`, which knows it).
-TunableLayers = Annotated[int | Literal["all"], AfterValidator(_tunable_layers)]
-
-
-class Spec(BaseModel):
-    """Strict like `TrainingConfig`: no unknown keys, no strings for numbers, no NaN."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
 
 # What numpy and torch take as a seed.
 MAX_SEED = 2**32 - 1
@@ -238,59 +218,6 @@ class CorpusSpec(DatasetSpec, SampleSpec):
                              label_names=full.label_names if full.task_type == "classification" else ())
 
 
-class EncoderSettings(Spec):
-    """Every argument of `LanguageModel` besides the model and its tunable layers."""
-
-    pooling: Literal["cls", "mean", "pooler"] | None = Field(
-        None, description="cls, mean or pooler; null: the model's own (a sentence-transformers pooling config), else "
-                          "cls")
-    hidden_dropout_prob: float | None = Field(None, ge=0, lt=1, description="null: the checkpoint's")
-    freeze_embeddings: bool = False
-    frozen_dropout: bool = False
-    trust_remote_code: bool = False
-    revision: str | None = None
-    layers: str | None = Field(None, description="dotted path of the transformer layer stack (an nn.ModuleList, e.g. "
-                                                 "'encoder.layer'), for models whose stack the generic search misses")
-    method: TuningMethod = Field(TopK(), description="what trains in the tuned layers: top_k (the layers whole), lora, "
-                                                     "ia3 or bitfit; a name, or one with settings: {name: lora, r: 8, "
-                                                     "alpha: 16, dropout: 0.1, target_modules: [query, value]}")
-
-    @model_validator(mode="after")
-    def _method_fits_layers(self) -> EncoderSettings:
-        # EncoderSpec adds tunable_layers; a study's shared settings have none (the grid gives them).
-        self.method.check_tunable_layers(getattr(self, "tunable_layers", "all"))
-        return self
-
-
-class EncoderSpec(EncoderSettings):
-    """One `LanguageModel`: what to load and which of its layers to tune. (Its learning rate is the cell's training
-    argument: ``training.learning_rate``, one per language model of a `MultiEncoder`.)"""
-
-    model: str
-    tunable_layers: TunableLayers = "all"
-
-    def build(self) -> nn.Module:
-        from layertune.language_model import LanguageModel
-
-        return LanguageModel(self.model, self.tunable_layers, **self.model_dump(exclude={"model", "tunable_layers"}))
-
-
-class CombineSpec(Spec):
-    """How a `MultiEncoder` combines its language models."""
-
-    method: Literal["concat", "dme"]
-    dropout: float = Field(0.0, ge=0, lt=1, description="on the combined vector")
-    projection_size: PositiveInt | None = Field(None, description="dme's common size; null: the largest hidden size")
-
-
-class HeadSpec(Spec):
-    """The task head's arguments (`TextClassifier`, `TextRegressor`, `TokenClassifier`)."""
-
-    head: Literal["linear", "mlp"] = "linear"
-    head_hidden_size: PositiveInt | None = None
-    head_dropout: NonNegativeFloat = Field(0.1, lt=1)
-
-
 class CellSpec(Spec):
     """Everything one cell trains with. Two or more encoders need ``combine``; one must not have it."""
 
@@ -321,25 +248,16 @@ class CellSpec(Spec):
         if (len(self.encoders) > 1) != (self.combine is not None):
             raise ValueError(f"{len(self.encoders)} encoder(s) with combine={self.combine}: several language "
                              "models need a combine method (concat or dme), a single one has none")
-        rates = self.training.learning_rate
-        if isinstance(rates, list) and len(rates) != len(self.encoders):
-            raise ValueError(f"training.learning_rate lists {len(rates)} rates for {len(self.encoders)} encoders: "
-                             "give one rate, or one per encoder in the same order")
+        self.training.learning_rates([encoder.model for encoder in self.encoders])  # one per encoder, or one for all
         return self
 
     def build_model(self, corpus: Corpus) -> TaskModel:
-        """The encoder(s) and the head that fits ``corpus``, initialised from ``training.seed``."""
-        import transformers
-
+        """The encoder(s) and the head that fits ``corpus``. Their new parts are drawn from ``training.seed`` when
+        training begins (`TaskModel.begin_training`)."""
         from layertune.heads import build_model
         from layertune.multi_encoder import MultiEncoder
 
-        transformers.set_seed(self.training.seed)  # before the head is built: its initial weights are part of the cell
         language_models = [spec.build() for spec in self.encoders]
         encoder = language_models[0] if self.combine is None else MultiEncoder(
             language_models, self.combine.method, self.combine.dropout, self.combine.projection_size)
-        model = build_model(encoder, corpus, **self.head.model_dump())
-        # Drawn under the seed just set, so `train` keeps them: a cell's numbers stay what they were before models
-        # drew their new parts from the seed when training begins.
-        model.drawn_from(self.training.seed)
-        return model
+        return build_model(encoder, corpus, **self.head.model_dump())

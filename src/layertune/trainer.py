@@ -268,14 +268,22 @@ class ModelTrainer:
     # ----------------------------------------------------------------------------------------------------------
 
     def _parameter_groups(self, args: TrainingConfig) -> list[dict]:
-        groups = self.model.encoder.optimizer_groups(args.learning_rate, args.weight_decay)
-        head_lr = args.head_rate
-        head = [p for p in self.model.head_parameters() if p.requires_grad]
-        groups += [
-            {"params": [p for p in head if p.dim() >= 2], "lr": head_lr, "weight_decay": args.weight_decay},
-            {"params": [p for p in head if p.dim() < 2], "lr": head_lr, "weight_decay": 0.0},
-        ]
-        return [g for g in groups if g["params"]]
+        """AdamW's groups: each language model's trainable parameters at its own rate, then the head's (and a
+        `MultiEncoder`'s combination layer's) at the head's, as `TrainingConfig.learning_rates` resolves them."""
+        language_models = self.model.encoder.language_models
+        rates = args.learning_rates([lm.name for lm in language_models])
+        groups = [group for lm, rate in zip(language_models, rates.language_models)
+                  for group in _decay_groups(lm.parameters(), rate, args.weight_decay)]
+        return groups + _decay_groups(self.model.head_parameters(), rates.head, args.weight_decay)
+
+
+def _decay_groups(parameters, learning_rate: float, weight_decay: float) -> list[dict]:
+    """AdamW groups of the trainable ``parameters`` at ``learning_rate``; biases and norms (1-D tensors) get no
+    weight decay."""
+    trainable = [p for p in parameters if p.requires_grad]
+    groups = [{"params": [p for p in trainable if p.dim() >= 2], "lr": learning_rate, "weight_decay": weight_decay},
+              {"params": [p for p in trainable if p.dim() < 2], "lr": learning_rate, "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
 
 
 def _adopt_label_names(model: TaskModel, corpus: Corpus) -> None:

@@ -5,6 +5,8 @@ Kept free of torch so that checking a study's parameters (the plan stage) costs 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
@@ -58,6 +60,20 @@ class TrainingConfig(BaseModel):
         rates = self.learning_rate if isinstance(self.learning_rate, list) else [self.learning_rate]
         return self.head_learning_rate or max(rates)
 
+    def learning_rates(self, language_models: Sequence[str]) -> LearningRates:
+        """The rates of a run whose encoder holds ``language_models`` (their names, in order): ``learning_rate``
+        read once, the only place that tells one rate from a list of them. A list has one rate per language model;
+        a single rate is each one's."""
+        count = len(language_models)
+        if not isinstance(self.learning_rate, list):
+            return LearningRates((self.learning_rate,) * count, self.head_rate)
+        if len(self.learning_rate) != count:
+            raise ValueError(
+                f"Got {len(self.learning_rate)} learning rates {self.learning_rate} for {count} language models "
+                f"({', '.join(language_models)}): give one rate per language model, in the same order, or a single "
+                "float for all.")
+        return LearningRates(tuple(self.learning_rate), self.head_rate)
+
     @field_validator("learning_rate")
     @classmethod
     def _positive_rates(cls, value):
@@ -65,6 +81,15 @@ class TrainingConfig(BaseModel):
         if not rates or any(r <= 0 for r in rates):
             raise ValueError(f"learning rates must be positive; got {value!r}")
         return value
+
+
+@dataclass(frozen=True)
+class LearningRates:
+    """A run's learning rates, resolved once (`TrainingConfig.learning_rates`): one per language model of its encoder,
+    in order, and the head's (a `MultiEncoder`'s combination layer's too: new weights, like the head)."""
+
+    language_models: tuple[float, ...]
+    head: float
 
 
 def encoder_rates(rates: list[float]) -> float | list[float]:
@@ -115,3 +140,15 @@ def autocast_dtype(mixed_precision: str):
     import torch
 
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+
+
+def autocast_context(device, dtype):
+    """The run's autocast on ``device`` (a torch.device), computing in ``dtype`` (None: no autocast), as accelerate
+    enters it around each forward: what the frozen-prefix pass and its cost estimate compute under."""
+    import contextlib
+
+    import torch
+
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)

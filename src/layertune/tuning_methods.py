@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PretrainedConfig
 
-    from layertune.language_model import LanguageModel
-
 METHODS = ("top_k", "lora", "ia3", "bitfit")
 
 
@@ -69,15 +67,20 @@ class _MethodSpec(BaseModel):
         model whose code ships with it (a model type transformers does not know) is not built here: its settings
         are checked when it loads."""
 
-    def apply(self, lm: LanguageModel) -> Any:
-        """Set what trains in ``lm`` (its ``tunable_layers`` and pooling given); return the peft tuner that holds
-        its adapters, or None."""
+    def apply(self, lm: nn.Module) -> Any:
+        """Set what trains in the `LanguageModel` ``lm`` (its ``tunable_layers`` and pooling given); return the peft
+        tuner that holds its adapters, or None."""
         raise NotImplementedError
 
-    def initial_adapter(self, name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
-        """The initial value of the adapter tensor ``name``, as the method makes it when applied, drawn from
-        ``generator`` (see `layertune.initialization`)."""
-        raise ValueError(f"{name!r} is not an adapter tensor of method {self.name!r}, which adds none.")
+    def initial_adapters(self, shapes: dict[str, torch.Size], generator: torch.Generator
+                         ) -> dict[str, torch.Tensor]:
+        """The initial values of a language model's adapter tensors (``shapes``: their names and shapes, in
+        parameter order), drawn from ``generator`` as the method draws them when applied, values it then overwrites
+        included (see `layertune.initialization`)."""
+        if shapes:
+            raise ValueError(f"{next(iter(shapes))!r} is not an adapter tensor of method {self.name!r}, which adds "
+                             "none.")
+        return {}
 
     def label(self) -> str:
         """Short text for logs and tables: ``lora(r=8, alpha=16.0, dropout=0.1)``."""
@@ -93,7 +96,7 @@ class TopK(_MethodSpec):
     name: Literal["top_k"] = "top_k"
     adapts_layers: ClassVar[bool] = False
 
-    def apply(self, lm: LanguageModel) -> None:
+    def apply(self, lm: nn.Module) -> None:
         everything = lm.tunable_layers == "all"
         lm.model.requires_grad_(everything)
         if everything and lm.freeze_embeddings:
@@ -125,12 +128,12 @@ class _PeftMethod(_MethodSpec):
         defaults. A setting that does not fit is a ValueError naming ``method.<key>`` and the valid values."""
         raise NotImplementedError
 
-    def peft_config(self, lm: LanguageModel):
+    def peft_config(self, lm: nn.Module):
         """peft's config of this method for ``lm``: `modules` of its tuned layers, restricted to them
         (``layers_to_transform``, ``layers_pattern`` = the layer stack's path)."""
         raise NotImplementedError
 
-    def apply(self, lm: LanguageModel):
+    def apply(self, lm: nn.Module):
         from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
 
         config = self.peft_config(lm)
@@ -139,7 +142,7 @@ class _PeftMethod(_MethodSpec):
         # merge_and_unload.
         return PEFT_TYPE_TO_TUNER_MAPPING[config.peft_type](lm.model, config, "default")
 
-    def _tuned_modules(self, lm: LanguageModel) -> dict[str, list[str]]:
+    def _tuned_modules(self, lm: nn.Module) -> dict[str, list[str]]:
         return self.modules(lm.layers[lm.tuned_layer_indices[0]], lm.model.config.model_type, lm.name)
 
     def _checked(self, layer: nn.Module, model_type: str, name: str, key: str, given: list[str] | None,
@@ -185,22 +188,30 @@ class Lora(_PeftMethod):
                                  f"of that weight has rank at most {side}. Give r <= {side}.")
         return {"target_modules": targets}
 
-    def peft_config(self, lm: LanguageModel):
+    def peft_config(self, lm: nn.Module):
         from peft import LoraConfig
 
         return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
                           target_modules=self._tuned_modules(lm)["target_modules"],
                           layers_to_transform=lm.tuned_layer_indices, layers_pattern=re.escape(lm.layers_name))
 
-    def initial_adapter(self, name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
-        """peft's default (``init_lora_weights=True``): A Kaiming-uniform, B zero, so the update starts at zero."""
+    def initial_adapters(self, shapes: dict[str, torch.Size], generator: torch.Generator
+                         ) -> dict[str, torch.Tensor]:
+        """peft's default (``init_lora_weights=True``): A Kaiming-uniform, B zero, so the update starts at zero. peft
+        first makes each module's A and B as torch's linear layers, which draw their weights, then draws A again and
+        zeroes B: so are they drawn here, module after module."""
         import torch
 
-        if ".lora_A." in name:
-            return torch.nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5), generator=generator)
-        if ".lora_B." in name:
-            return torch.zeros(shape)
-        return super().initial_adapter(name, shape, generator)
+        values = {}
+        for name, shape in shapes.items():
+            if ".lora_B." in name and name.replace(".lora_B.", ".lora_A.") in shapes:
+                continue  # drawn with its A
+            if ".lora_A." not in name or (name_b := name.replace(".lora_A.", ".lora_B.")) not in shapes:
+                return super().initial_adapters({name: shape}, generator)
+            for made in (shape, shapes[name_b]):  # A and B made as torch's linear layers, which draw their weights
+                _kaiming_uniform(made, generator)
+            values[name], values[name_b] = _kaiming_uniform(shape, generator), torch.zeros(shapes[name_b])
+        return values
 
 
 class IA3(_PeftMethod):
@@ -240,7 +251,7 @@ class IA3(_PeftMethod):
                              "those.")
         return {"target_modules": targets, "feedforward_modules": feedforward}
 
-    def peft_config(self, lm: LanguageModel):
+    def peft_config(self, lm: nn.Module):
         from peft import IA3Config
 
         modules = self._tuned_modules(lm)
@@ -248,13 +259,19 @@ class IA3(_PeftMethod):
         return IA3Config(target_modules=_module_keys(lm, modules["target_modules"]),
                          feedforward_modules=_module_keys(lm, modules["feedforward_modules"]))
 
-    def initial_adapter(self, name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
-        """peft's default (``init_ia3_weights=True``): ones, so the adapted model starts as the base model."""
+    def initial_adapters(self, shapes: dict[str, torch.Size], generator: torch.Generator
+                         ) -> dict[str, torch.Tensor]:
+        """peft's default (``init_ia3_weights=True``): ones, so the adapted model starts as the base model. peft draws
+        each vector from a normal distribution first, then sets it to ones: so is it drawn here."""
         import torch
 
-        if ".ia3_l." in name:
-            return torch.ones(shape)
-        return super().initial_adapter(name, shape, generator)
+        values = {}
+        for name, shape in shapes.items():
+            if ".ia3_l." not in name:
+                return super().initial_adapters({name: shape}, generator)
+            torch.randn(shape, generator=generator)
+            values[name] = torch.ones(shape)
+        return values
 
 
 class BitFit(_MethodSpec):
@@ -263,7 +280,7 @@ class BitFit(_MethodSpec):
 
     name: Literal["bitfit"] = "bitfit"
 
-    def apply(self, lm: LanguageModel) -> None:
+    def apply(self, lm: nn.Module) -> None:
         lm.model.requires_grad_(False)
         everything = lm.tunable_layers == "all"
         modules = [lm.model] if everything else [lm.layers[index] for index in lm.tuned_layer_indices]
@@ -303,7 +320,14 @@ def tuning_method(value: str | dict | _MethodSpec) -> TopK | Lora | IA3 | BitFit
     return value if isinstance(value, _MethodSpec) else _ADAPTER.validate_python(value)
 
 
-def _module_keys(lm: LanguageModel, names: list[str]) -> list[str]:
+def _kaiming_uniform(shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
+    """torch's draw of a linear layer's weight (`nn.Linear.reset_parameters`)."""
+    import torch
+
+    return torch.nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5), generator=generator)
+
+
+def _module_keys(lm: nn.Module, names: list[str]) -> list[str]:
     """Full names in ``lm.model`` of the tuned layers' linear modules that ``names`` name (in full within a layer,
     or by their last parts)."""
     keys = []
