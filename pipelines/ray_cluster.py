@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -94,6 +94,8 @@ class RayCluster:
             for ref in pending:  # kills the worker of a running one: the cell trains no further
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
+            if pending:
+                _clean_nodes(ray)
             ray.shutdown()
 
     def _resources(self, ray) -> dict:
@@ -124,6 +126,18 @@ def connect(address: str):
     return ray
 
 
+def _clean_nodes(ray, timeout_s: float = 30.0) -> None:
+    """The work folders that cancelled cells' killed workers left, removed on every live node (a task pinned to
+    each, taking no CPU; a node that does not answer in time keeps them until its next cell)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    clean = ray.remote(remove_work_folders)
+    with contextlib.suppress(Exception):
+        ray.get([clean.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"],
+                                                                                             soft=False)).remote()
+                 for node in ray.nodes() if node["Alive"]], timeout=timeout_s)
+
+
 def forwarded_environment() -> dict[str, str]:
     """The variables of this process that each cell gets (`FORWARDED_ENV`)."""
     return {key: value for key, value in os.environ.items() if key.startswith(FORWARDED_ENV)}
@@ -145,17 +159,28 @@ def _signals_noted() -> Iterator[list[int]]:
 # ------------------------------------------------------------------------------------------- on a node
 
 
+def node_folder() -> Path:
+    """This machine's private folder for cells: their work folders and the frozen-prefix cache."""
+    return private_folder(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}")
+
+
+def remove_work_folders() -> None:
+    """The work folders of workers that were killed (a cancel): their processes are gone."""
+    from layertune.io import remove_stale_partials
+
+    remove_stale_partials(node_folder())
+
+
 def train_on_node(job: NodeJob, corpus) -> NodeResult:
     """The Ray task: the cell trained in a work folder of this machine's private folder, its folder sent back."""
     import ray
 
     from layertune.cell import train_cell
-    from layertune.io import remove_stale_partials
     from pipelines.trained_cells import TrainedCells, pack
 
     started = int(time.time() * 1000)
-    private = private_folder(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}")
-    remove_stale_partials(private)  # work folders of workers killed by a cancel
+    private = node_folder()
+    remove_work_folders()
     cache_dir = os.environ.get("LAYERTUNE_CACHE") or private / "cache"
     work = Path(tempfile.mkdtemp(prefix=f".cell.partial-{os.getpid()}-", dir=private))
     here = Path.cwd()
@@ -168,8 +193,6 @@ def train_on_node(job: NodeJob, corpus) -> NodeResult:
         return NodeResult(pack(folder), started, ray.get_runtime_context().get_node_id())
     finally:
         os.chdir(here)
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -321,6 +321,8 @@ class StudyRuns:
             return
         status = end_status(error)
         failed = getattr(error, "cell", None)  # a `pipelines.scheduling.CellFailed`
+        if failed in self.planned and failed not in self.open:  # a cell that failed elsewhere (a Ray node)
+            self.started(failed)
         for key, run in self.open.items():
             run.end(FAILED if key == failed else KILLED)
         if self.parent is not None:

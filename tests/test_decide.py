@@ -34,7 +34,6 @@ def test_decide_runs_rounds_until_its_looks_are_spent_and_a_rebuild_replays_them
     assert rounds[1]["settings"] == open_after_1
     assert sorted(record) == sorted(f"sst2-tiny-{k}-3" for k in open_after_1)
     assert all(cell["round"] == 2 for cell in record.values())
-    assert "rounds-s:" in (project / "dvc.yaml").read_text()
     trained = sorted(p.name for p in (project / "data" / "04_models" / "s").iterdir())
     assert trained == sorted([f"sst2-tiny-{k}-{seed}" for k in (0, 1) for seed in (1, 2)]
                              + [f"sst2-tiny-{k}-3" for k in open_after_1])
@@ -64,7 +63,7 @@ def test_decide_without_a_decide_section_is_refused_before_any_work(tmp_path):
 
 def test_a_round_of_evaluation_examples_is_recorded_beside_the_rounds_of_cells(tmp_path, monkeypatch):
     """The report's next round for one question is the evaluation examples, for another new seeds: params.yaml
-    records both, its comments kept, and dvc.yaml gets train stages for the cells only."""
+    records both, its comments kept."""
     import json
 
     from pipelines import decide
@@ -87,7 +86,6 @@ def test_a_round_of_evaluation_examples_is_recorded_beside_the_rounds_of_cells(t
     assert "# the user's comment" in written
     recorded = yaml.safe_load(written)["studies"]["s"]["decide"]
     assert recorded["evaluation_rounds"] == {"sst2": {"tiny": 2}} and list(recorded["rounds"]) == ["sst2-other-1-3"]
-    assert "rounds-s:" in (project / "dvc.yaml").read_text()
 
 
 class Clock:
@@ -99,11 +97,10 @@ class Clock:
     def monotonic(self) -> float:
         return self.now
 
-    def build(self) -> int:
+    def build(self) -> None:
         self.now += self.build_s
         self.builds += 1
         assert self.builds < 10, "the rounds did not stop"
-        return 0
 
 
 ROUND = {"sst2-m-1-3": {"task": "sst2", "encoder": "m", "tunable_layers": 1, "seed": 3, "round": 2},
@@ -112,26 +109,38 @@ ROUND = {"sst2-m-1-3": {"task": "sst2", "encoder": "m", "tunable_layers": 1, "se
 
 @pytest.fixture
 def driver(tmp_path, monkeypatch):
-    """`pipelines.decide` in a folder of one decided study, with DVC, the reports and the record stood in for."""
-    from pipelines import decide, dvc_stages
+    """`pipelines.decide` in a folder of one decided study, with the builds, the reports and the record stood in
+    for."""
+    from pipelines import decide
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"studies": {"s": {"decide": {"looks": 3}}}}))
     monkeypatch.chdir(tmp_path)
-    written = []  # dvc.yaml's stages brought in line with the record, at the call's start
-    monkeypatch.setattr(dvc_stages, "main", lambda argv: written.append(argv) or 0)
     monkeypatch.setattr(decide, "next_round", lambda study, params: (ROUND, {}))
     recorded = []
     monkeypatch.setattr(decide, "record", recorded.append)
-    return decide, recorded, written
+    return decide, recorded
+
+
+def cells_built(monkeypatch, decide, *snapshots: dict) -> None:
+    """`decide.built_cells` answers ``snapshots`` in turn (each {cell: build key}), then the last for ever."""
+    answers = iter(snapshots)
+    last = {}
+
+    def built(studies):
+        nonlocal last
+        last = next(answers, last)
+        return last
+
+    monkeypatch.setattr(decide, "built_cells", built)
 
 
 def test_the_next_round_is_costed_at_a_cells_own_time_however_many_run_at_once(driver, monkeypatch, capsys):
     """Four cells, four at a time, took 100 s: a cell takes 100 s, and the next round's two cells 100 s more, which
     a budget of 3 minutes (100 s spent) cannot take."""
-    decide, recorded, _ = driver
+    decide, recorded = driver
     clock = Clock(build_s=100.0)
     monkeypatch.setattr(decide.time, "monotonic", clock.monotonic)
-    monkeypatch.setattr(decide, "changed_cells", lambda reports: ["c1", "c2", "c3", "c4"])
+    cells_built(monkeypatch, decide, {}, {f"s/c{i}": "k" for i in range(4)})  # before the build, after it
     assert decide.decide(["s"], 3.0, clock.build, jobs=4) == 0
     assert recorded == [] and clock.builds == 1
     assert "next round (2 cell(s), about 1.7 min at 100 s a cell, 4 at a time) would end past the budget of 3 min" \
@@ -141,24 +150,23 @@ def test_the_next_round_is_costed_at_a_cells_own_time_however_many_run_at_once(d
 def test_a_resumed_call_costs_the_round_by_the_cells_recorded_training_times(driver, monkeypatch, capsys):
     """A call whose first build trains nothing (the grid was built before) has measured no cell: the training times
     the report recorded for the round's settings stand in, and a round of 2 × 10 minutes does not start in 15."""
-    decide, recorded, written = driver
+    decide, recorded = driver
     (Path("reports") / "s").mkdir(parents=True)
     pd.DataFrame({"key": ["sst2-m-1-1", "sst2-m-2-1", "sst2-m-0-1", "sst2-m-1-2"], "task": "sst2", "encoder": "m",
                   "tunable_layers": [1, 2, 0, 1], "train_time_s": [500.0, 700.0, 1.0, None]}).to_csv(
         Path("reports") / "s" / "cells.csv", index=False)
     clock = Clock(build_s=5.0)
     monkeypatch.setattr(decide.time, "monotonic", clock.monotonic)
-    monkeypatch.setattr(decide, "changed_cells", lambda reports: [])
+    cells_built(monkeypatch, decide, {"s/sst2-m-1-1": "k"})  # built before the call: nothing trains in it
     assert decide.decide(["s"], 15.0, clock.build) == 0
     assert recorded == [] and "about 20.0 min at 600 s a cell" in capsys.readouterr().out
-    assert written == [[]]  # a round recorded by a call stopped before it wrote dvc.yaml gets its stages
 
 
 def test_a_round_the_reports_ask_for_again_once_built_stops_the_loop(driver, monkeypatch, capsys):
-    decide, recorded, _ = driver
+    decide, recorded = driver
     clock = Clock(build_s=1.0)
     monkeypatch.setattr(decide.time, "monotonic", clock.monotonic)
-    monkeypatch.setattr(decide, "changed_cells", lambda reports: [])
+    cells_built(monkeypatch, decide, {})
     assert decide.decide(["s"], None, clock.build) == 1
     assert recorded == [{"s": (ROUND, {})}] and clock.builds == 2
     assert "the reports of s ask again for the round just recorded; rebuild them (dvc repro --force aggregate@s)" \

@@ -1,86 +1,83 @@
-"""`layertune repro --jobs N` hands each worker its own GPU, and a signal stops every cell. No GPU here: a stand-in
-`dvc` on PATH records which GPU each cell's process saw and when it ran, or which processes it started (the
+"""`layertune repro --jobs N`'s worker processes (`pipelines.scheduling.WorkerProcesses`): each worker sees its own
+GPU, cells are taken in the plan's order, a failed or lost cell stops the build, and stopping stops every cell
+within seconds. No GPU here: stand-in jobs record which GPU their process saw, when they ran and where (the
 end-to-end build with real DVC is in test_scale.py)."""
 
+import contextlib
+import json
 import os
 import signal
-import stat
-import subprocess
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from pipelines import parallel
-
-ROOT = Path(__file__).resolve().parents[1]
-
-FAKE_DVC = """#!/bin/sh
-# dvc --wait-for-lock repro --single-item <cell>: record the cell, the GPU it saw and its start and end
-cell="$4"
-start=$(date +%s.%N)
-sleep 0.4
-[ "$cell" = broken ] && { echo "ERROR: failed to reproduce '$cell'"; exit 1; }
-echo "$cell ${CUDA_VISIBLE_DEVICES:-none} $start $(date +%s.%N)" >> "$RECORD"
-"""
+from pipelines.scheduling import CellFailed, Finished, Started, WorkerProcesses, devices
 
 
-@pytest.fixture
-def fake_dvc(tmp_path, monkeypatch):
-    script = tmp_path / "bin" / "dvc"
-    script.parent.mkdir()
-    script.write_text(FAKE_DVC)
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("RECORD", str(tmp_path / "record.txt"))
-    return tmp_path / "record.txt"
+@dataclass(frozen=True)
+class StandIn:
+    """A cell to train that sleeps ``seconds`` and writes what it saw to ``record``; ``fail``: it raises instead."""
+
+    key: str
+    record: Path
+    seconds: float = 0.4
+    fail: bool = False
+
+    def run(self) -> None:
+        start = time.time()
+        with self.record.open("a") as out:
+            out.write(json.dumps({"key": self.key, "event": "start", "pid": os.getpid()}) + "\n")
+        time.sleep(self.seconds)
+        if self.fail:
+            raise FloatingPointError("the loss is NaN")
+        with self.record.open("a") as out:
+            out.write(json.dumps({"key": self.key, "event": "end", "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                  "start": start, "end": time.time(), "pid": os.getpid()}) + "\n")
 
 
-def test_each_worker_sees_its_own_gpu(fake_dvc, capsys):
-    parallel.run_cells([f"train-s@cell-{i}" for i in range(6)], jobs=2, gpus=["0", "1"])
-    progress = capsys.readouterr().out.splitlines()  # each cell reported as it ends, counted
-    assert [line.split("]")[0] for line in progress] == [f"layertune repro: [{i}/6" for i in range(1, 7)]
-    runs = [line.split() for line in fake_dvc.read_text().splitlines()]
-    assert sorted(cell for cell, *_ in runs) == [f"train-s@cell-{i}" for i in range(6)]
-    assert {gpu for _, gpu, _, _ in runs} == {"0", "1"}
+def records(path: Path, event: str = "end") -> list[dict]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [record for line in lines if (record := json.loads(line))["event"] == event]
+
+
+def test_each_worker_sees_its_own_gpu_and_takes_the_cells_in_order(tmp_path):
+    jobs = [StandIn(f"cell-{i}", tmp_path / "record") for i in range(6)]
+    events = list(WorkerProcesses(2, ["0", "1"]).cells(jobs))
+    assert sorted(e.key for e in events if isinstance(e, Finished)) == [job.key for job in jobs]
+    for job in jobs:  # each cell reported as it starts, then as it ends
+        kinds = [type(e) for e in events if e.key == job.key]
+        assert kinds == [Started, Finished]
+    assert [e.key for e in events if isinstance(e, Started)][:2] == ["cell-0", "cell-1"]  # the plan's order
+    runs = records(tmp_path / "record")
+    assert {run["gpu"] for run in runs} == {"0", "1"} and len({run["pid"] for run in runs}) == 2
     for a in runs:  # two cells that ran at the same time never shared a GPU
         for b in runs:
-            overlap = float(a[2]) < float(b[3]) and float(b[2]) < float(a[3])
-            assert a is b or not overlap or a[1] != b[1], (a, b)
+            overlap = a["start"] < b["end"] and b["start"] < a["end"]
+            assert a is b or not overlap or a["gpu"] != b["gpu"], (a, b)
 
 
-def test_without_gpus_workers_get_the_environment_as_it_is(fake_dvc, monkeypatch):
+def test_without_gpus_workers_get_the_environment_as_it_is(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    parallel.run_cells(["train-s@a", "train-s@b"], jobs=2, gpus=[None])
-    assert {line.split()[1] for line in fake_dvc.read_text().splitlines()} == {"none"}
+    list(WorkerProcesses(2, [None]).cells([StandIn("a", tmp_path / "record"), StandIn("b", tmp_path / "record")]))
+    assert {run["gpu"] for run in records(tmp_path / "record")} == {None}
 
 
 def test_visible_devices_are_the_gpus_workers_share(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert parallel.devices() == ["2", "3"]
+    assert devices() == ["2", "3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert parallel.devices() == [None]
+    assert devices() == [None]
 
 
-def test_a_failed_cell_is_reported_with_its_output_and_stops_new_cells(fake_dvc):
-    with pytest.raises(parallel.StageFailed, match="broken failed:\n.*failed to reproduce 'broken'"):
-        parallel.run_cells(["broken", *(f"train-s@cell-{i}" for i in range(8))], jobs=1, gpus=[None])
-    assert not fake_dvc.exists()  # one worker: nothing after the failed cell started
-
-
-SLOW_DVC = """#!/bin/sh
-# `layertune repro --jobs 2`'s calls: tokenize and the final repro succeed at once, status lists two cells, a cell trains
-# (sleeps) for a minute in a child process, as a stage command under dvc would
-case "$1" in
-  status) echo '{"train-s@a": [], "train-s@b": []}'; exit 0 ;;
-  repro) exit 0 ;;
-esac
-sleep 60 &
-echo "$$ $!" >> "$RECORD"
-wait
-echo "finished $4" >> "$RECORD"
-"""
+def test_a_failed_cell_stops_the_build_naming_it_and_its_error(tmp_path):
+    record = tmp_path / "record"
+    jobs = [StandIn("broken", record, fail=True), *(StandIn(f"cell-{i}", record) for i in range(8))]
+    with pytest.raises(CellFailed, match=r"^cell broken failed: FloatingPointError: the loss is NaN") as raised:
+        list(WorkerProcesses(1).cells(jobs))
+    assert raised.value.cell == "broken"
+    assert [run["key"] for run in records(record, "start")] == ["broken"]  # one worker: nothing after it started
 
 
 def alive(pid: int) -> bool:
@@ -91,31 +88,39 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_sigterm_stops_every_cell_and_its_command_then_fails(tmp_path):
-    """SIGTERM to `layertune repro --jobs 2` reaches each cell's dvc and the command it runs: none goes on training,
-    orphaned; the build exits 128 + SIGTERM."""
-    (tmp_path / "bin").mkdir()
-    script = tmp_path / "bin" / "dvc"
-    script.write_text(SLOW_DVC)
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
-    (tmp_path / "params.yaml").write_text("studies: {s: {}}\n")
-    record = tmp_path / "record.txt"
-    env = {**os.environ, "PATH": f"{script.parent}{os.pathsep}{os.environ['PATH']}", "RECORD": str(record),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "CUDA_VISIBLE_DEVICES": ""}
-    build = subprocess.Popen([sys.executable, "-m", "pipelines.repro", "--jobs", "2"], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while len(record.read_text().splitlines() if record.exists() else []) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pids = [int(pid) for line in record.read_text().splitlines() for pid in line.split()]
-    assert len(pids) == 4 and all(map(alive, pids))  # two cells' dvc, each with its command
-    build.send_signal(signal.SIGTERM)
-    started = time.monotonic()
-    _, err = build.communicate(timeout=30)
-    assert build.returncode == 128 + signal.SIGTERM, err
-    assert "stopped by SIGTERM" in err
-    assert time.monotonic() - started < 5
-    assert not [pid for pid in pids if alive(pid)]
-    time.sleep(0.5)
-    assert "finished" not in record.read_text()  # no cell went on to its end
+def test_stopping_the_build_stops_every_cell_within_seconds(tmp_path):
+    """What the stage does on Ctrl-C or SIGTERM: it closes the scheduler, which stops each worker (SIGTERM, then
+    SIGKILL after a grace period) before it returns; no cell trains on to its end."""
+    record = tmp_path / "record"
+    events = WorkerProcesses(2).cells([StandIn(f"cell-{i}", record, seconds=120) for i in range(4)])
+    with contextlib.closing(events):
+        assert [next(events).key, next(events).key] == ["cell-0", "cell-1"]  # both started
+        while len(records(record, "start")) < 2:
+            time.sleep(0.05)
+        stopped = time.monotonic()
+    assert time.monotonic() - stopped < 10
+    pids = [run["pid"] for run in records(record, "start")]
+    assert not [pid for pid in pids if alive(pid)] and not records(record)  # none went on to its end
+
+
+def test_a_worker_killed_mid_cell_fails_the_build_naming_the_cell(tmp_path):
+    record = tmp_path / "record"
+    events = WorkerProcesses(1).cells([StandIn("cell-0", record, seconds=120)])
+    with contextlib.closing(events):
+        assert next(events).key == "cell-0"
+        while not records(record, "start"):
+            time.sleep(0.05)
+        os.kill(records(record, "start")[0]["pid"], signal.SIGKILL)  # the system's OOM killer, say
+        with pytest.raises(CellFailed, match=r"cell cell-0 failed: its worker process ended \(killed by SIGKILL\)"):
+            next(events)
+
+
+def test_bad_numbers_of_cells_at_a_time_are_refused(monkeypatch):
+    from pipelines import scheduling
+
+    for value in ("0", "-2", "two"):
+        monkeypatch.setenv(scheduling.JOBS_ENV, value)
+        with pytest.raises(ValueError, match=rf"\$LAYERTUNE_JOBS='{value}': a whole number of at least 1"):
+            scheduling.from_environment()
+    monkeypatch.setenv(scheduling.JOBS_ENV, "3")
+    assert isinstance(scheduling.from_environment(), WorkerProcesses)

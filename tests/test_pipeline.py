@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.projects import ROOT, make_dvc_project, make_project, project_env, run, study
+from tests.projects import make_dvc_project, make_project, project_env, run, study
 
 PARAMS = {
     "download": {"mirror": "mirror"},

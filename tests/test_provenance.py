@@ -56,6 +56,24 @@ def test_editing_a_report_changes_only_the_aggregate_fingerprint(tmp_path):
     assert fingerprint("train") != before["train"]
 
 
+def test_a_cells_build_key_follows_the_code_that_trains_it_and_no_other(monkeypatch, tmp_path):
+    """The library code a cell's training runs is part of its build key: editing the trainer retrains every cell,
+    editing a report or the pipeline's scheduling none (the train stage reruns, and finds every cell built)."""
+    from pipelines.plan import nodes
+
+    library = tmp_path / "layertune"
+    shutil.copytree(Path(layertune.__file__).parent, library)
+    monkeypatch.setattr(nodes, "LIBRARY", library)
+    before = nodes.cell_code_fingerprint()
+    for edited in (library / "reports" / "layers.py", library / "statistics.py"):
+        with open(edited, "a") as source:
+            source.write("\n# an edit\n")
+    assert nodes.cell_code_fingerprint() == before
+    with open(library / "trainer.py", "a") as source:
+        source.write("\n# an edit\n")
+    assert nodes.cell_code_fingerprint() != before
+
+
 def test_the_package_imports_its_modules_by_name():
     """The closure cannot see a name taken from the lazy exports of layertune/__init__.py, so the project's own
     code imports layertune.<module>, never ``from layertune import <Class>``."""

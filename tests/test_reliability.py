@@ -73,8 +73,8 @@ def cell_runs(project: Path) -> dict[str, list[str]]:
     client = connect(f"sqlite:///{project / 'mlflow.db'}")  # waits while a build creates the database
     experiment = client.get_experiment_by_name("layertune-slow")
     found: dict[str, list[str]] = {}
-    for run in client.search_runs([experiment.experiment_id]) if experiment else []:
-        found.setdefault(run.info.run_name.split()[0], []).append(run.info.status)
+    for found_run in client.search_runs([experiment.experiment_id]) if experiment else []:
+        found.setdefault(found_run.info.run_name.split()[0], []).append(found_run.info.status)
     return {name: sorted(statuses) for name, statuses in found.items()}
 
 

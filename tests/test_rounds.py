@@ -102,15 +102,14 @@ def round_cell(k, seed, number) -> tuple[str, dict]:
     return f"sst2-m-{k}-{seed}", {"task": "sst2", "encoder": "m", "tunable_layers": k, "seed": seed, "round": number}
 
 
-def test_a_recorded_round_adds_its_cells_to_the_plan_each_its_own_dvc_stage(tiny_model_dirs):
-    from pipelines.plans import dvc_stage, plan_studies
+def test_a_recorded_round_adds_its_cells_to_the_plan(tiny_model_dirs):
+    from pipelines.plans import plan_studies
 
     rounds = dict(round_cell(k, seed, 2) for k in (1, 2) for seed in (3, 4))
     plan = plan_studies({"download": {"mirror": None},
                          "studies": {"s": decided_study(str(tiny_model_dirs["bert"]), rounds)}}).studies["s"]
     assert [cell.key for cell in plan.cells][6:] == ["sst2-m-1-3", "sst2-m-2-3", "sst2-m-1-4", "sst2-m-2-4"]
-    assert [dvc_stage(cell) for cell in plan.cells][5:7] == ["train-s@sst2-m-2-2", "rounds-s@sst2-m-1-3"]
-    # A grid cell's plan file (a train stage's dependency) is as before the rounds existed: nothing retrains.
+    # A grid cell's plan is as before the rounds existed (its saved form has no round).
     assert "round" not in plan.cells[0].model_dump() and plan.cells[6].model_dump()["round"] == 2
 
 
@@ -250,19 +249,3 @@ def test_a_round_of_evaluation_examples_is_replayed_on_the_dev_and_evaluation_ex
                 in report.markdown), k
     if decided["next_round"] is not None:  # once added, never again: the next round gives seeds
         assert decided["next_round"]["seeds"] == [5, 6] and "examples" not in decided["next_round"]
-
-
-def test_a_decided_study_gets_a_second_train_block_over_its_record_and_a_stale_one_is_named():
-    from pipelines.dvc_stages import BEGIN, END, cell_stage_study, decided_studies, stale_train_stages, train_blocks
-
-    params = {"studies": {"a": {"tunable_layers": [0]}, "m": {"methods": {}, "decide": {"rounds": {}}},
-                          "d": {"tunable_layers": [0], "decide": {"looks": 3}}}}  # no record yet: no block
-    assert decided_studies(params) == ["m"]
-    block = train_blocks({"a": "tunable_layers", "m": "methods"}, ["m"])
-    assert "  rounds-m:\n    foreach: ${studies.m.decide.rounds}\n" in block and "rounds-a" not in block
-    assert "data/03_features/m/${item.task}-${item.encoder}-${item.method}.json" in block
-    dvc_yaml = f"stages:\n{BEGIN}\n{train_blocks({'m': 'methods'})}{END}\n"
-    assert "no train stage" not in (stale_train_stages(dvc_yaml, {"m": "methods"}, ["m"]) or "")
-    assert "run python -m pipelines.dvc_stages" in stale_train_stages(dvc_yaml, {"m": "methods"}, ["m"])
-    assert [cell_stage_study(s) for s in ("train-m@x-1", "rounds-m@x-3", "evaluate@m", "rounds-a-b@k")] == [
-        "m", "m", None, "a-b"]

@@ -1,6 +1,7 @@
-"""Beyond one process: cells trained several at a time give the serial build's results; cells trained on other
-machines are shared through a DVC remote and its run-cache, so a third machine builds the reports training nothing;
-a team MLflow server on PostgreSQL records every cell; one cell trained by two processes is one output, one run.
+"""Beyond one process: cells trained several at a time give the serial build's results; a build is shared through a
+DVC remote, so another machine that pulls it trains only the cells it adds; cells set aside and planned again are not
+trained again; a team MLflow server on PostgreSQL records every cell; a study trained by two processes at once is one
+folder per cell, one run each.
 
 Tiny studies (the repository's own dvc.yaml, tiny models, a toy data mirror) in git repositories with DVC set up."""
 
@@ -24,7 +25,7 @@ CELLS = 4 + 4 + 6
 
 def env_of(project: Path) -> dict:
     return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "LAYERTUNE_DATA_MIRROR": "",
-            "LAYERTUNE_WARM_IDLE": "10", "TQDM_DISABLE": "1"}
+            "TQDM_DISABLE": "1"}
 
 
 def sh(project: Path, *command: str, env: dict | None = None) -> str:
@@ -41,16 +42,22 @@ def clone(origin: Path, folder: Path, remote: Path | None = None) -> Path:
     return folder
 
 
-def finished_runs(project: Path) -> list[tuple[str, str]]:
+def cell_runs(project: Path) -> list[tuple[str, str]]:
+    """(run name, status) of every cell's run, the builds' parent runs aside."""
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     runs = [run for experiment in client.search_experiments() for run in client.search_runs([experiment.experiment_id])]
-    return sorted((run.info.run_name, run.info.status) for run in runs)
+    return sorted((run.info.run_name, run.info.status) for run in runs if not run.info.run_name.startswith("build "))
 
 
 def reports(project: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted((project / "reports").glob("*.json"))}
+
+
+def trained(log: str) -> list[str]:
+    """The cells a build's log says were trained."""
+    return sorted(line.split("] ")[1].split()[0] for line in log.splitlines() if " trained" in line and "] " in line)
 
 
 @pytest.fixture(scope="module")
@@ -67,37 +74,40 @@ def test_two_workers_build_exactly_what_a_serial_build_does(origin, tmp_path):
     repository, serial = origin
     parallel = clone(repository, tmp_path / "parallel")
     log = sh(parallel, "layertune", "repro", "--jobs", "2")
-    assert f"{CELLS} cell(s) to train, 2 at a time" in log
+    assert log.count("cell(s) to train, 2 at a time") == 3 and len(trained(log)) == CELLS
     assert reports(parallel) == reports(serial) and len(reports(parallel)) == 3
-    runs = finished_runs(parallel)
+    runs = cell_runs(parallel)
     assert len(runs) == CELLS and {status for _, status in runs} == {"FINISHED"}
     assert sh(parallel, "dvc", "status").split() == ["plan:", "always", "changed"]  # the plan runs every time
 
 
 @pytest.mark.integration
-def test_cells_trained_on_two_machines_build_the_reports_on_a_third(origin, tmp_path):
-    """A trains the seed-1 cells, B the seed-2 cells; each pushes its outputs and run-cache to the shared remote.
-    On C, `dvc repro --pull` fetches the run-cache and restores every cell from it instead of training it."""
+def test_a_machine_that_pulled_the_build_trains_only_the_cells_it_adds(origin, tmp_path):
+    """Machine A builds and pushes to the shared remote; machine B, a fresh clone, pulls and adds a seed with
+    `dvc exp run -S`: only the new seed's cells train there, and B's MLflow shows the pulled cells too (logged from
+    their folders). Seeds removed, then added back, are set aside and taken back on B: nothing trains."""
     repository, serial = origin
     remote = tmp_path / "remote"
-    for name, seed in (("a", 1), ("b", 2)):
-        machine = clone(repository, tmp_path / name, remote)
-        sh(machine, "dvc", "repro", "--glob", f"train-*-{seed}")
-        sh(machine, "dvc", "push", "--run-cache")
-    third = clone(repository, tmp_path / "c", remote)
-    log = sh(third, "dvc", "repro", "--pull")
-    restored = {line.split("'")[1] for line in log.splitlines() if "is cached - skipping run" in line}
-    assert len({name for name in restored if name.startswith("train-")}) == CELLS
-    assert "Running stage 'train-" not in log  # not one cell trained here
-    # nothing trained here, yet MLflow shows every restored cell: its folder, logged by the evaluate stage
-    from mlflow import MlflowClient
+    a = clone(repository, tmp_path / "a", remote)
+    sh(a, "dvc", "repro")
+    sh(a, "git", "add", "dvc.lock")
+    sh(a, "git", "-c", "user.name=a", "-c", "user.email=a@example.com", "commit", "--quiet", "-m", "built")
+    sh(a, "dvc", "push")
+    b = clone(a, tmp_path / "b", remote)
+    sh(b, "dvc", "pull")
+    assert sh(b, "dvc", "status").split() == ["plan:", "always", "changed"]  # B holds A's build
+    log = sh(b, "dvc", "exp", "run", "-S", "studies.ablation.seeds=[1,2,3]")
+    assert trained(log) == ["sst2-tiny-0-3", "sst2-tiny-2-3"] and "ablation: 2 of 6 cell(s) to train" in log
+    runs = cell_runs(b)
+    assert {status for _, status in runs} == {"FINISHED"}
+    assert sorted(name for name, _ in runs) == sorted(f"sst2-tiny-{k}-{seed}" for k in (0, 2) for seed in (1, 2, 3))
+    three = reports(b)["ablation.json"]
 
-    client = MlflowClient(f"sqlite:///{third / 'mlflow.db'}")
-    runs = [run for experiment in client.search_experiments() for run in client.search_runs([experiment.experiment_id])]
-    assert sorted(run.info.status for run in runs) == ["FINISHED"] * CELLS
-    assert all("layertune.logged_from" in run.data.tags for run in runs)
-    assert reports(third) == reports(serial)
-    assert sh(third, "dvc", "status").split() == ["plan:", "always", "changed"]  # the plan runs every time
+    log = sh(b, "dvc", "exp", "run", "-S", "studies.ablation.seeds=[1]")
+    assert trained(log) == [] and sorted(p.name for p in (b / "data/04_models/ablation").iterdir()) == [
+        "sst2-tiny-0-1", "sst2-tiny-2-1"]  # the stage's output: the planned cells alone
+    log = sh(b, "dvc", "exp", "run", "-S", "studies.ablation.seeds=[1,2,3]")
+    assert trained(log) == [] and reports(b)["ablation.json"] == three  # set aside, then taken back
 
 
 def rest(url: str, endpoint: str, body: dict | None = None, **query) -> dict:
@@ -125,6 +135,8 @@ def test_a_team_mlflow_server_on_postgresql_records_every_cell(origin, tmp_path)
         experiment = rest(url, "experiments/get-by-name", experiment_name="layertune-ablation")["experiment"]
         assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in experiment["tags"]
         runs = rest(url, "runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+        [build] = [run for run in runs if run["info"]["run_name"].startswith("build ")]
+        runs = [run for run in runs if run is not build]
         assert sorted(run["info"]["run_name"] for run in runs) == [
             "sst2-tiny-0-1", "sst2-tiny-0-2", "sst2-tiny-2-1", "sst2-tiny-2-2"]
         assert {run["info"]["status"] for run in runs} == {"FINISHED"}
@@ -138,19 +150,19 @@ def test_a_team_mlflow_server_on_postgresql_records_every_cell(origin, tmp_path)
 
 
 @pytest.mark.integration
-def test_one_cell_trained_by_two_processes_is_one_folder_and_one_run(origin, tmp_path):
-    """A cell run under `accelerate launch --num_processes 2` as docs/pipeline.md shows, then recorded with
-    `dvc commit`: one cell folder, one FINISHED MLflow run, and DVC sees the stage as built."""
+def test_a_study_trained_by_two_processes_is_one_folder_and_one_run_per_cell(origin, tmp_path):
+    """A study's train stage run under `accelerate launch --num_processes 2` as docs/pipeline.md shows (each cell
+    data-parallel over both processes), then recorded with `dvc commit`: one folder per cell, one FINISHED MLflow
+    run each, and DVC sees the stage as built."""
     from tests.test_data_parallel import launch
 
     repository, _ = origin
     machine = clone(repository, tmp_path / "machine")
     sh(machine, "dvc", "repro", "tokenize@ablation")
-    stage, cell = "train-ablation@sst2-tiny-2-1", "sst2-tiny-2-1"
-    launch("-m", "kedro", "run", "--pipelines", "train", "--params", f"study=ablation,cell={cell}", cwd=machine,
+    launch("-m", "kedro", "run", "--pipelines", "train", "--params", "study=ablation", cwd=machine,
            env=env_of(machine))
-    sh(machine, "dvc", "commit", "--force", stage)
-    assert stage not in sh(machine, "dvc", "status", stage)
-    folders = sorted(p.name for p in (machine / "data" / "04_models" / "ablation").iterdir())
-    assert folders == [cell]
-    assert finished_runs(machine) == [(cell, "FINISHED")]
+    sh(machine, "dvc", "commit", "--force", "train@ablation")
+    assert "train@ablation" not in sh(machine, "dvc", "status", "train@ablation")
+    cells = ["sst2-tiny-0-1", "sst2-tiny-0-2", "sst2-tiny-2-1", "sst2-tiny-2-2"]
+    assert sorted(p.name for p in (machine / "data" / "04_models" / "ablation").iterdir()) == cells
+    assert cell_runs(machine) == [(cell, "FINISHED") for cell in cells]

@@ -218,17 +218,20 @@ def test_cells_are_the_grid_named_like_dvc(params):
         spec = study.spec
         assert len(study.cells) == len(spec.tasks) * len(spec.encoders) * len(spec.grid_settings) * len(spec.seeds)
     cell = plan.studies["multi_encoder"].cells[-1]
-    assert cell.key == "sst2-dme-2-1" and dvc_stage(cell) == "train-multi_encoder@sst2-dme-2-1"
+    assert cell.key == "sst2-dme-2-1"
     assert [e.model for e in cell.spec.encoders] == ["sentence-transformers/all-MiniLM-L6-v2",
                                                      "sentence-transformers/paraphrase-MiniLM-L3-v2"]
     assert cell.spec.combine.method == "dme" and cell.spec.training.seed == 1
 
 
-def test_the_default_studies_keep_the_keys_dvc_lock_records(params):
-    """Keys name dvc.lock's stages, cell folders, report rows and MLflow runs: the default studies keep theirs."""
-    locked = set(yaml.safe_load((ROOT / "dvc.lock").read_text())["stages"])
-    stages = {dvc_stage(cell) for cell in plan_studies(params).cells()}
-    assert stages and stages <= locked, sorted(stages - locked)
+def test_the_default_studies_keep_the_keys_of_their_trained_cells():
+    """Keys name cell folders, report rows and MLflow runs: the default studies keep theirs (the committed
+    reports' rows), their recorded rounds included."""
+    import pandas as pd
+
+    for name, study in plan_studies(yaml.safe_load((ROOT / "params.yaml").read_text())).studies.items():
+        recorded = set(pd.read_csv(ROOT / "reports" / name / "cells.csv")["key"])
+        assert {cell.key for cell in study.cells} == recorded, name
 
 
 def test_two_cells_with_one_key_are_refused_naming_both(params):
@@ -373,8 +376,7 @@ def test_profiles_become_dvc_arguments_that_replace_mappings(params):
 
 
 def test_dvc_stages_and_catalog_paths_agree_with_the_code(params):
-    """The cell key and folders are written in dvc.yaml and conf/base/catalog.yml: they must name what the code
-    names."""
+    """The folders of a study's stages are written in dvc.yaml and conf/base/catalog.yml: they must name the same."""
     from dvc.repo import Repo
     from kedro.config import OmegaConfigLoader
 
@@ -383,28 +385,39 @@ def test_dvc_stages_and_catalog_paths_agree_with_the_code(params):
     plan = plan_studies(params)
     with Repo(str(ROOT)) as repo:
         stages = {stage.addressing: stage for stage in repo.index.stages}
-    train_stages = {name for name in stages if name.startswith("train-")}
-    assert train_stages == {dvc_stage(cell) for cell in plan.cells()}
-    for cell in (plan.studies["ner"].cells[-1], plan.studies["multi_encoder"].cells[0]):
-        stage = stages[dvc_stage(cell)]
-        out = str(stage.outs[0].fs_path).removeprefix(str(ROOT) + "/")
-        runtime = {"study": cell.study, "cell": cell.key}
-        catalog = OmegaConfigLoader(str(ROOT / "conf"), runtime_params=runtime, **CONFIG_LOADER_ARGS)["catalog"]
-        assert catalog["trained_cell"]["path"] == out == f"data/04_models/{cell.path}"
-        deps = {str(d.fs_path).removeprefix(str(ROOT) + "/") for d in stage.deps}
-        assert catalog["cell_plan"]["filepath"] in deps
-        assert f"{catalog['feature_manifests']['path']}/{cell.setting_key}.json" in deps
-        assert f"{catalog['prepared_corpora']['path']}/{cell.task}" in deps
+
+    def paths(files) -> set[str]:
+        return {str(f.fs_path).removeprefix(str(ROOT) + "/") for f in files}
+
+    assert {name for name in stages if name.startswith("train")} == {dvc_stage(study) for study in plan.studies}
     for study in plan.studies:
         catalog = OmegaConfigLoader(str(ROOT / "conf"), runtime_params={"study": study},
                                     **CONFIG_LOADER_ARGS)["catalog"]
+        train = stages[dvc_stage(study)]
+        assert paths(train.outs) == {catalog["study_cells"]["path"]} and train.outs[0].persist
+        assert not catalog["study_cells"]["retired"].startswith(catalog["study_cells"]["path"] + "/")
+        assert paths(train.deps) == {catalog["train_plan"]["filepath"], "data/00_plan/code/train.json",
+                                     catalog["prepared_corpora"]["path"], catalog["feature_manifests"]["path"]}
         aggregate = stages[f"aggregate@{study}"]
-        outs = {str(o.fs_path).removeprefix(str(ROOT) + "/") for o in aggregate.outs}
         assert {catalog["report_markdown"]["filepath"], catalog["report_metrics"]["filepath"],
                 catalog["report_tables"]["path"], catalog["plot_scores"]["filepath"],
-                catalog["plot_losses"]["filepath"]} == outs
-        assert {str(o.fs_path).removeprefix(str(ROOT) + "/") for o in aggregate.outs if o.plot} == {
+                catalog["plot_losses"]["filepath"]} == paths(aggregate.outs)
+        assert paths(o for o in aggregate.outs if o.plot) == {
             catalog["plot_scores"]["filepath"], catalog["plot_losses"]["filepath"]}
+
+
+def test_a_new_study_is_a_section_of_params_yaml_and_nothing_else(params, tmp_path):
+    """dvc.yaml, as committed, resolves a study added to params.yaml into its stages: no step writes them."""
+    import subprocess
+
+    from dvc.repo import Repo
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(edited(params, "studies.mine", params["studies"]["ner"])))
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    subprocess.run(["dvc", "init", "--no-scm", "--quiet"], cwd=tmp_path, check=True)
+    with Repo(str(tmp_path)) as repo:
+        resolved = {stage.name for stage in repo.index.stages}
+    assert {f"{stage}@mine" for stage in ("prepare", "tokenize", "train", "evaluate", "aggregate")} <= resolved
 
 
 def test_kedro_parameters_are_params_yaml_only():
@@ -424,66 +437,6 @@ def test_a_local_model_config_without_a_layer_count_is_named(params, tmp_path):
     assert "studies.ablation.encoders.m" in message and "not a model config with a layer count" in message
 
 
-def test_dvc_yaml_has_one_generated_train_stage_per_study_of_params_yaml(params, tmp_path):
-    from pipelines import dvc_stages
-
-    assert dvc_stages.main(["--check", "--project", str(ROOT)]) == 0  # the committed dvc.yaml is current
-    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(edited(params, "studies.mine", params["studies"]["ner"])))
-    assert dvc_stages.main(["--check", "--project", str(tmp_path)]) == 1  # a new study: its block is missing
-    assert dvc_stages.main(["--project", str(tmp_path)]) == 0
-    stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
-    assert stages["train-mine"]["cmd"] == "${run} train --params study=mine,cell=${key}"
-    assert stages["train-mine"]["matrix"]["seed"] == "${studies.mine.seeds}"
-    assert {name for name in stages if name.startswith("train-")} == {f"train-{s}" for s in [*params["studies"], "mine"]}
-
-
-def test_dvc_yaml_is_rewritten_whole_where_it_lies_with_its_mode(params, tmp_path):
-    """A dvc.yaml that links to a file elsewhere: that file is written (the link stays), in one step, keeping its
-    permissions."""
-    from pipelines import dvc_stages
-
-    kept = tmp_path / "kept" / "dvc.yaml"
-    kept.parent.mkdir()
-    kept.write_text((ROOT / "dvc.yaml").read_text())
-    kept.chmod(0o664)
-    (tmp_path / "dvc.yaml").symlink_to(kept)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(edited(params, "studies.mine", params["studies"]["ner"])))
-    assert dvc_stages.main(["--project", str(tmp_path)]) == 0
-    assert (tmp_path / "dvc.yaml").is_symlink() and "train-mine:" in kept.read_text()
-    assert kept.stat().st_mode & 0o777 == 0o664
-    assert [p.name for p in kept.parent.iterdir()] == ["dvc.yaml"]  # no staging file left
-
-
-def test_dvc_yaml_takes_every_axis_of_a_studys_grid_from_params_yaml(params, tmp_path):
-    """A new seed, task, encoder, tunable-layers value or method needs no step: the committed dvc.yaml, unchanged,
-    resolves to exactly the planned train stages of the edited params.yaml (what `dvc exp run -S` trains)."""
-    import subprocess
-
-    from dvc.repo import Repo
-
-    from pipelines import dvc_stages
-
-    grown = edited(params, "studies.ablation.seeds", [1, 2, 3])
-    grown = edited(grown, "studies.ablation.tunable_layers", [0, 1, 2, 3, 4, 5, 6])
-    grown = edited(grown, "studies.ner.encoders", {**params["studies"]["ner"]["encoders"],
-                                                   "paraphrase-MiniLM-L3-v2": "sentence-transformers/paraphrase-"
-                                                                              "MiniLM-L3-v2"})
-    grown = edited(grown, "studies.multi_encoder.tasks", ["sst2", "cola"])
-    grown = edited(grown, "studies.methods.methods", {**params["studies"]["methods"]["methods"],
-                                                      "bitfit-top2": {"method": "bitfit", "tunable_layers": 2}})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(grown, sort_keys=False))
-    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
-    subprocess.run(["dvc", "init", "--no-scm", "--quiet"], cwd=tmp_path, check=True)
-    assert dvc_stages.main(["--check", "--project", str(tmp_path)]) == 0  # nothing to write, nothing for the plan
-    with Repo(str(tmp_path)) as repo:
-        resolved = {stage.name for stage in repo.index.stages if stage.name.startswith("train-")}
-    planned = {dvc_stage(cell) for cell in plan_studies(grown).cells()}
-    assert resolved == planned and len(planned) > len(plan_studies(params).cells())
-    assert {"train-ablation@stsb-all-MiniLM-L6-v2-5-3", "train-ner@conll2003-paraphrase-MiniLM-L3-v2-all-2",
-            "train-multi_encoder@cola-dme-2-1", "train-methods@sst2-all-MiniLM-L6-v2-bitfit-top2-2"} <= resolved
-
-
 def test_an_encoder_entry_takes_its_tunable_layers_from_the_grid_and_reads_back_as_written():
     from layertune.study import StudyPlan, StudySpec, study_cells
 
@@ -501,8 +454,6 @@ def test_an_encoder_entry_takes_its_tunable_layers_from_the_grid_and_reads_back_
 
 
 def test_a_methods_study_keys_its_cells_by_method_and_shares_top_k_states(params):
-    from pipelines.dvc_stages import grid_axes, train_blocks
-
     plan = plan_studies(params)
     cells = {cell.key: cell for cell in plan.studies["methods"].cells}
     lora = cells["sst2-all-MiniLM-L6-v2-lora-top2-1"]
@@ -514,9 +465,6 @@ def test_a_methods_study_keys_its_cells_by_method_and_shares_top_k_states(params
     assert len(features.models) == 1 and features.boundaries == [[4, 6]]  # LoRA on the top 2 reads top-2's states
     assert features.settings["sst2-all-MiniLM-L6-v2-lora-top2"].boundaries == [4]
     assert features.settings["sst2-all-MiniLM-L6-v2-lora-all"].boundaries == [None]  # every layer adapted
-    assert grid_axes(params)["methods"] == "methods" and grid_axes(params)["ablation"] == "tunable_layers"
-    block = train_blocks({"methods": "methods"})
-    assert "method: ${studies.methods.methods}" in block and "${item.task}-${item.encoder}-${item.method}.json" in block
 
 
 @pytest.mark.parametrize(("method", "key", "message"), [
