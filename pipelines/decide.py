@@ -126,14 +126,11 @@ def with_decide_blocks(text: str, params, studies: Sequence[str], yaml) -> str:
     dumped = out.getvalue()
     lines, dumped_lines = text.splitlines(keepends=True), dumped.splitlines(keepends=True)
     rewritten = yaml.load(dumped)
-    # bottom up, so that the lines above a block keep their numbers
-    for study in sorted(studies, key=lambda name: -_decide_block(params, name, len(lines))[0]):
-        start, end, column = _decide_block(params, study, len(lines))
+    blocks = {study: _decide_block(params, study, len(lines)) for study in studies}
+    for study in sorted(studies, key=lambda name: -blocks[name][0]):  # bottom up: the lines above keep their numbers
+        start, end, column = blocks[study]
         new_start, new_end, new_column = _decide_block(rewritten, study, len(dumped_lines))
-        shift = column - new_column
-        block = [line if not line.strip() else (" " * shift + line if shift >= 0 else line[min(-shift, len(line)
-                 - len(line.lstrip(" "))):]) for line in dumped_lines[new_start:new_end]]
-        lines[start:end] = block
+        lines[start:end] = [_shifted(line, column - new_column) for line in dumped_lines[new_start:new_end]]
     spliced = "".join(lines)
     safe = YAML(typ="safe", pure=True)
     return spliced if safe.load(spliced) == safe.load(dumped) else dumped
@@ -149,6 +146,14 @@ def _decide_block(params, study: str, total: int) -> tuple[int, int, int]:
     after += [studies.lc.key(key)[0] for key in studies if studies.lc.key(key)[0] > line]
     after += [params.lc.key(key)[0] for key in params if params.lc.key(key)[0] > line]
     return line, min(after, default=total), column
+
+
+def _shifted(line: str, shift: int) -> str:
+    """``line`` moved ``shift`` columns right (left where negative, never past its first character); a blank line as
+    it is."""
+    if not line.strip() or shift >= 0:
+        return " " * shift + line if line.strip() else line
+    return line[min(-shift, len(line) - len(line.lstrip(" "))):]
 
 
 def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], int], jobs: int = 1) -> int:

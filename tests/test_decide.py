@@ -133,7 +133,8 @@ def test_recording_rounds_rewrites_the_decide_block_alone_and_keeps_the_values_t
     assert after[start:-2] == [
         "    decide:                  # decided in rounds",
         "      looks: 3",
-        "      decided_with: {tolerance: 0.02, confidence: 0.95, looks: 3, spending: obrien-fleming, seeds_per_round: 2}",
+        "      decided_with: {tolerance: 0.02, confidence: 0.95, looks: 3, spending: obrien-fleming, "
+        "seeds_per_round: 2}",
         "      rounds:",
         "        sst2-tiny-1-3: {task: sst2, encoder: tiny, tunable_layers: 1, seed: 3, round: 2}"]
 
@@ -144,6 +145,24 @@ def test_recording_rounds_rewrites_the_decide_block_alone_and_keeps_the_values_t
     recorded = yaml.safe_load((tmp_path / "params.yaml").read_text())["studies"]["s"]["decide"]
     assert recorded["decided_with"]["tolerance"] == 0.02 and list(recorded["rounds"]) == ["sst2-tiny-1-3",
                                                                                          "sst2-tiny-1-4"]
+
+
+def test_a_file_indented_by_four_keeps_its_layout_and_reads_back_with_the_round(tmp_path, monkeypatch):
+    from pipelines import decide, dvc_stages
+
+    four = "\n".join(" " * 2 * (len(line) - len(line.lstrip(" "))) + line.lstrip(" ")
+                     for line in PARAMS_AS_WRITTEN.splitlines()) + "\n"
+    (tmp_path / "params.yaml").write_text(four)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dvc_stages, "main", lambda argv: 0)
+    decide.record({"s": ({}, {"sst2": {"tiny": 2}})})
+    after, before = (tmp_path / "params.yaml").read_text().splitlines(), four.splitlines()
+    start = before.index("        decide: {looks: 3}       # decided in rounds")
+    assert after[:start] == before[:start] and after[-2:] == before[-2:]
+    assert after[start].startswith("        decide: ") and after[start].endswith("# decided in rounds")
+    recorded = yaml.safe_load("\n".join(after))
+    assert recorded["studies"]["s"]["decide"]["evaluation_rounds"] == {"sst2": {"tiny": 2}}
+    assert recorded["studies"]["plain"] == yaml.safe_load(four)["studies"]["plain"]
 
 
 class Clock:

@@ -85,7 +85,8 @@ def test_a_comparison_takes_its_own_seed_spread_shrunk_toward_the_pooled_one_by_
     assert spread.sd ** 2 == pytest.approx((2 * 0.02 ** 2 + 2 * own) / 3)
     assert difference_spread(candidate, reference, None) == SeedSpread(pytest.approx(np.sqrt(own)), 2)
     # one seed each: the pooled spread alone, on its one degree of freedom; nothing where none is measured
-    assert difference_spread(seeds_of([0.7]), seeds_of([0.8]), pooled) == SeedSpread(pytest.approx(0.02 * np.sqrt(2)), 1)
+    alone = SeedSpread(pytest.approx(0.02 * np.sqrt(2)), 1)
+    assert difference_spread(seeds_of([0.7]), seeds_of([0.8]), pooled) == alone
     assert difference_spread(seeds_of([0.7]), seeds_of([0.8]), None) is None
 
 
