@@ -152,7 +152,7 @@ def paired_difference(candidate: Estimate, reference: Estimate) -> Estimate:
 
 # How much the settings' pooled spread counts in a comparison's own: as this many degrees of freedom (one seed's
 # worth) beside its n − 1. With two, a setting ten times less stable than seven others was wrongly called within the
-# tolerance in 5.1% of 1,000 simulated studies (one: 4.5%; tests/test_sequential.py's simulation); with none, two
+# tolerance in 5.1% of 1,000 studies simulated as tests/test_sequential.py does (with one: 4.5%); with none, two
 # seeds (t on one degree of freedom) decide next to nothing.
 PRIOR_DF = 1
 
