@@ -78,7 +78,8 @@ def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]
     for study, (cells, evaluation) in additions.items():
         decide = params["studies"][study]["decide"]
         decide.fa.set_block_style()  # `decide: {looks: 4}` grows a block of rounds
-        if decide.get("decided_with") is None:  # the first round recorded (or a record from before they were kept)
+        first = not decide.get("rounds") and not decide.get("evaluation_rounds")  # (a cleared record's too)
+        if first or decide.get("decided_with") is None:  # (or a record from before the values were kept)
             values = CommentedMap(decided_with(params["studies"][study]))
             values.fa.set_flow_style()
             decide.pop("decided_with", None)

@@ -145,6 +145,13 @@ def test_recording_rounds_rewrites_the_decide_block_alone_and_keeps_the_values_t
     recorded = yaml.safe_load((tmp_path / "params.yaml").read_text())["studies"]["s"]["decide"]
     assert recorded["decided_with"]["tolerance"] == 0.02 and list(recorded["rounds"]) == ["sst2-tiny-1-3",
                                                                                          "sst2-tiny-1-4"]
+    # Its rounds cleared to decide again under a new tolerance: the first round records the new one.
+    cleared = (tmp_path / "params.yaml").read_text().split("      rounds:")[0] + "      rounds: {}\n" + \
+        PARAMS_AS_WRITTEN.splitlines(keepends=True)[-2] + PARAMS_AS_WRITTEN.splitlines(keepends=True)[-1]
+    (tmp_path / "params.yaml").write_text(cleared)
+    decide.record({"s": ({}, {"sst2": {"tiny": 2}})})
+    recorded = yaml.safe_load((tmp_path / "params.yaml").read_text())["studies"]["s"]["decide"]
+    assert recorded["decided_with"]["tolerance"] == 0.05 and recorded["evaluation_rounds"] == {"sst2": {"tiny": 2}}
 
 
 def test_a_file_indented_by_four_keeps_its_layout_and_reads_back_with_the_round(tmp_path, monkeypatch):
