@@ -63,17 +63,26 @@ def next_round(study: str, params: dict) -> tuple[dict[str, dict], dict[str, dic
 
 def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]]]) -> None:
     """``additions`` ({study: (cells by key, evaluation rounds)}) appended to params.yaml's ``decide.rounds`` and
-    ``decide.evaluation_rounds`` (a round trip that keeps its comments and layout)."""
+    ``decide.evaluation_rounds``, with ``decide.decided_with`` (the values the rounds are decided with) where the
+    record has none yet. Only each study's ``decide`` block is written anew: the rest of the file stays as its
+    author wrote it, byte for byte."""
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
 
     yaml = YAML()
     yaml.preserve_quotes = True
-    yaml.width = 120
-    params = yaml.load(PARAMS.read_text())
+    yaml.width = 4096  # a round's cell on one line, however long its key (a wrapped flow mapping ends in a space)
+    text = PARAMS.read_text()
+    params = yaml.load(text)
     for study, (cells, evaluation) in additions.items():
         decide = params["studies"][study]["decide"]
         decide.fa.set_block_style()  # `decide: {looks: 4}` grows a block of rounds
+        first = not decide.get("rounds") and not decide.get("evaluation_rounds")  # (a cleared record's too)
+        if first or decide.get("decided_with") is None:  # (or a record from before the values were kept)
+            values = CommentedMap(decided_with(params["studies"][study]))
+            values.fa.set_flow_style()
+            decide.pop("decided_with", None)
+            decide.insert(list(decide).index("rounds") if "rounds" in decide else len(decide), "decided_with", values)
         if cells and not decide.get("rounds"):  # none, or `rounds: {}` (flow style: it would stay on one line)
             decide["rounds"] = CommentedMap()
         for key, cell in cells.items():
@@ -88,9 +97,62 @@ def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]
                 decide["evaluation_rounds"][task].fa.set_flow_style()
             decide["evaluation_rounds"][task].update(encoders)
     staging = PARAMS.with_name(f".{PARAMS.name}.decide")
-    with staging.open("w") as out:
-        yaml.dump(params, out)
+    staging.write_text(with_decide_blocks(text, params, list(additions), yaml))
     staging.replace(PARAMS)  # whole or not at all
+
+
+def decided_with(study: dict) -> dict:
+    """The values a study of params.yaml (as read) decides its rounds with, defaults filled in
+    (`layertune.study.DecidedWith`)."""
+    from layertune.study import DecidedWith, DecideSpec, ReportSpec
+
+    plain = json.loads(json.dumps(study))  # ruamel's mappings as plain ones
+    return DecidedWith.of(ReportSpec.model_validate(plain["report"]),
+                          DecideSpec.model_validate(plain["decide"])).model_dump()
+
+
+def with_decide_blocks(text: str, params, studies: Sequence[str], yaml) -> str:
+    """``text`` (params.yaml as read into ``params``, which ruamel has since changed) with the ``decide`` block of
+    each of ``studies`` as ruamel writes it, and every other line as it was: a round trip of the whole file would
+    also rewrite what nobody changed (a flow mapping over two lines joined into one). Where the result would not
+    read back as ruamel's whole file does, ruamel's whole file."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    out = io.StringIO()
+    yaml.dump(params, out)
+    dumped = out.getvalue()
+    lines, dumped_lines = text.splitlines(keepends=True), dumped.splitlines(keepends=True)
+    rewritten = yaml.load(dumped)
+    blocks = {study: _decide_block(params, study, len(lines)) for study in studies}
+    for study in sorted(studies, key=lambda name: -blocks[name][0]):  # bottom up: the lines above keep their numbers
+        start, end, column = blocks[study]
+        new_start, new_end, new_column = _decide_block(rewritten, study, len(dumped_lines))
+        lines[start:end] = [_shifted(line, column - new_column) for line in dumped_lines[new_start:new_end]]
+    spliced = "".join(lines)
+    safe = YAML(typ="safe", pure=True)
+    return spliced if safe.load(spliced) == safe.load(dumped) else dumped
+
+
+def _decide_block(params, study: str, total: int) -> tuple[int, int, int]:
+    """Where ``studies.<study>.decide`` lies in the text ``params`` was read from: its first line, the line after
+    its last (the next key's, of the study, of the studies or of the file), and its key's column."""
+    studies = params["studies"]
+    entry = studies[study]
+    line, column = entry.lc.key("decide")
+    after = [entry.lc.key(key)[0] for key in entry if entry.lc.key(key)[0] > line]
+    after += [studies.lc.key(key)[0] for key in studies if studies.lc.key(key)[0] > line]
+    after += [params.lc.key(key)[0] for key in params if params.lc.key(key)[0] > line]
+    return line, min(after, default=total), column
+
+
+def _shifted(line: str, shift: int) -> str:
+    """``line`` moved ``shift`` columns right (left where negative, never past its first character); a blank line as
+    it is."""
+    if not line.strip() or shift >= 0:
+        return " " * shift + line if line.strip() else line
+    return line[min(-shift, len(line) - len(line.lstrip(" "))):]
 
 
 def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], None], jobs: int = 1) -> int:

@@ -88,6 +88,86 @@ def test_a_round_of_evaluation_examples_is_recorded_beside_the_rounds_of_cells(t
     assert recorded["evaluation_rounds"] == {"sst2": {"tiny": 2}} and list(recorded["rounds"]) == ["sst2-other-1-3"]
 
 
+PARAMS_AS_WRITTEN = """\
+download: {mirror: mirror}   # the user's layout, kept
+
+studies:
+  plain:                     # no decide section
+    report: {kind: layers}
+    tasks: [sst2]
+    encoders: {tiny: models/tiny-a}
+    tunable_layers: [0, 1]
+    seeds: [1, 2]
+    training: {epochs: 1,
+      learning_rate: 1.0e-3}
+  s:
+    report: {kind: layers, tolerance: 0.02}
+    tasks: [sst2]
+    encoders: {tiny: models/tiny-a}
+    tunable_layers: [0, 1]
+    seeds: [1, 2]
+    decide: {looks: 3}       # decided in rounds
+    training: {epochs: 1,
+      learning_rate: 1.0e-3}
+"""
+
+
+def test_recording_rounds_rewrites_the_decide_block_alone_and_keeps_the_values_they_are_decided_with(tmp_path,
+                                                                                                   monkeypatch):
+    """Every line outside the decided study's decide block stays as written (a flow mapping over two lines was
+    joined into one); the first round records what the rounds are decided with, and a later round keeps it."""
+    from pipelines import decide
+
+    (tmp_path / "params.yaml").write_text(PARAMS_AS_WRITTEN)
+    monkeypatch.chdir(tmp_path)
+    decide.record({"s": ({"sst2-tiny-1-3": {"task": "sst2", "encoder": "tiny", "tunable_layers": 1, "seed": 3,
+                                            "round": 2}}, {})})
+    written = (tmp_path / "params.yaml").read_text()
+    before, after = PARAMS_AS_WRITTEN.splitlines(), written.splitlines()
+    start = before.index("    decide: {looks: 3}       # decided in rounds")
+    assert after[:start] == before[:start] and after[-2:] == before[-2:]
+    assert not any(line != line.rstrip() for line in after)
+    assert after[start:-2] == [
+        "    decide:                  # decided in rounds",
+        "      looks: 3",
+        "      decided_with: {tolerance: 0.02, confidence: 0.95, looks: 3, spending: obrien-fleming, "
+        "seeds_per_round: 2}",
+        "      rounds:",
+        "        sst2-tiny-1-3: {task: sst2, encoder: tiny, tunable_layers: 1, seed: 3, round: 2}"]
+
+    # A later round (after an edit the plan would refuse, say) adds its cells and keeps the values recorded first.
+    (tmp_path / "params.yaml").write_text(written.replace("tolerance: 0.02}", "tolerance: 0.05}"))
+    decide.record({"s": ({"sst2-tiny-1-4": {"task": "sst2", "encoder": "tiny", "tunable_layers": 1, "seed": 4,
+                                            "round": 3}}, {})})
+    recorded = yaml.safe_load((tmp_path / "params.yaml").read_text())["studies"]["s"]["decide"]
+    assert recorded["decided_with"]["tolerance"] == 0.02 and list(recorded["rounds"]) == ["sst2-tiny-1-3",
+                                                                                         "sst2-tiny-1-4"]
+    # Its rounds cleared to decide again under a new tolerance: the first round records the new one.
+    cleared = (tmp_path / "params.yaml").read_text().split("      rounds:")[0] + "      rounds: {}\n" + \
+        PARAMS_AS_WRITTEN.splitlines(keepends=True)[-2] + PARAMS_AS_WRITTEN.splitlines(keepends=True)[-1]
+    (tmp_path / "params.yaml").write_text(cleared)
+    decide.record({"s": ({}, {"sst2": {"tiny": 2}})})
+    recorded = yaml.safe_load((tmp_path / "params.yaml").read_text())["studies"]["s"]["decide"]
+    assert recorded["decided_with"]["tolerance"] == 0.05 and recorded["evaluation_rounds"] == {"sst2": {"tiny": 2}}
+
+
+def test_a_file_indented_by_four_keeps_its_layout_and_reads_back_with_the_round(tmp_path, monkeypatch):
+    from pipelines import decide
+
+    four = "\n".join(" " * 2 * (len(line) - len(line.lstrip(" "))) + line.lstrip(" ")
+                     for line in PARAMS_AS_WRITTEN.splitlines()) + "\n"
+    (tmp_path / "params.yaml").write_text(four)
+    monkeypatch.chdir(tmp_path)
+    decide.record({"s": ({}, {"sst2": {"tiny": 2}})})
+    after, before = (tmp_path / "params.yaml").read_text().splitlines(), four.splitlines()
+    start = before.index("        decide: {looks: 3}       # decided in rounds")
+    assert after[:start] == before[:start] and after[-2:] == before[-2:]
+    assert after[start].startswith("        decide: ") and after[start].endswith("# decided in rounds")
+    recorded = yaml.safe_load("\n".join(after))
+    assert recorded["studies"]["s"]["decide"]["evaluation_rounds"] == {"sst2": {"tiny": 2}}
+    assert recorded["studies"]["plain"] == yaml.safe_load(four)["studies"]["plain"]
+
+
 class Clock:
     """A build that takes ``build_s`` seconds of a clock of its own."""
 

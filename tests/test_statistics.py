@@ -8,7 +8,7 @@ from layertune.statistics import (
     Resamples,
     SeedSpread,
     better_or_worse,
-    differences_spread,
+    difference_spread,
     interval,
     shared_dev_fraction,
     what_would_settle,
@@ -68,27 +68,42 @@ def test_seed_spread_pools_variances_and_degrees_of_freedom():
     assert SeedSpread.pooled([Estimate(np.array([0.7]), samples)]) is None  # one seed measures no spread
 
 
-def test_a_seed_spread_pooled_over_a_table_narrows_a_comparison_that_one_row_cannot_decide():
-    """Seven candidates, each 1 point below the best on both of two seeds (± 0.5): alone, a row's one degree of
-    freedom (t = 6.3) leaves "within 2 points" undecided; pooled over the table (seven degrees of freedom,
-    t = 1.9) the same data decides."""
-    rng = np.random.default_rng(5)
-    draws = Resamples.draw(4000, 300)
-    best = [correct_by_chance(rng, 4000, 0.85) for _ in range(2)]
-    candidates = []
-    for shift in range(7):
-        worse = []
-        for seed, fraction in enumerate((0.005, 0.015) if shift % 2 else (0.015, 0.005)):
-            flip = np.flatnonzero(best[seed])[: int(fraction * 4000)]
-            worse.append([0 if i in set(flip) else p for i, p in enumerate(best[seed])])
-        candidates.append(estimate(draws, worse))
-    reference = estimate(draws, best)
-    spread = differences_spread(candidates, reference)
-    assert spread.df == 7
-    alone = within_tolerance(candidates[0], reference, 0.02, 0.95)
-    pooled = within_tolerance(candidates[0], reference, 0.02, 0.95, spread)
-    assert (alone.verdict, pooled.verdict) == ("undecided", "yes")
-    assert alone.difference == pooled.difference == pytest.approx(-0.01)
+def seeds_of(scores, samples: int = 5) -> Estimate:
+    """An estimate with these seed scores and no dev part (every resample scores as the whole dev set)."""
+    scores = np.asarray(scores, dtype=float)
+    return Estimate(scores, np.repeat(scores[:, None], samples, axis=1))
+
+
+def test_a_comparison_takes_its_own_seed_spread_shrunk_toward_the_pooled_one_by_one_degree_of_freedom():
+    """The variance of the pair's own seed-by-seed differences (n − 1 degrees of freedom) and twice the settings'
+    pooled variance (one degree of freedom), weighted so; with no pooled spread, the pair's own alone."""
+    candidate, reference = seeds_of([0.70, 0.74, 0.71]), seeds_of([0.80, 0.81, 0.83])
+    pooled = SeedSpread(0.02, 12)
+    own = np.var([-0.10, -0.07, -0.12], ddof=1)
+    spread = difference_spread(candidate, reference, pooled)
+    assert spread.df == 1 + 2
+    assert spread.sd ** 2 == pytest.approx((2 * 0.02 ** 2 + 2 * own) / 3)
+    assert difference_spread(candidate, reference, None) == SeedSpread(pytest.approx(np.sqrt(own)), 2)
+    # one seed each: the pooled spread alone, on its one degree of freedom; nothing where none is measured
+    alone = SeedSpread(pytest.approx(0.02 * np.sqrt(2)), 1)
+    assert difference_spread(seeds_of([0.7]), seeds_of([0.8]), pooled) == alone
+    assert difference_spread(seeds_of([0.7]), seeds_of([0.8]), None) is None
+
+
+def test_an_unstable_setting_is_compared_by_its_own_spread_not_the_stable_ones():
+    """Five stable settings (seeds ± 0.1 point) and one ten times less stable: pooled over the table, its
+    comparison with the best would read as tight as theirs and call it within 2 points of the best; by its own
+    seed-by-seed differences it stays undecided, while a stable setting as far from the best is still decided."""
+    best = seeds_of([0.801, 0.800, 0.799, 0.800])
+    stable = [seeds_of(np.array([0.791, 0.790, 0.789, 0.790]) - 0.001 * k) for k in range(4)]
+    unstable = seeds_of([0.80, 0.78, 0.81, 0.77])  # 1 point below the best on average, ± 2 points
+    settings = [best, *stable, unstable]
+    pooled = SeedSpread.pooled(settings)
+    table = SeedSpread.pooled([candidate.minus(best) for candidate in settings[1:]])  # the rows, pooled
+    assert within_tolerance(unstable, best, 0.02, 0.95, table).verdict == "yes"
+    assert within_tolerance(unstable, best, 0.02, 0.95, difference_spread(unstable, best, pooled)).verdict \
+        == "undecided"
+    assert within_tolerance(stable[0], best, 0.02, 0.95, difference_spread(stable[0], best, pooled)).verdict == "yes"
 
 
 def test_pairing_separates_what_separate_intervals_cannot():

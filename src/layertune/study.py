@@ -146,6 +146,29 @@ class RoundCell(Spec):
     round: int = Field(ge=2, description="round 1 is the study's grid")
 
 
+class DecidedWith(Spec):
+    """The values a decided study's recorded rounds were decided with, written by `layertune repro --decide` with
+    the first round it records: the claims hold at the error the rule spent for these values only (docs/pipeline.md,
+    "Deciding in rounds"), so while rounds are recorded `StudySpec` refuses a change of any of them."""
+
+    tolerance: NonNegativeFloat = Field(description="report.tolerance")
+    confidence: float = Field(gt=0.5, lt=1, description="report.confidence (the error spent: 1 - confidence)")
+    looks: int = Field(ge=2, le=20, description="decide.looks")
+    spending: Literal["obrien-fleming", "pocock", "bonferroni"] = Field(description="decide.spending")
+    seeds_per_round: PositiveInt = Field(description="decide.seeds_per_round")
+
+    @classmethod
+    def of(cls, report: ReportSpec, decide: DecideSpec) -> DecidedWith:
+        """The values a study with ``report`` and ``decide`` decides its rounds with, as it stands."""
+        return cls(tolerance=report.tolerance, confidence=report.confidence, looks=decide.looks,
+                   spending=decide.spending, seeds_per_round=decide.seeds_per_round)
+
+
+# Each value of `DecidedWith`: where the study sets it.
+DECIDED_WITH_KEYS = {"tolerance": "report.tolerance", "confidence": "report.confidence", "looks": "decide.looks",
+                     "spending": "decide.spending", "seeds_per_round": "decide.seeds_per_round"}
+
+
 class DecideSpec(Spec):
     """A study decided in rounds (`layertune.rounds`; `layertune repro --decide`): after each round, the settings
     shown worse than the best by more than the tolerance stop, and the others get the next seeds, until each
@@ -170,6 +193,14 @@ class DecideSpec(Spec):
     evaluation_rounds: dict[str, dict[str, int]] = Field(
         {}, description="task → encoder → the round that added the evaluation examples to that question (written "
                         "by `layertune repro --decide`)")
+    decided_with: DecidedWith | None = Field(
+        None, description="the values the recorded rounds were decided with (written by `layertune repro --decide` "
+                          "with the first round; none in a record from before it wrote them: not checked)")
+
+    @property
+    def recorded(self) -> bool:
+        """Whether any round after the grid is recorded."""
+        return bool(self.rounds or self.evaluation_rounds)
 
 
 class MethodSetting(Spec):
@@ -369,6 +400,7 @@ class StudySpec(Spec):
         if self.report.kind not in ("layers", "methods"):
             raise ValueError(f"decide: a {self.report.kind!r} report has no question to decide in rounds; "
                              "decide works with the layers and methods reports")
+        self._check_decided_with(decide)
         axis, settings = self.grid_axis, [self.setting_name(k, m) for m, k in self.grid_settings]
         if len(settings) < 2:  # the rule stops settings shown worse than the best: with one, nothing is asked
             raise ValueError(f"decide: the study has one setting ({settings[0]}), so no question to decide in rounds; "
@@ -416,6 +448,19 @@ class StudySpec(Spec):
                     raise ValueError(f"{where}: round {number} trains {', '.join(stopped)}, which an earlier round "
                                      "stopped: a setting stopped stays stopped")
                 trained = set(rounds[number])
+
+    def _check_decided_with(self, decide: DecideSpec) -> None:
+        """Recorded rounds replay their claims under today's values: each must be the one they were decided with."""
+        if decide.decided_with is None or not decide.recorded:
+            return
+        now = DecidedWith.of(self.report, decide)
+        for field, key in DECIDED_WITH_KEYS.items():
+            then, value = getattr(decide.decided_with, field), getattr(now, field)
+            if then != value:
+                raise ValueError(f"{key}: {value}, but the recorded rounds were decided with {then} "
+                                 f"(decide.decided_with.{field}), and their claims hold for that value only; restore "
+                                 f"{key}: {then}, or clear decide.rounds and decide.evaluation_rounds to decide the "
+                                 "study again from its grid")
 
     def _check_on_grid(self, where: str, task: str, encoder: str, *more: tuple) -> None:
         for value, known, what in ((task, list(self.tasks), "task"), (encoder, list(self.encoders), "encoder"), *more):

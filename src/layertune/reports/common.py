@@ -25,6 +25,7 @@ from layertune.statistics import (
     Resamples,
     SeedSpread,
     Settlement,
+    difference_spread,
     interval,
     what_would_settle,
 )
@@ -101,7 +102,8 @@ class Setting:
 
 # How every comparison of a report is tested (layertune.statistics), in the words the reports use.
 PAIRED_TEST = ("same dev examples and seeds: a bootstrap over dev examples, and Student t over the seeds with the "
-               "seed spread of the differences pooled over the table's rows")
+               "spread of the two settings' own seed-by-seed differences, shrunk toward the spread pooled over the "
+               "settings by one degree of freedom")
 
 
 def settings(results: StudyResults, split: str = "dev") -> list[Setting]:
@@ -251,14 +253,16 @@ def dataset_lines(results: StudyResults) -> list[str]:
 
 
 def settle_undecided(comparisons: Mapping[str, tuple[Setting, str]], best: Setting, tolerance: float,
-                     confidence: float, spread: SeedSpread | None) -> dict[str, Settlement]:
+                     confidence: float, pooled: SeedSpread | None) -> dict[str, Settlement]:
     """For each undecided comparison of a question the data cannot answer (``{name: (setting, verdict)}``), what
-    would decide it (`layertune.statistics.what_would_settle`); the undecided settings and the best would all get
-    the new seeds, so each adds its degrees of freedom to the pooled spread."""
+    would decide it (`layertune.statistics.what_would_settle`), its seed part as the test's: the pair's own spread
+    shrunk toward ``pooled`` (the settings', `layertune.statistics.difference_spread`), to which each new seed adds
+    a degree of freedom."""
     # The best is undecided only under the rounds' rule (the fixed test counts it good enough): no comparison to settle.
     undecided = {name: setting for name, (setting, verdict) in comparisons.items()
                  if verdict == "undecided" and setting is not best}
-    return {name: what_would_settle(setting.estimate, best.estimate, tolerance, confidence, spread, len(undecided))
+    return {name: what_would_settle(setting.estimate, best.estimate, tolerance, confidence,
+                                    difference_spread(setting.estimate, best.estimate, pooled))
             for name, setting in undecided.items()}
 
 

@@ -21,7 +21,7 @@ from layertune.statistics import (
     Resamples,
     SeedSpread,
     Verdict,
-    differences_spread,
+    difference_spread,
     first_good_enough,
     first_seeds,
     what_would_settle,
@@ -129,8 +129,9 @@ def _dev_dominates(estimates: Mapping[str, Estimate], claims: Mapping[str, Verdi
     """Whether, for some open comparison (a setting in question against the best), the dev examples are most of the
     uncertainty, or more seeds cannot decide it at all, as `what_would_settle` says."""
     best = max(estimates, key=lambda name: estimates[name].mean)
-    spread = SeedSpread.pooled(list(estimates.values()))
-    settlements = [what_would_settle(estimates[name], estimates[best], options.tolerance, options.confidence, spread)
+    pooled = SeedSpread.pooled(list(estimates.values()))
+    settlements = [what_would_settle(estimates[name], estimates[best], options.tolerance, options.confidence,
+                                     difference_spread(estimates[name], estimates[best], pooled))
                    for name, claim in claims.items() if claim == "undecided" and name != best]
     return any(settle.dev_share >= DEV_DOMINATES or settle.seeds_cannot_decide for settle in settlements)
 
@@ -138,9 +139,10 @@ def _dev_dominates(estimates: Mapping[str, Estimate], claims: Mapping[str, Verdi
 def _fixed_answer(estimates: Mapping[str, Estimate], order: list[str], tolerance: float, confidence: float) -> str:
     """The answer of the fixed test (`layertune.statistics.within_tolerance` against the best, one look)."""
     best = max(order, key=lambda name: estimates[name].mean)
-    spread = differences_spread([estimates[name] for name in order if name != best], estimates[best])
-    verdicts = [(name, "yes" if name == best else within_tolerance(estimates[name], estimates[best], tolerance,
-                                                                   confidence, spread).verdict) for name in order]
+    pooled = SeedSpread.pooled([estimates[name] for name in order])
+    verdicts = [(name, "yes" if name == best else within_tolerance(
+        estimates[name], estimates[best], tolerance, confidence,
+        difference_spread(estimates[name], estimates[best], pooled)).verdict) for name in order]
     chosen, candidates = first_good_enough(verdicts)
     return f"**{chosen}**" if chosen is not None else f"cannot decide: {', '.join(candidates)}"
 

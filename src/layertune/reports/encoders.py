@@ -25,7 +25,7 @@ from layertune.reports.common import (
     signed_points,
     theme,
 )
-from layertune.statistics import Comparison, better_or_worse, differences_spread
+from layertune.statistics import Comparison, SeedSpread, better_or_worse, difference_spread
 from layertune.study import CombinedEncoder
 
 VERDICTS = {"yes": "better", "no": "worse", "undecided": "no difference shown"}
@@ -45,8 +45,9 @@ def compare(results: StudyResults, group: list[Setting]) -> tuple[Setting, dict[
     singles = [s for s in group if not is_combined(results, s.encoder)] or group
     reference = max(singles, key=lambda s: s.mean)
     others = [s for s in group if s is not reference]
-    spread = differences_spread([s.estimate for s in others], reference.estimate)
-    return reference, {s.encoder: better_or_worse(s.estimate, reference.estimate, results.options.confidence, spread)
+    pooled = SeedSpread.pooled([s.estimate for s in group])
+    return reference, {s.encoder: better_or_worse(s.estimate, reference.estimate, results.options.confidence,
+                                                  difference_spread(s.estimate, reference.estimate, pooled))
                        for s in others}
 
 

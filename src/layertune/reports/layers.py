@@ -47,7 +47,7 @@ from layertune.statistics import (
     Estimate,
     SeedSpread,
     Settlement,
-    differences_spread,
+    difference_spread,
     first_good_enough,
     within_tolerance,
 )
@@ -86,24 +86,25 @@ def recommend(group: list[Setting], tolerance: float, confidence: float,
         compared = decided.on_claims_data(group)
     reference = max(compared, key=lambda s: s.mean)  # the best on the claims' data (in grid order, as `best`)
     ordered = sorted(compared, key=lambda s: order.index(s.tunable_layers))
-    spread = differences_spread([s.estimate for s in ordered if s is not reference], reference.estimate)
-    comparisons = {str(s.tunable_layers): _against(s, reference, tolerance, confidence, spread) for s in ordered}
+    pooled = SeedSpread.pooled([s.estimate for s in ordered])
+    comparisons = {str(s.tunable_layers): _against(s, reference, tolerance, confidence, pooled) for s in ordered}
     if decided is not None:
         comparisons = {name: replace(c, verdict=decided.last[name]) for name, c in comparisons.items()}
     recommended, candidates = first_good_enough([(s.tunable_layers, comparisons[str(s.tunable_layers)].verdict)
                                                  for s in ordered])
     in_doubt = {str(s.tunable_layers): (s, comparisons[str(s.tunable_layers)].verdict) for s in ordered
                 if s.tunable_layers in candidates}
-    settle = settle_undecided(in_doubt, reference, tolerance, confidence, spread)
+    settle = settle_undecided(in_doubt, reference, tolerance, confidence, pooled)
     return Recommendation(best.task, best.encoder, best, comparisons, recommended, candidates, settle, decided,
                           str(reference.tunable_layers))
 
 
 def _against(setting: Setting, best: Setting, tolerance: float, confidence: float,
-             spread: SeedSpread | None) -> Comparison:
+             pooled: SeedSpread | None) -> Comparison:
     if setting is best:  # good enough by definition (with tolerance 0 its own test could not pass)
         return Comparison(0.0, 0.0, 0.0, "yes")
-    return within_tolerance(setting.estimate, best.estimate, tolerance, confidence, spread)
+    return within_tolerance(setting.estimate, best.estimate, tolerance, confidence,
+                            difference_spread(setting.estimate, best.estimate, pooled))
 
 
 def recommendations(found: list[Setting], tolerance: float, confidence: float,

@@ -36,7 +36,14 @@ from layertune.reports.common import (
 )
 from layertune.reports.decided import Decision, decide_question, rounds_details, rounds_section, versus_header
 from layertune.reports.decided import rule_text as decided_rule
-from layertune.statistics import Comparison, Settlement, differences_spread, first_good_enough, within_tolerance
+from layertune.statistics import (
+    Comparison,
+    SeedSpread,
+    Settlement,
+    difference_spread,
+    first_good_enough,
+    within_tolerance,
+)
 
 VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
 COSTS = {"trainable_parameters": "trainable parameters", "train_time_s": "training time"}
@@ -103,12 +110,13 @@ def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
                                        order)
             compared = decision.on_claims_data(group)
         reference = max(compared, key=lambda s: s.mean)
-        spread = differences_spread([s.estimate for s in compared if s is not reference], reference.estimate)
+        pooled = SeedSpread.pooled([s.estimate for s in compared])
         rows = []
         for setting, on_claims in zip(group, compared):
             name = str(setting.tunable_layers)
             comparison = Comparison(0.0, 0.0, 0.0, "yes") if on_claims is reference else within_tolerance(
-                on_claims.estimate, reference.estimate, options.tolerance, options.confidence, spread)
+                on_claims.estimate, reference.estimate, options.tolerance, options.confidence,
+                difference_spread(on_claims.estimate, reference.estimate, pooled))
             if decision is not None:
                 comparison = replace(comparison, verdict=decision.last[name])
             rows.append(MethodRow(setting, *costs[name], comparison))
@@ -118,7 +126,7 @@ def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
         out.append(MethodAnswer(task, encoder, next(r for r in rows if r.setting is best), rows,
                                 {cost: found[0] for cost, found in chosen.items()},
                                 {cost: found[1] for cost, found in chosen.items()},
-                                settle_undecided(in_doubt, reference, options.tolerance, options.confidence, spread),
+                                settle_undecided(in_doubt, reference, options.tolerance, options.confidence, pooled),
                                 decision, str(reference.tunable_layers)))
     return out
 
