@@ -8,7 +8,7 @@
 #     with the code) within 1e-4 on every score, with every answer the same (python -m layertune.reports.compare);
 #   - `dvc status` lists nothing but the plan after each build (it runs every time: a second `dvc repro` would
 #     rerun it and nothing else);
-#   - MLflow holds exactly one run per cell of every study, each FINISHED.
+#   - MLflow holds exactly one run per cell of every study, each FINISHED, under one FINISHED build run per study.
 # `--update-expected` writes the first build's reports to tests/expected/ci/ instead of comparing with them (after
 # a change that moves the scores on purpose; commit them with it).
 # Needs the data mirror: $LAYERTUNE_DATA_MIRROR, else ../shared/data beside the repository (and ../shared/models).
@@ -52,10 +52,13 @@ from pipelines.plans import plan_studies
 client = MlflowClient()
 for name, study in plan_studies(yaml.safe_load(open("params.yaml"))).studies.items():
     runs = client.search_runs([client.get_experiment_by_name(f"layertune-{name}").experiment_id])
-    found = sorted((run.info.run_name, run.info.status) for run in runs)
-    expected = sorted((cell.key, "FINISHED") for cell in study.cells)
+    builds = [run for run in runs if run.info.run_name.startswith("build ")]
+    assert [run.info.status for run in builds] == ["FINISHED"], f"{name}: one FINISHED build run, got {builds}"
+    found = sorted((run.info.run_name, run.info.status, run.data.tags["mlflow.parentRunId"])
+                   for run in runs if run not in builds)
+    expected = sorted((cell.key, "FINISHED", builds[0].info.run_id) for cell in study.cells)
     assert found == expected, f"{name}: expected one FINISHED run per cell {expected}, got {found}"
-print("repro-check: one FINISHED MLflow run per cell of every study")
+print("repro-check: one FINISHED MLflow run per cell of every study, under its build's run")
 PY
   )
 }

@@ -37,8 +37,8 @@ WAYS = ("serial", "jobs", "ray")
 
 
 def origin(work: Path, profile: str, studies: list[str]) -> Path:
-    """A clone of HEAD with ``profile`` applied, only ``studies``, the mirrors as absolute paths and the train stages
-    written, committed: what a team's repository is (`--ray` builds a commit)."""
+    """A clone of HEAD with ``profile`` applied, only ``studies`` and the mirrors as absolute paths, committed: what a
+    team's repository is."""
     copy = work / "origin"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(copy)], check=True)
     params = apply_overrides(yaml.safe_load((copy / "params.yaml").read_text()), load_profile(profile, ROOT))
@@ -47,7 +47,6 @@ def origin(work: Path, profile: str, studies: list[str]) -> Path:
         if os.environ.get(variable):
             params["download"][key] = str(Path(os.environ[variable]).resolve())
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    run(copy, sys.executable, "-m", "pipelines.dvc_stages")
     run(copy, "git", "-c", "user.name=benchmark", "-c", "user.email=benchmark@example.com", "commit", "--quiet",
         "-am", f"benchmark: {profile} profile, studies {', '.join(studies)}")
     return copy
@@ -61,13 +60,12 @@ def run(folder: Path, *command: str, env: dict | None = None) -> str:
 
 
 def build(work: Path, repository: Path, way: str, name: str, jobs: int, address: str | None) -> dict:
-    """One build of the studies from a fresh clone (empty DVC cache and remote, no MLflow database): its wall time,
-    split into the shared stages (plan ... tokenize), the cells and the reports (evaluate, aggregate; for the
-    cluster, restoring the cells from the run-cache first), read from the build's output as it comes; each cell's
-    own time; its reports' bytes."""
+    """One build of the studies from a fresh clone (empty DVC cache, no MLflow database): its wall time, split into
+    the shared stages (plan ... tokenize), the cells (from the first train stage's start to the last cell's end)
+    and the rest (the reports), read from the build's output as it comes; each cell's own time; its reports'
+    bytes."""
     copy = work / name
     run(work, "git", "clone", "--quiet", str(repository), str(copy))
-    run(copy, "dvc", "remote", "modify", "--local", "shared", "url", str(work / f"{name}-remote"))
     command = {"serial": ["dvc", "repro"], "jobs": ["layertune", "repro", "--jobs", str(jobs)],
                "ray": ["layertune", "repro", "--ray", str(address)]}[way]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{copy / 'mlflow.db'}", "TQDM_DISABLE": "1",
@@ -79,42 +77,26 @@ def build(work: Path, repository: Path, way: str, name: str, jobs: int, address:
     if process.wait():
         raise SystemExit(f"{' '.join(command)} failed in {copy}:\n{''.join(line for _, line in lines[-60:])}")
     wall = time.monotonic() - started
-    cells_from, cells_to, cell_s = phases(way, lines)
+    cells_from, cells_to, trained, cell_s = phases(lines)
     reports = {str(path.relative_to(copy)): path.read_bytes() for path in sorted((copy / "reports").rglob("*.json"))}
     result = {"way": way, "wall_s": round(wall, 1), "shared_s": round(cells_from, 1),
               "cells_s": round(cells_to - cells_from, 1), "reports_s": round(wall - cells_to, 1),
-              "cells_trained": len(cell_s), "cell_s_median": round(statistics.median(cell_s), 1),
-              **({"cell_steps_median_s": cell_steps(lines)} if way == "ray" else {})}
+              "cells_trained": trained, "cell_s_median": round(statistics.median(cell_s), 1) if cell_s else None}
     print(f"{way:>6}: {json.dumps(result)}", flush=True)
     return {**result, "reports": reports}
 
 
-# `layertune repro`'s line for a cell that ended; on a cluster, with its steps: "(workspace 1.2, pull 3.4, ...)"
-CELL_DONE = re.compile(r"\[\d+/\d+\] (\S+) .* in ([\d.]+) s(?: \((.*)\))?$")
+# The train stage's line for a cell that ended, whichever way it trained: "[3/8] sst2-m-0-1 trained in 4.2 s"
+CELL_DONE = re.compile(r"\[\d+/\d+\] (\S+) trained(?: in ([\d.]+) s)?$")
 RUNNING = re.compile(r"^Running stage '([^']+)'")  # DVC's line for a stage it starts
 
 
-def phases(way: str, lines: list[tuple[float, str]]) -> tuple[float, float, list[float]]:
-    """When the cells began and ended (seconds from the build's start), and each cell's seconds."""
-    if way == "serial":
-        stages = [(at, found.group(1)) for at, line in lines if (found := RUNNING.match(line))]
-        train = [i for i, (_, stage) in enumerate(stages) if stage.startswith("train-")]
-        ended = [stages[i + 1][0] if i + 1 < len(stages) else lines[-1][0] for i in train]
-        return stages[train[0]][0], ended[-1], [end - stages[i][0] for i, end in zip(train, ended)]
-    began = next(at for at, line in lines if "cell(s) to train" in line)
-    done = [(at, float(found.group(2))) for at, line in lines if (found := CELL_DONE.search(line.rstrip()))]
-    return began, done[-1][0], [seconds for _, seconds in done]
-
-
-def cell_steps(lines: list[tuple[float, str]]) -> dict[str, float]:
-    """The median seconds of each step of a cluster's cells (workspace, pull, repro, push)."""
-    steps: dict[str, list[float]] = {}
-    for _, line in lines:
-        if (found := CELL_DONE.search(line.rstrip())) and found.group(3):
-            for step in found.group(3).split(", "):
-                name, seconds = step.rsplit(" ", 1)
-                steps.setdefault(name, []).append(float(seconds))
-    return {name: round(statistics.median(seconds), 1) for name, seconds in steps.items()}
+def phases(lines: list[tuple[float, str]]) -> tuple[float, float, int, list[float]]:
+    """When the cells began (the first train stage's start) and ended (the last cell's line), in seconds from the
+    build's start; how many trained; each cell's seconds as its line gives them (a Ray cell's line gives none)."""
+    began = next(at for at, line in lines if (found := RUNNING.match(line)) and found.group(1).startswith("train"))
+    done = [(at, found.group(2)) for at, line in lines if (found := CELL_DONE.search(line.rstrip()))]
+    return began, done[-1][0], len(done), [float(seconds) for _, seconds in done if seconds is not None]
 
 
 @contextlib.contextmanager

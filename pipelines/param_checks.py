@@ -55,8 +55,8 @@ def check_cache_folder(folder: Path) -> None:
     try:
         check_writable(folder)
     except CacheNotWritable as error:
-        raise InvalidParams(str(error.advising("Point the catalog's feature_cache (conf/base/catalog.yml) at a "
-                                               "folder you can write."))) from None
+        raise InvalidParams(error.advising("Point the catalog's feature_cache (conf/base/catalog.yml) at a folder "
+                                           "you can write.").strerror) from None
 
 
 def check_planned(runtime: dict, plans: Path) -> None:

@@ -243,19 +243,8 @@ def devices() -> list[str | None]:
     return [None]
 
 
-def from_environment():
-    """The scheduler ``layertune repro`` asked for through the environment: Ray (``LAYERTUNE_RAY``), N worker
-    processes (``LAYERTUNE_JOBS``), else this process. A bad value is a `ValueError` naming it."""
-    from pipelines.ray_cluster import CPUS_ENV, RAY_ENV, RayCluster
-
-    if (address := os.environ.get(RAY_ENV)) is not None:
-        cpus = os.environ.get(CPUS_ENV)
-        return RayCluster(address, _positive(CPUS_ENV, cpus) if cpus else None)
-    jobs = _positive(JOBS_ENV, os.environ.get(JOBS_ENV) or "1")
-    return InProcess() if jobs == 1 else WorkerProcesses(jobs, devices())
-
-
-def _positive(name: str, text: str) -> int:
+def positive(name: str, text: str) -> int:
+    """``text`` (the value of variable ``name``) as a whole number of at least 1; else a `ValueError` naming it."""
     try:
         value = int(text)
     except ValueError:

@@ -49,6 +49,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pipelines.plans import dvc_stage
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -331,7 +333,7 @@ class StudyRuns:
             self.store.call(sync, self.cells, self.planned, self.prepared)
 
     def _tags(self, cell) -> dict[str, str]:
-        return {**cell_tags(stage=f"train@{cell.study}", study=cell.study, spec=cell.spec), BUILD_TAG: self.build,
+        return {**cell_tags(stage=dvc_stage(cell.study), study=cell.study, spec=cell.spec), BUILD_TAG: self.build,
                 **({PARENT_TAG: self.parent.run_id} if self.parent and self.parent.run_id else {}),
                 **({BUILD_KEY_TAG: self.build_keys[cell.key]} if cell.key in self.build_keys else {})}
 
@@ -426,7 +428,7 @@ def _run_from_folder(client, experiment_id: str, saved: SavedCell, cell, prepare
     trained (``cell``, a `StudyCell`, or None)."""
     study = saved.folder.parent.name
     cell = cell if cell is not None and cell.spec == saved.spec else None  # a plan that moved on does not describe it
-    tags = {**cell_tags(stage=f"train@{study}", study=study, spec=saved.spec), **saved.tags(), **_owner(),
+    tags = {**cell_tags(stage=dvc_stage(study), study=study, spec=saved.spec), **saved.tags(), **_owner(),
             LOGGED_FROM_TAG: f"its folder {saved.folder}"}
     run = client.create_run(experiment_id, tags=tags, run_name=saved.folder.name)
     _log_params(client, run.info.run_id, cell_params(cell) if cell else {"study": study})

@@ -116,11 +116,12 @@ def test_a_worker_killed_mid_cell_fails_the_build_naming_the_cell(tmp_path):
 
 
 def test_bad_numbers_of_cells_at_a_time_are_refused(monkeypatch):
-    from pipelines import scheduling
+    from pipelines.scheduling import JOBS_ENV
+    from pipelines.train.nodes import scheduler_from_environment
 
     for value in ("0", "-2", "two"):
-        monkeypatch.setenv(scheduling.JOBS_ENV, value)
+        monkeypatch.setenv(JOBS_ENV, value)
         with pytest.raises(ValueError, match=rf"\$LAYERTUNE_JOBS='{value}': a whole number of at least 1"):
-            scheduling.from_environment()
-    monkeypatch.setenv(scheduling.JOBS_ENV, "3")
-    assert isinstance(scheduling.from_environment(), WorkerProcesses)
+            scheduler_from_environment()
+    monkeypatch.setenv(JOBS_ENV, "3")
+    assert isinstance(scheduler_from_environment(), WorkerProcesses)

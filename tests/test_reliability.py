@@ -116,8 +116,9 @@ def test_ctrl_c_after_a_cell_finished_keeps_it_and_the_next_build_trains_only_th
     assert [p.name for p in models.iterdir() if ".partial-" in p.name]  # left behind by the kill
 
     done = subprocess.run(TRAIN, cwd=slow_project, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "slow: 1 of 2 cell(s) to train" in done.stderr and "sst2-tiny-1-1 trained" not in done.stderr
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    assert "slow: 1 of 2 cell(s) to train" in log and "sst2-tiny-1-1 trained" not in log
     assert cell_runs(slow_project) == {"build": ["FINISHED", "KILLED"], "sst2-tiny-1-1": ["FINISHED"],
                                        "sst2-tiny-1-2": ["FINISHED", "KILLED"]}
     assert sorted(p.name for p in models.iterdir()) == ["sst2-tiny-1-1", "sst2-tiny-1-2"]
@@ -144,7 +145,7 @@ def test_an_unwritable_cache_folder_is_one_line_before_any_work(slow_project, tm
     output = done.stdout + done.stderr
     assert done.returncode == 2 and "Traceback" not in output, output[-3000:]
     [error] = [line for line in output.splitlines() if "Error" in line]
-    assert error.startswith(f"Error: Cannot write the layertune cache folder {cache.relative_to(slow_project)}")
+    assert error.startswith(f"Error: Cannot write the layertune cache folder {cache} (")
     assert error.endswith("Point the catalog's feature_cache (conf/base/catalog.yml) at a folder you can write.")
 
 

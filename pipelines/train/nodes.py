@@ -4,6 +4,7 @@ folder is written whole as it ends, and is one MLflow run under the build's (`pi
 
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Path, cells: TrainedCells) -> None:
-    scheduler = scheduling.from_environment()  # first: a bad LAYERTUNE_JOBS stops the stage before any work
+    scheduler = scheduler_from_environment()  # first: a bad LAYERTUNE_JOBS stops the stage before any work
     data = {task: scheduling.loaded(corpora[task]).fingerprint for task in {cell.task for cell in plan.cells}}
     builds = {cell.key: build_record(cell, plan.code, data[cell.task]) for cell in plan.cells}
     if is_main_process():  # in a cell trained by several processes, the main one moves folders; the others wait
@@ -49,3 +50,16 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                 runs.finished(event.key, event.started_ms)
                 took = f" in {time.monotonic() - started[event.key]:.1f} s" if event.key in started else ""
                 logger.info("[%d/%d] %s trained%s", len(runs.done), len(jobs), event.key, took)
+
+
+def scheduler_from_environment():
+    """Where `layertune repro` asked, through the environment, for the cells to train: on Ray
+    (``LAYERTUNE_RAY``), in N worker processes (``LAYERTUNE_JOBS``), else in this process. A bad value is a
+    `ValueError` naming it."""
+    from pipelines.ray_cluster import CPUS_ENV, RAY_ENV, RayCluster
+
+    if (address := os.environ.get(RAY_ENV)) is not None:
+        cpus = os.environ.get(CPUS_ENV)
+        return RayCluster(address, scheduling.positive(CPUS_ENV, cpus) if cpus else None)
+    jobs = scheduling.positive(scheduling.JOBS_ENV, os.environ.get(scheduling.JOBS_ENV) or "1")
+    return scheduling.InProcess() if jobs == 1 else scheduling.WorkerProcesses(jobs, scheduling.devices())
