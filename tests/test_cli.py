@@ -47,6 +47,24 @@ def test_every_library_argument_is_an_option(capsys):
     assert "--data-seed" in text
 
 
+def test_every_option_says_what_it_is_and_a_choice_names_its_values(capsys):
+    import argparse
+
+    from layertune.cli import _parser
+
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    options = {a.option_strings[-1]: a for a in commands.choices["train-cell"]._actions if a.option_strings}
+    undescribed = [name for name, a in options.items() if not (a.help or "").strip() or a.help.startswith("(")]
+    assert undescribed == []
+    assert options["--mixed-precision"].metavar == "{auto,no,fp16,bf16}"
+    assert options["--pooling"].metavar == "{cls,mean,pooler,null}"
+    assert options["--frozen-prefix-cache"].metavar == "{true,false,auto}" and options["--head"].metavar == \
+        "{linear,mlp}"
+    with pytest.raises(SystemExit):
+        main(["train-cell", "--help"])
+    assert "--mixed-precision {auto,no,fp16,bf16}" in capsys.readouterr().out
+
+
 def test_bad_values_are_one_line_errors_without_output(tiny_bert, tmp_path, capsys):
     folder = data_folder(tmp_path, 8, 4)
     common = ["--path", folder, "--model", str(tiny_bert), "--output-dir", str(tmp_path / "cell"),

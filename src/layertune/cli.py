@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +86,11 @@ def _parser() -> argparse.ArgumentParser:
         group = cell.add_argument_group(f"{section} ({model.__name__})")
         for name, field in model.model_fields.items():
             option = renamed.get(name, name)
-            default = "required" if field.is_required() else f"default: {field.default!r}"
+            default = "required" if field.is_required() else f"default: {_shown(field.default)}"
+            values = _values(field.annotation)
             group.add_argument(f"--{option.replace('_', '-')}", dest=f"{section}.{name}", type=_value,
-                               default=argparse.SUPPRESS, help=f"{field.description or ''} ({default})".strip())
+                               default=argparse.SUPPRESS, metavar="{" + ",".join(values) + "}" if values else "VALUE",
+                               help=f"{field.description or ''} ({default})".strip())
     for name, command in _plugin_commands().items():
         plugged = commands.add_parser(name, help=f"(from {command.value.split(':')[0]})")
         try:
@@ -95,6 +98,28 @@ def _parser() -> argparse.ArgumentParser:
         except Exception as error:  # a broken plugin must not take train-cell down with it
             plugged.set_defaults(run=lambda args, error=error, name=name: _unavailable(name, error))
     return parser
+
+
+def _values(annotation: Any) -> list[str]:
+    """The values a field takes, where they are a closed set (a Literal, a bool, and null where it may be): what its
+    option's help lists. Empty for an open type (a number, a path)."""
+    import typing
+
+    if annotation is bool:
+        return ["true", "false"]
+    if typing.get_origin(annotation) is typing.Literal:
+        return [str(value) for value in typing.get_args(annotation)]
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _values(typing.get_args(annotation)[0])
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    found = [_values(member) if member is not type(None) else ["null"] for member in members]
+    return [value for values in found for value in values] if found and all(found) else []
+
+
+def _shown(default: Any) -> str:
+    """A default as the command line writes it."""
+    return {True: "true", False: "false", None: "null"}.get(default, default) if isinstance(default, (bool, type(None))) \
+        else str(default.model_dump() if isinstance(default, BaseModel) else default)
 
 
 def _unavailable(name: str, error: Exception) -> int:

@@ -47,10 +47,10 @@ class EncoderSettings(Spec):
         None, description="cls, mean or pooler; null: the model's own (a sentence-transformers pooling config), else "
                           "cls")
     hidden_dropout_prob: float | None = Field(None, ge=0, lt=1, description="null: the checkpoint's")
-    freeze_embeddings: bool = False
-    frozen_dropout: bool = False
-    trust_remote_code: bool = False
-    revision: str | None = None
+    freeze_embeddings: bool = Field(False, description="keep the embeddings fixed even with tunable_layers all")
+    frozen_dropout: bool = Field(False, description="dropout in the frozen layers too (default: eval mode there)")
+    trust_remote_code: bool = Field(False, description="run code that ships with the model (only if you trust it)")
+    revision: str | None = Field(None, description="the model's commit, branch or tag on the hub")
     layers: str | None = Field(None, description="dotted path of the transformer layer stack (an nn.ModuleList, e.g. "
                                                  "'encoder.layer'), for models whose stack the generic search misses")
     method: TuningMethod = Field(TopK(), description="what trains in the tuned layers: top_k (the layers whole), lora, "
@@ -68,8 +68,9 @@ class EncoderSpec(EncoderSettings):
     """One `LanguageModel`: what to load and which of its layers to tune. (Its learning rate is the cell's training
     argument: ``training.learning_rate``, one per language model of a `MultiEncoder`.)"""
 
-    model: str
-    tunable_layers: TunableLayers = "all"
+    model: str = Field(description="a hub id, a local folder, or a model of the model mirror")
+    tunable_layers: TunableLayers = Field("all", description="how many top layers train: 0 (the head alone) up to "
+                                                             "the model's layer count, or all (the embeddings too)")
 
     def build(self) -> nn.Module:
         """The `LanguageModel` this spec describes."""
@@ -104,9 +105,9 @@ class CombineSpec(Spec):
 class HeadSpec(Spec):
     """The task head's arguments (`TextClassifier`, `TextRegressor`, `TokenClassifier`)."""
 
-    head: Literal["linear", "mlp"] = "linear"
-    head_hidden_size: PositiveInt | None = None
-    head_dropout: NonNegativeFloat = Field(0.1, lt=1)
+    head: Literal["linear", "mlp"] = Field("linear", description="one linear layer, or an MLP of one hidden layer")
+    head_hidden_size: PositiveInt | None = Field(None, description="the MLP's hidden size; null: the encoder's")
+    head_dropout: NonNegativeFloat = Field(0.1, lt=1, description="dropout before the head")
 
 
 # --------------------------------------------------------------------------------- the frozen-prefix cache's entries

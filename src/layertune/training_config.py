@@ -33,15 +33,17 @@ class TrainingConfig(BaseModel):
     gradient_accumulation_steps: PositiveInt = Field(
         1, description="forward passes per optimizer step: a step sees batch_size x this many examples")
     eval_batch_size: PositiveInt | None = Field(None, description="default: batch_size")
-    epochs: PositiveInt = 3
+    epochs: PositiveInt = Field(3, description="passes over the training data")
     eval_strategy: Literal["epoch", "end"] = Field(
         "epoch", description="score dev after every epoch and keep the best, or only after the last (keep the last)")
-    shuffle_data: bool = True
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_ratio: float = Field(0.0, ge=0, le=1)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    seed: int = 42
-    group_by_length: bool = False
+    shuffle_data: bool = Field(True, description="a new order of the training examples each epoch (from the seed)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's, on every weight but biases and LayerNorms")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="share of the steps the learning rate warms up over, "
+                                                             "then decays linearly to 0")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; null: none")
+    seed: int = Field(42, description="every random start of the run: new weights, data order, dropout")
+    group_by_length: bool = Field(False, description="batch examples of similar length together (faster; shuffled "
+                                                     "within and across groups)")
     frozen_prefix_cache: bool | Literal["auto"] = Field(
         "auto", description="train the top layers from cached states of the frozen ones: true (where exact), false, "
         "or auto: where exact and estimated cheaper on this device, pass included (the run records why)")
@@ -52,7 +54,9 @@ class TrainingConfig(BaseModel):
         None, description="at most this many MiB of cached states on the training device; null: what it has free "
         "after the model and its training state (beyond it, states stay in host memory)")
     max_length: PositiveInt | None = Field(None, description="truncation length; default: the task's")
-    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = Field(
+        "auto", description="autocast on a GPU: auto is bf16 where the GPU has it, else fp16; no: float32; the CPU "
+        "always trains in float32")
 
     @property
     def head_rate(self) -> float:
