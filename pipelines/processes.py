@@ -47,6 +47,21 @@ def on_signals(handler: Callable[[int, object], None], signums: Iterable[int] = 
             signal.signal(signum, old)
 
 
+@contextlib.contextmanager
+def signals_deferred(signums: Iterable[int] = STOP_SIGNALS) -> Iterator[None]:
+    """Within the block, ``signums`` are held: noted, then sent again as it ends, to the handlers installed before
+    it. A step that must not be cut in two runs whole (an MLflow call: a transaction cut short leaves the store's
+    session broken; a run created and its owner told). A handler, not a blocked mask: a signal sent to the process
+    may reach any of its threads. Main thread only."""
+    received: list[int] = []
+    try:
+        with on_signals(lambda signum, frame: received.append(signum), signums):
+            yield
+    finally:
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)
+
+
 def ignore_signals(signums: Iterable[int] = STOP_SIGNALS) -> None:
     """``signums`` ignored from now on (in the main thread): a second signal must not cut a cleanup short."""
     if threading.current_thread() is threading.main_thread():

@@ -50,6 +50,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipelines.plans import dvc_stage
+from pipelines.processes import signals_deferred
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class Store:
         if not _reachable(self.uri):
             return None
         try:
-            with _quiet_retries():
+            with signals_deferred(), _quiet_retries():
                 if self.client is None:
                     client = connect(self.uri)
                     self.experiment_id = ensure_experiment(client, self.uri, self.experiment)
@@ -294,8 +295,9 @@ class StudyRuns:
         """The build's parent run, with ``params`` (what it trains, and where)."""
         if not self.enabled:
             return
-        self.parent = CellRun.start(self.store, f"build {self.build}", {"commit": git_commit(), **params},
-                                    tags={**cell_tags(study=self.study), BUILD_TAG: self.build})
+        with signals_deferred():  # a stop signal ends the run it meant to stop, once this process knows it
+            self.parent = CellRun.start(self.store, f"build {self.build}", {"commit": git_commit(), **params},
+                                        tags={**cell_tags(study=self.study), BUILD_TAG: self.build})
         if page := self.store.runs_page():
             local = not self.store.uri.startswith(("http://", "https://"))
             logger.info("MLflow: the study's runs are at %s%s", page,
@@ -306,8 +308,9 @@ class StudyRuns:
         if not self.enabled:
             return
         cell = self.planned[key]
-        self.open[key] = CellRun.start(self.store, key, cell_params(cell), tags=self._tags(cell),
-                                       datasets=self._inputs(cell.task), start_time=start_time)
+        with signals_deferred():  # as for the build's run
+            self.open[key] = CellRun.start(self.store, key, cell_params(cell), tags=self._tags(cell),
+                                           datasets=self._inputs(cell.task), start_time=start_time)
 
     def finished(self, key: str, start_time: int | None = None) -> None:
         """Cell ``key``'s folder is saved: logged onto its run, which ends FINISHED."""
@@ -321,7 +324,10 @@ class StudyRuns:
     def __exit__(self, kind, error, traceback) -> None:
         if not self.enabled:
             return
-        status = end_status(error)
+        with signals_deferred():  # a second stop signal must not cut the ending short (it left runs RUNNING)
+            self._end(end_status(error), error)
+
+    def _end(self, status: str, error: BaseException | None) -> None:
         failed = getattr(error, "cell", None)  # a `pipelines.scheduling.CellFailed`
         if failed in self.planned and failed not in self.open:  # a cell that failed elsewhere (a Ray node)
             self.started(failed)

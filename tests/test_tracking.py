@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -209,6 +210,30 @@ def test_sigterm_to_a_build_ends_its_runs_killed(uri, tmp_path):
     build.send_signal(signal.SIGTERM)
     assert build.wait(timeout=60) != 0
     assert {status for _, status in statuses(uri, "b4")} == {"KILLED"} and len(statuses(uri, "b4")) == 2
+
+
+@pytest.mark.parametrize("when", ["create", "log"])
+def test_a_sigterm_while_a_run_opens_ends_it_killed(uri, tmp_path, when):
+    """SIGTERM in the middle of a run's creation (between its creation and its owner knowing it, or while its
+    parameters are logged) left it RUNNING, and MLflow's session broken for the build's own run (CI: `kill -9` of
+    `dvc repro` as a cell started). The signal now waits for the call, then stops the build."""
+    study = f"opening-{when}"
+    script = BUILD_SCRIPT.replace("_, runs = study_runs", textwrap.dedent(f"""
+        from mlflow import MlflowClient
+        patched = getattr(MlflowClient, {"create_run" if when == "create" else "log_batch"!r})
+        def then_terminated(self, *args, **kwargs):
+            found = patched(self, *args, **kwargs)
+            if kwargs.get("run_name") != "build" and not str(kwargs.get("run_name", "")).startswith("build"):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.5)
+            return found
+        setattr(MlflowClient, {"create_run" if when == "create" else "log_batch"!r}, then_terminated)
+        _, runs = study_runs"""), 1)
+    build = subprocess.run([sys.executable, "-c", script.format(study=study, root=str(tmp_path))], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"})
+    assert build.returncode != 0 and "Terminated" in build.stderr, build.stderr[-2000:]
+    assert {status for _, status in statuses(uri, study)} == {"KILLED"} and len(statuses(uri, study)) >= 1
 
 
 def test_runs_a_build_killed_with_sigkill_left_running_are_ended_by_the_next_build(uri, tmp_path):
