@@ -1,15 +1,18 @@
 """aggregate: the study's report, by the report function its ``report.kind`` names, and the tidy tables of
 dvc.yaml's plots (`dvc plots show`, `dvc plots diff`)."""
 
+from __future__ import annotations
+
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from layertune.cell import CellFolder
-from layertune.corpus import Corpus
-from layertune.reports import build_report
-from layertune.reports.common import StudyResults
-from layertune.study import StudyPlan
+# Imported as the node runs (the reports import scipy, matplotlib and seaborn): see pipelines/evaluate/nodes.py.
+if TYPE_CHECKING:
+    from layertune.cell import CellFolder
+    from layertune.corpus import Corpus
+    from layertune.study import StudyPlan
 
 # Per history record: the loss of each split, as dvc.yaml's loss plot names them.
 LOSSES = {"train": "train_loss", "dev": "eval_loss"}
@@ -19,6 +22,9 @@ def report(plan: StudyPlan, scores: pd.DataFrame, cells: dict[str, CellFolder],
            corpora: dict[str, Callable[..., Corpus]], evaluation: dict) -> tuple:
     """Markdown, headline metrics (for `dvc metrics` and `dvc exp show`), every number (details), tables and
     figures; then the plots' tables: score per setting, loss per epoch."""
+    from layertune.reports import build_report
+    from layertune.reports.common import StudyResults
+
     built = build_report(StudyResults(plan, scores, cells, corpora, evaluation))
     return (built.markdown, built.metrics, built.details, built.tables, built.figures,
             score_points(plan, built.tables), loss_points(plan, cells))

@@ -1,22 +1,28 @@
 """evaluate: every cell of a study scored from the predictions it saved (dev, and test where it has labels); and, for a
 decided study whose rounds added evaluation examples, the saved cells scored on those."""
 
+from __future__ import annotations
+
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-from tqdm.auto import tqdm
+# What the nodes run is imported as they run: every stage's `kedro run` imports every pipeline's nodes (the
+# registry), and a stage should not pay for another's libraries (the reports' import scipy and matplotlib).
+if TYPE_CHECKING:
+    import pandas as pd
 
-from layertune.cell import CellFolder
-from layertune.corpus import Corpus
-from layertune.reports.scores import score_cells
-from layertune.study import StudyPlan
-from pipelines.plans import PreparePlan
+    from layertune.cell import CellFolder
+    from layertune.corpus import Corpus
+    from layertune.study import StudyPlan
+    from pipelines.plans import PreparePlan
 
 
 def evaluate(plan: StudyPlan, cells: dict[str, CellFolder], corpora: dict[str, Callable[..., Corpus]]) -> pd.DataFrame:
     """One row per cell of the plan (cells left over from older grids are ignored)."""
+    from layertune.reports.scores import score_cells
+
     return score_cells(plan, cells, {task: corpora[task]() for task in plan.spec.tasks})
 
 
@@ -26,6 +32,8 @@ def score_evaluation_examples(plan: StudyPlan, cells: dict[str, CellFolder],
     """Per task whose questions a round gave evaluation examples (``decide.evaluation_rounds``): the examples'
     references, and the predictions on them of every cell of those questions, from its saved folder (nothing
     trains; the frozen-prefix cache serves the cells of one boundary). Empty for every other study."""
+    from tqdm.auto import tqdm
+
     decide = plan.spec.decide
     found = {}
     for task, encoders in sorted(decide.evaluation_rounds.items() if decide else ()):

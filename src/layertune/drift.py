@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
-import torch
-from torch import nn
 
 from layertune.encoder import HasParameterParts
+
+if TYPE_CHECKING:  # torch is imported where a drift is computed: reading a report needs no torch
+    import torch
+    from torch import nn
 
 
 def parameter_drift(model: nn.Module, reference: dict[str, torch.Tensor]) -> pd.DataFrame:
@@ -17,6 +21,8 @@ def parameter_drift(model: nn.Module, reference: dict[str, torch.Tensor]) -> pd.
     reference (no copy of a frozen model is needed). The L2 norms are kept so `layer_drift` can aggregate exactly.
     A module that does not name its parts (a `TaskModel` and an `Encoder` do) puts every tensor in part ``other``.
     """
+    import torch
+
     parts = model.parameter_parts() if isinstance(model, HasParameterParts) else {}
     rows = []
     for name, parameter in model.named_parameters():
