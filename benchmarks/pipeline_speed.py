@@ -10,7 +10,7 @@ training and 64 dev examples, one epoch, N seeds), at this commit and, with ``--
     python benchmarks/pipeline_speed.py --no-default --cells 10 --keep /tmp/build    # quick; keep the clones
 
 Per build: its wall time, its compute by kind, bookkeeping = wall − compute, and that per cell; the train stages'
-own wall and compute; a no-op `dvc repro` after it. Across the synthetic sizes: the bookkeeping each cell adds
+own wall and compute; a no-op `dvc repro` after it; the MB of its data and DVC cache. Across the synthetic sizes: the bookkeeping each cell adds
 (the slope between two sizes), which a per-cell cost that grows with the study would show.
 """
 
@@ -97,7 +97,16 @@ def build(copy: Path) -> dict:
             "bookkeeping_s": round(wall - total, 1), "bookkeeping_per_cell_s": round((wall - total) / cells, 3),
             "train_stages": {"wall_s": round(train_wall, 1), "compute_s": round(sum(train_compute.values()), 1),
                              "bookkeeping_per_cell_s": round((train_wall - sum(train_compute.values())) / cells, 3)},
-            "no_op_repro_s": round(time.monotonic() - no_op_started, 1)}
+            "no_op_repro_s": round(time.monotonic() - no_op_started, 1), "disk_mb": disk(copy)}
+
+
+def disk(copy: Path) -> dict[str, float]:
+    """MB on disk of the build's data (cells, caches, plans) and of DVC's cache (what `dvc push` would send)."""
+    def size(folder: Path) -> float:
+        return round(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink()) / 2**20, 1)
+
+    return {"data": size(copy / "data"), "cells": size(copy / "data" / "04_models"),
+            "dvc_cache": size(copy / ".dvc" / "cache")}
 
 
 def _compute(copy: Path) -> tuple[dict[str, float], dict[str, float]]:

@@ -1,0 +1,165 @@
+"""The README a newcomer reads: short, its quick starts run as written (with tiny sizes where the real ones are
+long), and the figures it and the docs quote are those of the committed reports and benchmark."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+PIPELINE_DOC = (ROOT / "docs" / "pipeline.md").read_text()
+
+
+def quickstart(name: str) -> str:
+    """The code block after ``<!-- quickstart: <name> -->`` in the README."""
+    found = re.search(rf"<!-- quickstart: {name} -->\n```\w+\n(.*?)```", README, re.S)
+    assert found, f"README.md has no quick start {name!r}"
+    return found.group(1)
+
+
+def test_the_readme_is_read_in_five_minutes():
+    assert len(README.split()) <= 1500
+    for heading in ("## Install", "## Three quick starts", "## Concepts", "## Your data, your model, your GPU",
+                    "## What the default studies say"):
+        assert heading in README
+    for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):  # every local link and the figure exist
+        assert link.startswith("http") or (ROOT / link).exists(), link
+    assert "![" in README  # one figure
+
+
+def test_the_default_studies_quick_start_is_a_dvc_repro():
+    """`make study` is `dvc repro` once set up (CI's repro-check builds the studies that way, at the ci profile's
+    sizes)."""
+    assert README.splitlines()[7:9] == [
+        "make study   # set up (.venv), then build the four default studies: dvc repro → reports/",
+        "make test    # set up, then run the test suite"]
+    study = re.search(r"^study: setup\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert "dvc repro" in study and "layertune repro --jobs" in study
+
+
+def clone(tmp_path: Path) -> Path:
+    copy = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(copy)], check=True)
+    return copy
+
+
+def run(folder: Path, command: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, shell=True, cwd=folder, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(folder / "src"), **(env or {})})
+    assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.mark.integration  # the real all-MiniLM-L6-v2 on 64 of the CSV's reviews: ~1 min
+def test_one_cell_on_your_csv_runs_as_written(data_mirror, tmp_path):
+    folder = clone(tmp_path)
+    commands = quickstart("cell").replace("\\\n", " ").strip().splitlines()
+    assert commands[0] == "python examples/make_your_data.py"
+    run(folder, commands[0])
+    done = run(folder, commands[1] + " --train-size 64 --dev-size 32")  # tiny sizes: the same command otherwise
+    metrics = json.loads(done.stdout[done.stdout.index("{"):])
+    assert 0 <= metrics["eval_accuracy"] <= 1 and metrics["tunable_layers"] == 2
+    written = {p.name for p in (folder / "runs" / "reviews-k2").iterdir()}
+    assert {"model", "metrics.json", "history.json", "predictions.json", "drift.csv"} <= written
+
+
+@pytest.mark.integration  # the study of quick start 2 through `layertune repro`, at tiny sizes: ~3 min
+def test_your_own_study_is_built_alone_as_written(data_mirror, minilm_l3, tmp_path):
+    folder = clone(tmp_path)
+    block = yaml.safe_load(quickstart("study"))
+    (name, study), = block.items()
+    study["data"] = {"train_size": 64, "dev_size": 32, "seed": 42}  # tiny sizes
+    study["training"]["epochs"] = 1
+    params = yaml.safe_load((folder / "params.yaml").read_text())
+    params["studies"][name] = study
+    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(folder, "python examples/make_your_data.py")
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}", "LAYERTUNE_MODEL_MIRROR": str(minilm_l3.parent)}
+    run(folder, f"layertune repro {name}", env)
+    report = (folder / "reports" / f"{name}.md").read_text()
+    assert "Recommended number of tunable layers" in report and (folder / "reports" / f"{name}.json").is_file()
+    assert sorted(p.name for p in (folder / "data" / "04_models").iterdir() if not p.name.startswith(".")) == [name]
+
+
+def test_your_model_study_block_is_a_valid_study(fake_hub, tmp_path, monkeypatch):
+    """The roberta-base study of "Your data, your model, your GPU" passes the plan's checks (roberta-base's config
+    from tests/hub; the CSV from the examples)."""
+    from examples.make_your_data import write_examples
+    from pipelines.plans import plan_studies
+
+    block = re.search(r"## Your data, your model, your GPU.*?```yaml\n(.*?)```", README, re.S).group(1)
+    (name, study), = yaml.safe_load(block).items()
+    monkeypatch.chdir(tmp_path)
+    reviews = tmp_path / "data" / "user" / "reviews.csv"
+    reviews.parent.mkdir(parents=True)
+    reviews.write_text("review,sentiment\n" + "".join(f"film {i} was {'great bad'.split()[i % 2]},"
+                                                      f"{'positive negative'.split()[i % 2]}\n" for i in range(40)))
+    planned = plan_studies({"download": {"mirror": None}, "studies": {name: study}}).studies[name]
+    assert {cell.tunable_layers for cell in planned.cells} == {0, 2, 4, "all"} and len(planned.cells) == 12
+    assert write_examples  # the example writer the quick starts use exists
+
+
+# ------------------------------------------------------------------ figures quoted against their sources
+
+
+def quoted(row: str, label: str) -> float:
+    """The number the README writes after ``label`` in ``row`` (its − as -)."""
+    found = re.search(re.escape(label) + r"\s*([−+-]?\d+\.\d)", row)
+    assert found, (label, row)
+    return float(found.group(1).replace("−", "-"))
+
+
+def agrees(shown: float, value: float) -> bool:
+    """``shown`` is ``value`` (metric units, in details.json's 4 digits) in points, to the README's one digit."""
+    return abs(shown - 100 * value) <= 0.051
+
+
+def row(start: str) -> str:
+    return next(line for line in README.splitlines() if line.startswith(start))
+
+
+def test_the_answers_table_is_the_reports():
+    ablation = json.loads((ROOT / "reports" / "ablation" / "details.json").read_text())
+    sst2, stsb = ablation["sst2"]["all-MiniLM-L6-v2"], ablation["stsb"]["all-MiniLM-L6-v2"]
+    line = row("| SST-2: how many of 6 layers?")
+    assert agrees(quoted(line, "6 is best ("), sst2["mean"]["6"]) and sst2["recommended_layers"] is None
+    assert "cannot decide" in line and sst2["undecided_between"] == [0, 1, 2, 3, 4, 6]
+    line = row("| STS-B: how many of 6 layers?")
+    assert agrees(quoted(line, "(6:"), stsb["mean"]["6"]) and agrees(quoted(line, ", 4:"), stsb["mean"]["4"])
+    assert "cannot decide between 4 and 6" in line and stsb["undecided_between"] == [4, 6]
+    ner = json.loads((ROOT / "reports" / "ner.json").read_text())["conll2003"]["all-MiniLM-L6-v2"]
+    line = row("| CoNLL-2003 NER")
+    assert f"**{ner['recommended_layers']}**" in line and agrees(quoted(line, "F1"), ner["best_score"])
+    encoders = json.loads((ROOT / "reports" / "multi_encoder" / "details.json").read_text())["sst2"]["2"]
+    line = row("| two MiniLMs together")
+    for name in ("concat", "dme"):
+        versus = encoders["versus_reference"][name]
+        assert agrees(quoted(line, name), versus["difference"]) and versus["verdict"] == "no difference shown"
+        bounds = re.search(re.escape(name) + r" [^\[]*\[([^,]+), ([^\]]+)\]", line).groups()
+        assert all(agrees(float(b.replace("−", "-")), v) for b, v in zip(bounds, (versus["low"], versus["high"])))
+    methods = json.loads((ROOT / "reports" / "methods" / "details.json").read_text())["sst2"]["all-MiniLM-L6-v2"]
+    line = row("| SST-2: top-K, LoRA")
+    assert agrees(quoted(line, "full fine-tuning best ("), methods["mean"]["top_k-all"])
+    assert methods["best_method"] == "top_k-all"
+
+
+def test_build_times_quoted_are_the_benchmarks():
+    measured = json.loads((ROOT / "reports" / "benchmarks" / "pipeline.json").read_text())
+    default = measured["default"]
+    assert f"{round(default['wall_s'] / 60)}\nminutes of `dvc repro`" in README or \
+        f"{round(default['wall_s'] / 60)} minutes of `dvc repro`" in README.replace("\n", " ")
+    compute = default["compute_s"]
+    quoted = (f"in {default['wall_s']:,.0f} s: {sum(compute.values()):,.0f} s of it computing (training "
+              f"{compute['training']:.0f} s, scoring {compute['scoring']:.0f} s, the frozen-prefix pass "
+              f"{compute['caching']:.0f} s,")
+    assert quoted in " ".join(PIPELINE_DOC.split())
+    thousand = measured["synthetic"]["after"]["1000"]
+    assert f"1,000 head-only cells builds in {thousand['wall_s']:.0f} s" in " ".join(PIPELINE_DOC.split())
+    assert f"{measured['synthetic']['after']['added_per_cell_s']['100->1000']:.2f} s of bookkeeping per cell" in \
+        " ".join(PIPELINE_DOC.split())
