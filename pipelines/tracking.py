@@ -62,7 +62,7 @@ SPEC_TAG = "layertune.spec"  # digest of the cell's spec
 BUILD_KEY_TAG = "layertune.build_key"  # the cell folder's build key (`pipelines.trained_cells`): which folder it logs
 SUPERSEDED_TAG = "layertune.superseded_by"  # a FINISHED run whose cell was trained again: the run that did
 LOGGED_FROM_TAG = "layertune.logged_from"  # a run created by `sync` from a folder MLflow had not seen
-FINISHED, FAILED, KILLED, RUNNING = "FINISHED", "FAILED", "KILLED", "RUNNING"
+FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 # The kind of experiment the MLflow UI (3.x) shows: a model-training experiment opens on its runs table. Without it
 # the UI guesses, and opens ours on its GenAI overview page.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
