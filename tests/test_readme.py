@@ -4,7 +4,6 @@ long), and the figures it and the docs quote are those of the committed reports 
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
