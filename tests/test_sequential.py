@@ -214,10 +214,10 @@ def cells_trained(outcomes, accuracies: dict[str, float]) -> float:
 
 
 def test_what_each_pair_its_own_spread_costs_in_seeds():
-    """The STS-B layer ablation as built (reports/ablation/cells.csv: each K's mean and seed spread, 0.6 to 5
-    points, gaps of 6 to 45 points, cells of one seed correlated 0.7): the settings' pooled spread answers it mostly
-    after two rounds; each pair's own answers it about as often, with more cells (its least stable setting, K = 4,
-    often needs a third round to be shown worse). 300 repetitions."""
+    """The STS-B layer ablation after its second round (reports/ablation/cells.csv then: each K's mean and seed
+    spread, 0.6 to 5 points, gaps of 6 to 45 points, cells of one seed correlated 0.7): the settings' pooled spread
+    answers it mostly after two rounds; each pair's own answers it about as often, with more cells (its least stable
+    setting, K = 4, often needs a third round to be shown worse). 300 repetitions."""
     sts = {"0": (0.176, 0.006), "1": (0.239, 0.023), "2": (0.339, 0.017), "3": (0.452, 0.034), "4": (0.532, 0.050),
            "6": (0.627, 0.028)}
     accuracies, spreads = {k: a for k, (a, _) in sts.items()}, {k: s for k, (_, s) in sts.items()}
