@@ -61,3 +61,45 @@ def test_a_saved_cell_scored_again_gives_the_predictions_its_training_saved(mini
     corpus = spec.corpus.load(data_mirror)
     again = CellFolder(tmp_path / "cell").predict(dataclasses.replace(corpus, test=None), cache_dir=cache)
     assert again["dev"] == trained.result.predictions["dev"]
+
+
+def test_the_evaluate_stage_scores_only_the_cells_it_has_not_scored_on_the_same_examples(tmp_path, monkeypatch):
+    """A decided study's evaluate stage reruns at every round: the cells it scored on the same evaluation examples
+    before come from the feature cache (`pipelines.evaluate.nodes.evaluation_predictions`), the same predictions
+    byte for byte, and only the others are scored."""
+    from tests.projects import make_project, run, study
+
+    decided = study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 1], [1, 2], data={"seed": 1, "train_size": 16},
+                    decide={"looks": 3, "evaluation_size": 20, "evaluation_rounds": {"sst2": {"tiny": 2}}})
+    project = make_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"s": decided}})
+    rows = [f"review number {i} was {'good' if i % 2 else 'bad'}\t{i % 2}" for i in range(80)]  # distinct texts:
+    (project / "mirror/glue/SST-2/train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")  # some unused
+    for stage in ("plan", "download"):
+        run(project, stage)
+    for stage in ("prepare", "tokenize", "train"):
+        run(project, stage, study="s")
+
+    scored = Counter()
+    predict = CellFolder.predict
+
+    def counted(self, corpus, **kwargs):
+        scored[self.path.name] += 1
+        return predict(self, corpus, **kwargs)
+
+    monkeypatch.setattr(CellFolder, "predict", counted)
+    written = project / "data/05_model_output/s/evaluation.json"
+    run(project, "evaluate", study="s")
+    first = written.read_bytes()
+    predictions = json.loads(first)["sst2"]["predictions"]
+    assert sorted(predictions) == [f"sst2-tiny-{k}-{seed}" for k in (0, 1) for seed in (1, 2)]
+    assert all(len(p) == 20 for p in predictions.values()) and set(scored.values()) == {1}
+
+    entries = sorted((project / "data/cache/evaluation").glob("*.json"))
+    assert len(entries) == 4
+    scored.clear()
+    run(project, "evaluate", study="s")  # a rerun: every cell from the cache
+    assert not scored and written.read_bytes() == first
+
+    entries[0].unlink()  # one cell's entry gone: that cell alone is scored again
+    run(project, "evaluate", study="s")
+    assert sum(scored.values()) == 1 and written.read_bytes() == first

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from pipelines.plans import PreparePlan
 
 
+EVALUATION_CACHE = "evaluation"  # below the feature cache: saved cells' predictions on evaluation examples
+
+
 def evaluate(plan: StudyPlan, cells: dict[str, CellFolder], corpora: dict[str, Callable[..., Corpus]]) -> pd.DataFrame:
     """One row per cell of the plan (cells left over from older grids are ignored)."""
     from layertune.reports.scores import score_cells
@@ -34,6 +37,8 @@ def score_evaluation_examples(plan: StudyPlan, cells: dict[str, CellFolder],
     trains; the frozen-prefix cache serves the cells of one boundary). Empty for every other study."""
     from tqdm.auto import tqdm
 
+    from layertune.io import dataset_digest
+
     decide = plan.spec.decide
     found = {}
     for task, encoders in sorted(decide.evaluation_rounds.items() if decide else ()):
@@ -47,8 +52,32 @@ def score_evaluation_examples(plan: StudyPlan, cells: dict[str, CellFolder],
                              "(data.train_size)") from None
         corpus = dataclasses.replace(corpora[task](), dev=examples, test=None)
         keys = [cell.key for cell in plan.cells if cell.task == task and cell.encoder in encoders]
-        scored = {key: cells[key].predict(corpus, cache_dir=cache_root)["dev"]
+        examples_digest = dataset_digest(examples)
+        scored = {key: evaluation_predictions(cells[key], corpus, examples_digest, cache_root)
                   for key in tqdm(keys, desc=f"{task}: {len(examples):,} evaluation examples", unit="cell")}
         found[task] = {"references": scored[keys[0]]["references"],
                        "predictions": {key: result["predictions"] for key, result in scored.items()}}
     return found
+
+
+def evaluation_predictions(cell: CellFolder, corpus: Corpus, examples_digest: str, cache_root: Path) -> dict:
+    """A saved cell's predictions and the references on ``corpus``'s dev split (the evaluation examples, whose
+    digest is ``examples_digest``), kept in the feature cache under the cell's build key and that digest: each round
+    of a decided study reruns this stage, and only its new cells are scored again (a cell's build key changes with
+    anything that changes its predictions: spec, base model, data, the library's code)."""
+    import hashlib
+    import json
+
+    from layertune.io import write_json
+    from pipelines.trained_cells import recorded_build_key
+
+    build_key = recorded_build_key(cell.path)
+    if build_key is None:  # a folder no build wrote: nothing to key it by
+        return cell.predict(corpus, cache_dir=cache_root)["dev"]
+    name = hashlib.sha256(f"{build_key}|{examples_digest}".encode()).hexdigest()[:32]
+    entry = cache_root / EVALUATION_CACHE / f"{name}.json"
+    if entry.is_file() and not entry.is_symlink():
+        return json.loads(entry.read_text())
+    predicted = cell.predict(corpus, cache_dir=cache_root)["dev"]
+    write_json(entry, predicted)  # atomically: a stopped stage leaves the entry whole or absent
+    return predicted
