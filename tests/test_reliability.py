@@ -50,16 +50,19 @@ def test_four_builds_starting_at_once_on_a_new_mlflow_database_all_finish(tmp_pa
     assert sorted((r.info.run_name, r.info.status) for r in runs) == [(f"cell-{i}", "FINISHED") for i in range(4)]
 
 
-def slow_study(epochs: int, seeds=(1, 2)) -> dict:
-    slow = study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [1], list(seeds))
+def slow_study(epochs: int, seeds=(1, 2), layers=(1,), **extra) -> dict:
+    slow = study("layers", ["sst2"], {"tiny": "models/tiny-a"}, list(layers), list(seeds), **extra)
     slow["training"]["epochs"] = epochs  # seconds of training a cell: a stop lands while one trains
     return {"download": {"mirror": "mirror"}, "studies": {"slow": slow}}
 
 
 @pytest.fixture
 def slow_project(tmp_path):
-    """Two cells whose training takes seconds each (many epochs of a tiny model), prepared up to the train stage."""
-    project = make_project(tmp_path, slow_study(epochs=60))
+    """Two cells, prepared up to the train stage: the head alone, trained in a few seconds, then one layer, five
+    times as many epochs (many epochs of a tiny model), so that a stop sent once it started lands while it trains,
+    however loaded the machine."""
+    project = make_project(tmp_path, slow_study(epochs=60, seeds=(1,), layers=(0, 1),
+                                                per_tunable_layers={1: {"epochs": 300}}))
     for stage, runtime in (("plan", {}), ("download", {}), ("prepare", {"study": "slow"}),
                            ("tokenize", {"study": "slow"})):
         run(project, stage, **runtime)
@@ -96,20 +99,20 @@ def test_ctrl_c_after_a_cell_finished_keeps_it_and_the_next_build_trains_only_th
     env = {**os.environ, **project_env(slow_project)}
     build = subprocess.Popen(TRAIN, cwd=slow_project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True, process_group=0)
-    wait_for(lambda: cell_runs(slow_project).get("sst2-tiny-1-2") == ["RUNNING"], what="the second cell's run")
-    assert cell_runs(slow_project)["sst2-tiny-1-1"] == ["FINISHED"]
+    wait_for(lambda: cell_runs(slow_project).get("sst2-tiny-1-1") == ["RUNNING"], what="the second cell's run")
+    assert cell_runs(slow_project)["sst2-tiny-0-1"] == ["FINISHED"]
     os.killpg(build.pid, signal.SIGINT)
     started = time.monotonic()
     build.wait(timeout=STOP_BOUND_S)
     assert time.monotonic() - started < STOP_BOUND_S and build.returncode != 0
-    assert cell_runs(slow_project) == {"build": ["KILLED"], "sst2-tiny-1-1": ["FINISHED"],
-                                       "sst2-tiny-1-2": ["KILLED"]}
+    assert cell_runs(slow_project) == {"build": ["KILLED"], "sst2-tiny-0-1": ["FINISHED"],
+                                       "sst2-tiny-1-1": ["KILLED"]}
     models = slow_project / "data" / "04_models" / "slow"
-    assert sorted(p.name for p in models.iterdir()) == ["sst2-tiny-1-1"]  # no half-written folder
+    assert sorted(p.name for p in models.iterdir()) == ["sst2-tiny-0-1"]  # no half-written folder
     writer = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom layertune.io import atomic_directory\n"
                                "with atomic_directory(sys.argv[1]) as staging:\n"
                                "    (staging / 'half').write_text('x'); print('in', flush=True); time.sleep(60)",
-                               str(models / "sst2-tiny-1-2")], env=env, stdout=subprocess.PIPE, text=True)
+                               str(models / "sst2-tiny-1-1")], env=env, stdout=subprocess.PIPE, text=True)
     assert writer.stdout.readline().strip() == "in"
     writer.kill()
     writer.wait()
@@ -118,10 +121,10 @@ def test_ctrl_c_after_a_cell_finished_keeps_it_and_the_next_build_trains_only_th
     done = subprocess.run(TRAIN, cwd=slow_project, env=env, capture_output=True, text=True, timeout=600)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]
-    assert "slow: 1 of 2 cell(s) to train" in log and "sst2-tiny-1-1 trained" not in log
-    assert cell_runs(slow_project) == {"build": ["FINISHED", "KILLED"], "sst2-tiny-1-1": ["FINISHED"],
-                                       "sst2-tiny-1-2": ["FINISHED", "KILLED"]}
-    assert sorted(p.name for p in models.iterdir()) == ["sst2-tiny-1-1", "sst2-tiny-1-2"]
+    assert "slow: 1 of 2 cell(s) to train" in log and "sst2-tiny-0-1 trained" not in log
+    assert cell_runs(slow_project) == {"build": ["FINISHED", "KILLED"], "sst2-tiny-0-1": ["FINISHED"],
+                                       "sst2-tiny-1-1": ["FINISHED", "KILLED"]}
+    assert sorted(p.name for p in models.iterdir()) == ["sst2-tiny-0-1", "sst2-tiny-1-1"]
 
 
 def test_json_outputs_never_hold_nan(tmp_path):
