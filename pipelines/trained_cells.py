@@ -118,14 +118,20 @@ def recorded_build_key(folder: Path) -> str | None:
 
 
 def _extract_cell(tar: tarfile.TarFile, target: Path) -> None:
-    """A packed cell's files and folders under ``target``, and nothing else: no links, devices or paths out of it."""
+    """A packed cell's files and folders under ``target``, and nothing else: no links, devices or paths out of it,
+    owned by this process's user with plain modes."""
     members = tar.getmembers()
-    for member in members:  # `pack` writes files and folders only; an archive with more is not a cell's
-        if not (member.isfile() or member.isdir()) or not (target / member.name).resolve().is_relative_to(
-                target.resolve()):
-            raise ValueError(f"not a packed cell folder: archive member {member.name!r} "
-                             f"({'a path out of the folder' if member.isfile() or member.isdir() else 'not a file'})")
-    # Python's own "data" filter where it has one (3.10.12 and 3.11.4 on): the same refusals, and safe modes
+    for member in members:  # `pack` writes files and folders only: an archive with more is not a cell's
+        if not (member.isfile() or member.isdir()):
+            why = "not a file or folder"
+        elif not (target / member.name).resolve().is_relative_to(target.resolve()):
+            why = "a path out of the folder"
+        else:
+            member.mode = 0o755 if member.isdir() else 0o644
+            member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+            continue
+        raise ValueError(f"not a packed cell folder: archive member {member.name!r} ({why})")
+    # Python's own "data" filter where it has one (3.10.12, 3.11.4 on); before, the checks above alone
     tar.extractall(target, members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
 
 

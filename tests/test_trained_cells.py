@@ -43,7 +43,7 @@ def link(name: str, target: str) -> tarfile.TarInfo:
 @pytest.mark.parametrize("member, why", [
     (tarfile.TarInfo("../outside.json"), "'../outside.json' (a path out of the folder)"),
     (tarfile.TarInfo("/etc/evil"), "'/etc/evil' (a path out of the folder)"),
-    (link("model", "/etc"), "'model' (not a file)"),
+    (link("model", "/etc"), "'model' (not a file or folder)"),
 ])
 def test_an_archive_that_is_not_a_packed_cell_is_refused_and_writes_nothing(tmp_path, member, why):
     with pytest.raises(ValueError, match=re.escape(f"not a packed cell folder: archive member {why}")):
