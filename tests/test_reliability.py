@@ -97,8 +97,15 @@ def test_ctrl_c_after_a_cell_finished_keeps_it_and_the_next_build_trains_only_th
     killed half-way leaves a staging folder, which the next build removes; the next build trains the second cell
     alone (it was: retrained both, DVC not having recorded the stage)."""
     env = {**os.environ, **project_env(slow_project)}
-    build = subprocess.Popen(TRAIN, cwd=slow_project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, process_group=0)
+    # SIGINT handled here while the build starts, so that it starts with SIGINT's default, as a terminal's foreground
+    # job does: a test run started in the background (`cmd &` in a script) ignores SIGINT, and a process inherits an
+    # ignored signal (the build then rightly trained on: exit 0).
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        build = subprocess.Popen(TRAIN, cwd=slow_project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True, process_group=0)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     wait_for(lambda: cell_runs(slow_project).get("sst2-tiny-1-1") == ["RUNNING"], what="the second cell's run")
     assert cell_runs(slow_project)["sst2-tiny-0-1"] == ["FINISHED"]
     os.killpg(build.pid, signal.SIGINT)
