@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     entries = args.project / args.cache / EVALUATION_CACHE
     aside = entries.with_name(f".{EVALUATION_CACHE}-aside-{os.getpid()}")
-    report: dict = {"project": str(args.project), "machine": f"{os.cpu_count()} CPUs",
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.project, capture_output=True,
+                            text=True).stdout.strip()
+    report: dict = {"commit": commit or None, "machine": f"{os.cpu_count()} CPUs",
                     "date": time.strftime("%Y-%m-%d"), "stage_wall_s": {}}
     for study in args.studies:
         forced_evaluate(args.project, study)  # the cache holds every cell of the study from here on
