@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
+from layertune.io import write_json  # noqa: E402
 from pipelines.evaluate.nodes import EVALUATION_CACHE  # noqa: E402
 
 
@@ -62,8 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["stage_wall_s"][study] = {"cache_empty": empty, "cache_full": forced_evaluate(args.project, study)}
         print(json.dumps({study: report["stage_wall_s"][study]}), flush=True)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     return report
 
 
