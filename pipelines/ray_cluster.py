@@ -10,8 +10,9 @@ copy of each base model has the files the plan fingerprinted, and fails the cell
 Faults: a task whose worker or node dies is retried by Ray (`RETRIES`); a cell that fails is not (its error would
 repeat): the build stops, the other tasks are cancelled (their workers killed: a cancelled cell trains no further)
 and the cell's error is raised. Ctrl-C or SIGTERM cancels every task the same way. A node keeps nothing of a cell
-but the frozen-prefix cache (content-keyed, in its private folder or ``$LAYERTUNE_CACHE``); a work folder a killed
-worker left is removed by the next cell on that machine.
+but the frozen-prefix cache (content-keyed, in its private folder or ``$LAYERTUNE_CACHE``): once the killed workers
+have exited, the build removes their work folders on every node (a node that does not answer in time keeps them
+until its next cell).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ CPUS_ENV = "LAYERTUNE_CPUS_PER_CELL"  # `layertune repro --cpus-per-cell`
 # Passed on to each cell: where models and data are, and how to reach them.
 FORWARDED_ENV = ("LAYERTUNE_MODEL_MIRROR", "LAYERTUNE_DATA_MIRROR", "HF_", "TRANSFORMERS_", "TQDM_")
 RETRIES = 3  # attempts after a worker or node died (Ray's own default, said here)
+CANCEL_TIMEOUT_S = 30.0  # for cancelled cells' workers to exit before their work folders are cleaned
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,15 @@ class RayCluster:
                         job.cells.receive(job.key, result.archive)
                         yield Finished(job.key, result.started_ms)
         finally:
-            for ref in pending:  # kills the worker of a running one: the cell trains no further
+            cancelled = list(pending)
+            for ref in cancelled:  # kills the worker of a running one: the cell trains no further
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
-            if pending:
+            if cancelled:
+                # The kill is sent, not done: a worker still alive keeps its work folder from the cleaning. A
+                # cancelled task's result settles once its worker has exited.
+                with contextlib.suppress(Exception):
+                    ray.wait(cancelled, num_returns=len(cancelled), timeout=CANCEL_TIMEOUT_S)
                 _clean_nodes(ray)
             ray.shutdown()
 

@@ -131,7 +131,7 @@ def test_recording_rounds_rewrites_the_decide_block_alone_and_keeps_the_values_t
         "    decide:                  # decided in rounds",
         "      looks: 3",
         "      decided_with: {tolerance: 0.02, confidence: 0.95, looks: 3, spending: obrien-fleming, "
-        "seeds_per_round: 2}",
+        "seeds_per_round: 2, evaluation_size: null}",
         "      rounds:",
         "        sst2-tiny-1-3: {task: sst2, encoder: tiny, tunable_layers: 1, seed: 3, round: 2}"]
 

@@ -132,7 +132,8 @@ def test_a_record_the_rule_could_not_have_written_is_refused_naming_it(tiny_mode
                       "studies": {"s": decided_study(str(tiny_model_dirs["bert"]), rounds)}})
 
 
-DECIDED_WITH = {"tolerance": 0.01, "confidence": 0.95, "looks": 3, "spending": "obrien-fleming", "seeds_per_round": 2}
+DECIDED_WITH = {"tolerance": 0.01, "confidence": 0.95, "looks": 3, "spending": "obrien-fleming", "seeds_per_round": 2,
+                "evaluation_size": None}
 
 
 @pytest.mark.parametrize(("section", "change", "key", "then"), [
@@ -142,6 +143,7 @@ DECIDED_WITH = {"tolerance": 0.01, "confidence": 0.95, "looks": 3, "spending": "
     ("decide", {"looks": 2}, "decide.looks", "3"),  # named as changed, before the record outgrows the looks
     ("decide", {"spending": "pocock"}, "decide.spending", "obrien-fleming"),
     ("decide", {"seeds_per_round": 1}, "decide.seeds_per_round", "2"),
+    ("decide", {"evaluation_size": 50}, "decide.evaluation_size", "None"),
 ])
 def test_a_value_the_recorded_rounds_were_decided_with_cannot_change_at_plan_time(tiny_model_dirs, section, change,
                                                                                    key, then):
@@ -166,6 +168,22 @@ def test_a_value_the_recorded_rounds_were_decided_with_cannot_change_at_plan_tim
     study["decide"] = {**study["decide"], "rounds": {}}
     plan_studies({"download": {"mirror": None}, "studies": {"s": study}})
 
+
+
+def test_a_record_from_before_the_evaluation_size_was_kept_checks_the_other_values(tiny_model_dirs):
+    """Such a record says nothing of the evaluation size: a change of it is not refused (nothing to compare with),
+    a change of the values it holds still is."""
+    from layertune.study import ParamsError
+    from pipelines.plans import plan_studies
+
+    older = {key: value for key, value in DECIDED_WITH.items() if key != "evaluation_size"}
+    study = decided_study(str(tiny_model_dirs["bert"]), dict([round_cell(1, 3, 2), round_cell(2, 3, 2)]),
+                          decided_with=older, evaluation_size=50)
+    plan = plan_studies({"download": {"mirror": None}, "studies": {"s": study}})
+    assert plan.studies["s"].spec.decide.decided_with.evaluation_size == 50  # taken as decided with today's
+    study["decide"]["looks"] = 4
+    with pytest.raises(ParamsError, match=r"decide.looks: 4, but the recorded rounds were decided with 3"):
+        plan_studies({"download": {"mirror": None}, "studies": {"s": study}})
 
 def test_a_study_of_one_setting_has_nothing_to_decide_in_rounds(tiny_model_dirs):
     from layertune.study import ParamsError

@@ -156,17 +156,21 @@ class DecidedWith(Spec):
     looks: int = Field(ge=2, le=20, description="decide.looks")
     spending: Literal["obrien-fleming", "pocock", "bonferroni"] = Field(description="decide.spending")
     seeds_per_round: PositiveInt = Field(description="decide.seeds_per_round")
+    evaluation_size: PositiveInt | None = Field(description="decide.evaluation_size (which examples a round may "
+                                                            "add)")
 
     @classmethod
     def of(cls, report: ReportSpec, decide: DecideSpec) -> DecidedWith:
         """The values a study with ``report`` and ``decide`` decides its rounds with, as it stands."""
         return cls(tolerance=report.tolerance, confidence=report.confidence, looks=decide.looks,
-                   spending=decide.spending, seeds_per_round=decide.seeds_per_round)
+                   spending=decide.spending, seeds_per_round=decide.seeds_per_round,
+                   evaluation_size=decide.evaluation_size)
 
 
 # Each value of `DecidedWith`: where the study sets it.
 DECIDED_WITH_KEYS = {"tolerance": "report.tolerance", "confidence": "report.confidence", "looks": "decide.looks",
-                     "spending": "decide.spending", "seeds_per_round": "decide.seeds_per_round"}
+                     "spending": "decide.spending", "seeds_per_round": "decide.seeds_per_round",
+                     "evaluation_size": "decide.evaluation_size"}
 
 
 class DecideSpec(Spec):
@@ -196,6 +200,16 @@ class DecideSpec(Spec):
     decided_with: DecidedWith | None = Field(
         None, description="the values the recorded rounds were decided with (written by `layertune repro --decide` "
                           "with the first round; none in a record from before it wrote them: not checked)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_record(cls, data: Any) -> Any:
+        """A ``decided_with`` written before the evaluation size was kept says nothing of it: taken as today's
+        (not checked), as a record with no ``decided_with`` at all is."""
+        if isinstance(data, Mapping) and isinstance(data.get("decided_with"), Mapping) \
+                and "evaluation_size" not in data["decided_with"]:
+            data = {**data, "decided_with": {**data["decided_with"], "evaluation_size": data.get("evaluation_size")}}
+        return data
 
     @property
     def recorded(self) -> bool:
