@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
@@ -36,15 +38,19 @@ def forced_evaluate(project: Path, study: str) -> float:
     return round(time.monotonic() - started, 1)
 
 
+def feature_cache(project: Path) -> Path:
+    """Where the project's catalog keeps the feature cache, which holds the evaluation cache."""
+    catalog = yaml.safe_load((project / "conf" / "base" / "catalog.yml").read_text())
+    return Path(catalog["feature_cache"]["path"])
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("studies", nargs="+", help="decided studies whose rounds added evaluation examples")
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="a built project (default: here)")
-    parser.add_argument("--cache", type=Path, default=Path("data/cache"), help="its feature cache, as the catalog's "
-                                                                               "feature_cache (default: data/cache)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    entries = args.project / args.cache / EVALUATION_CACHE
+    entries = args.project / feature_cache(args.project) / EVALUATION_CACHE
     aside = entries.with_name(f".{EVALUATION_CACHE}-aside-{os.getpid()}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.project, capture_output=True,
                             text=True).stdout.strip()

@@ -169,7 +169,6 @@ def test_a_value_the_recorded_rounds_were_decided_with_cannot_change_at_plan_tim
     plan_studies({"download": {"mirror": None}, "studies": {"s": study}})
 
 
-
 def test_a_record_from_before_the_evaluation_size_was_kept_checks_the_other_values(tiny_model_dirs):
     """Such a record says nothing of the evaluation size: a change of it is not refused (nothing to compare with),
     a change of the values it holds still is."""
@@ -184,6 +183,7 @@ def test_a_record_from_before_the_evaluation_size_was_kept_checks_the_other_valu
     study["decide"]["looks"] = 4
     with pytest.raises(ParamsError, match=r"decide.looks: 4, but the recorded rounds were decided with 3"):
         plan_studies({"download": {"mirror": None}, "studies": {"s": study}})
+
 
 def test_a_study_of_one_setting_has_nothing_to_decide_in_rounds(tiny_model_dirs):
     from layertune.study import ParamsError
