@@ -1,7 +1,8 @@
 # Two entry points, each doing its own set-up on a fresh machine:
-#   make study   install, then build the four default studies (`dvc repro` → reports/); JOBS=4 trains four cells
-#                at a time (`layertune repro --jobs 4`, one GPU each when there are GPUs)
-#   make test    install, then run the test suite
+#   make study   install, then build the four default studies (`layertune repro` → reports/), study by study; JOBS=4
+#                trains four cells at a time (`layertune repro --jobs 4`, one GPU each when there are GPUs)
+#   make test    install, then run the fast tier of the tests (a few minutes); make test-slow runs the rest (whole
+#                DVC builds, Ray clusters, servers, long simulations), make test-all both; .ci/run runs both tiers
 # Everything runs from a project virtual environment (.venv): a system Python may refuse packages (PEP 668), and
 # the study should not depend on what else is installed. Set PYTHON to choose the interpreter that creates it.
 SHELL := /bin/bash
@@ -21,10 +22,10 @@ export LAYERTUNE_DATA_MIRROR ?= $(SHARED)/data
 # `make study` finds models as a plain `dvc repro` does, through params.yaml's download.model_mirror. The tests
 # check params.yaml outside Kedro, and they and the benchmarks build clones elsewhere (where ../shared/models is
 # not beside them), so these two get the folder from the environment.
-test benchmark: export LAYERTUNE_MODEL_MIRROR ?= $(SHARED)/models
+test test-slow test-all benchmark: export LAYERTUNE_MODEL_MIRROR ?= $(SHARED)/models
 endif
 
-.PHONY: setup study test repro-check benchmark
+.PHONY: setup study test test-slow test-all repro-check benchmark
 
 setup: $(VENV)/installed
 
@@ -37,12 +38,23 @@ $(VENV)/bin/python:
 	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "make: '$(PYTHON) -m venv' could not create $(VENV)." \
 	  "On Debian or Ubuntu: sudo apt install python3-venv (or set PYTHON=/path/to/python3 with venv)." >&2; exit 1; }
 
+# Study by study, the fewest cells first: each report lands as soon as its study is trained (the same stages, reports
+# and dvc.lock as a plain `dvc repro`).
 JOBS ?= 1
 study: setup
-	$(if $(filter 1,$(JOBS)),dvc repro,layertune repro --jobs $(JOBS))
+	layertune repro --jobs $(JOBS)
 
+# Two tiers, by the `slow` mark (pyproject.toml). OMP_WAIT_POLICY: idle OpenMP threads sleep, two workers share two cores.
+PYTEST := OMP_WAIT_POLICY=PASSIVE python -m pytest -n 2 --dist loadgroup
 test: setup
-	OMP_WAIT_POLICY=PASSIVE python -m pytest -n 2 --dist loadgroup  # idle OpenMP threads sleep: two workers share two cores
+	$(PYTEST) -m "not slow"
+	@echo "make test: the fast tier passed; the slow tier (whole DVC builds, Ray clusters, servers, long simulations): make test-slow"
+
+test-slow: setup
+	$(PYTEST) -m slow
+
+test-all: setup
+	$(PYTEST)
 
 # Two builds of the `ci` profile from scratch must give byte-identical reports (.ci/run runs this after the tests).
 repro-check: setup

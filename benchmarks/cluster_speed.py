@@ -86,8 +86,9 @@ def build(work: Path, repository: Path, way: str, name: str, jobs: int, address:
     return {**result, "reports": reports}
 
 
-# The train stage's line for a cell that ended, whichever way it trained: "[3/8] sst2-m-0-1 trained in 4.2 s"
-CELL_DONE = re.compile(r"\[\d+/\d+\] (\S+) trained(?: in ([\d.]+) s)?$")
+# The train stage's line for a cell that ended, whichever way it trained: "[3/8] sst2-m-0-1 trained in 4.2 s; about
+# 21 s left for ablation"
+CELL_DONE = re.compile(r"\[\d+/\d+\] (\S+) trained(?: in ([\d.]+) s)?(?:;.*)?$")
 RUNNING = re.compile(r"^Running stage '([^']+)'")  # DVC's line for a stage it starts
 
 

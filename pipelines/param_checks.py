@@ -50,7 +50,7 @@ class ParamsCheckHook:
 
 def check_cache_folder(folder: Path) -> None:
     """The feature cache's folder can be written (made if missing); else `InvalidParams` naming it and the fix."""
-    from layertune.frozen_prefix import CacheNotWritable, check_writable
+    from layertune.io import CacheNotWritable, check_writable
 
     try:
         check_writable(folder)

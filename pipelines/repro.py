@@ -1,15 +1,17 @@
 """``layertune repro``: build the studies as `dvc repro` does, with each study's cells trained where you say.
 
-    layertune repro [STUDY ...]                   # one cell at a time: the same as `dvc repro`
+    layertune repro [STUDY ...]                   # one cell at a time: the same build as `dvc repro`
     layertune repro --jobs 4                      # four cells at a time on this machine (one GPU each, if any)
     layertune repro --ray [ADDRESS]               # every cell a task on a Ray cluster ("layertune[cluster]")
     layertune repro --decide [--budget MINUTES]   # the studies with a decide section, round after round
 
-Every way is one `dvc repro` of the studies' reports: DVC runs each stage once, and each study's train stage trains
-its cells that are not built yet where this command tells it, through the environment (``LAYERTUNE_JOBS``,
+Every way is `dvc repro` of the studies' reports: DVC runs each stage once, and each study's train stage trains its
+cells that are not built yet where this command tells it, through the environment (``LAYERTUNE_JOBS``,
 ``LAYERTUNE_RAY``, ``LAYERTUNE_CPUS_PER_CELL``: `pipelines.scheduling`; ``LAYERTUNE_JOBS=4 dvc repro`` is the same
-build). Each cell trains exactly as in a serial build: the reports are the same, byte for byte. One build of a
-project runs at a time.
+build). Without a study named, it builds the project study by study, the one with the fewest cells first, so each
+report lands as soon as that study's cells are trained (a plain `dvc repro` writes the first report at its very
+end); the stages, reports and dvc.lock are those of a plain `dvc repro`. Each cell trains exactly as in a serial
+build: the reports are the same, byte for byte. One build of a project runs at a time.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ class BuildFailed(RuntimeError):
 
 def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_per_cell: int | None = None,
           every: bool = False) -> None:
-    """One `dvc repro` of the reports of ``studies`` (``every``: of the whole project), their cells trained
-    ``jobs`` at a time here, or on the Ray cluster at ``ray`` ("": `ray.init`'s own choice). `BuildFailed` if it
-    fails; `Interrupted` once a signal stopped it (and every process it started)."""
+    """`dvc repro` of the reports of ``studies`` (``every``: of the whole project, study by study), their cells
+    trained ``jobs`` at a time here, or on the Ray cluster at ``ray`` ("": `ray.init`'s own choice). `BuildFailed`
+    if it fails; `Interrupted` once a signal stopped it (and every process it started)."""
     from pipelines.ray_cluster import CPUS_ENV, RAY_ENV, check_reachable
     from pipelines.scheduling import JOBS_ENV
 
@@ -48,13 +50,38 @@ def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_pe
         env[RAY_ENV] = ray
         if cpus_per_cell is not None:
             env[CPUS_ENV] = str(cpus_per_cell)
-    command = ["dvc", "repro", *([] if every else [f"aggregate@{study}" for study in studies])]
     children = Children()
-    with children.stopped_on_signal():
+
+    def dvc_repro(*targets: str) -> None:
+        command = ["dvc", "repro", *targets]
         # tied: a build killed with SIGKILL takes its `dvc` with it, and that its stage (`pipelines.processes`)
         done = children.run(tied(command), env=env)
-    if done is not None and done.returncode:
-        raise BuildFailed(f"{' '.join(command)} failed (exit status {done.returncode}); its output above says why")
+        if done is not None and done.returncode:
+            raise BuildFailed(f"{' '.join(command)} failed (exit status {done.returncode}); its output above says "
+                              "why")
+
+    with children.stopped_on_signal():
+        if not every:
+            dvc_repro(*(f"aggregate@{study}" for study in studies))
+            return
+        # The same stages as one `dvc repro`, in another order: a plain `dvc repro` runs every study's prepare, then
+        # every tokenize, and so on, so the first report lands at the very end. Study by study, the smallest first,
+        # each report lands as soon as its cells are trained. The last call runs whatever else dvc.yaml holds.
+        dvc_repro("plan", "download")
+        for study in smallest_first(studies):
+            dvc_repro(f"aggregate@{study}")
+        dvc_repro()
+
+
+def smallest_first(studies: Sequence[str]) -> list[str]:
+    """``studies`` by the number of cells their last plan holds, fewest first (ties: in the given order)."""
+    from pipelines.catalog import catalog_path
+    from pipelines.plans import TrainPlan
+
+    def cells(study: str) -> int:
+        return len(TrainPlan.model_validate_json(catalog_path("train_plan", study).read_text()).cells)
+
+    return sorted(studies, key=cells)
 
 
 def study_names(chosen: Sequence[str], decided: bool = False) -> list[str]:

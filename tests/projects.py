@@ -4,6 +4,7 @@ tiny random models, and a way to run a stage through Kedro as `kedro run` does."
 import contextlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -98,4 +99,24 @@ def make_dvc_project(folder: Path, params: dict) -> Path:
     for command in (["git", "add", "-A"], ["git", "-c", "user.name=test", "-c", "user.email=test@example.com",
                                            "commit", "--quiet", "-m", "tiny studies"]):
         subprocess.run(command, cwd=folder, check=True, capture_output=True)
+    return folder
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """Folder ``name``, made by ``build(folder)`` once per test run, however many pytest-xdist workers ask for it:
+    the first builds it under a file lock in the run's shared temporary folder (pytest's own, private to this user),
+    the others wait and get the same folder. For what tests only read (a built project they clone or copy); a
+    build that fails is tried again by the next worker that asks, and fails there too."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # each worker's base is below the run's
+    folder, done = root / f"built-once-{name}", root / f"built-once-{name}.done"
+    with FileLock(root / f"built-once-{name}.lock"):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed half-way
+            folder.mkdir()
+            build(folder)
+            done.touch()
     return folder

@@ -40,12 +40,13 @@ def test_cluster_benchmark_reads_each_way_of_building_from_its_output():
     spec.loader.exec_module(module)
     here = [(0.0, "Running stage 'plan':\n"), (20.0, "Running stage 'train@a':\n"),
             (21.0, "12:00:01 INFO pipelines.train.nodes: a: 2 of 2 cell(s) to train, in this process\n"),
-            (24.0, "12:00:04 INFO pipelines.train.nodes: [1/2] x-1 trained in 3.0 s\n"),
-            (28.0, "12:00:08 INFO pipelines.train.nodes: [2/2] x-2 trained in 4.0 s\n"),
+            (24.0, "12:00:04 INFO pipelines.train.nodes: [1/2] x-1 trained in 3.0 s; about 3 s left for a\n"),
+            (28.0, "12:00:08 INFO pipelines.train.nodes: [2/2] x-2 trained in 4.0 s; none left for a\n"),
             (29.0, "Running stage 'evaluate@a':\n"), (30.0, "done\n")]
     assert module.phases(here) == (20.0, 28.0, 2, [3.0, 4.0])
-    ray = [(1.0, "Running stage 'train@a':\n"), (30.0, "12:00:30 INFO pipelines.train.nodes: [1/2] x-1 trained\n"),
-           (32.0, "12:00:32 INFO pipelines.train.nodes: [2/2] x-2 trained\n")]
+    ray = [(1.0, "Running stage 'train@a':\n"),
+           (30.0, "12:00:30 INFO pipelines.train.nodes: [1/2] x-1 trained; about 29 s left for a\n"),
+           (32.0, "12:00:32 INFO pipelines.train.nodes: [2/2] x-2 trained; none left for a\n")]
     assert module.phases(ray) == (1.0, 32.0, 2, [])
 
 

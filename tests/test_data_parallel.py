@@ -66,6 +66,7 @@ def test_a_batch_that_cannot_be_split_between_processes_is_refused_before_traini
     assert "batch_size=7 cannot be split between 2 processes: use a multiple of 2" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_two_processes_train_a_cell_as_one_does(minilm_l3, data_mirror, tmp_path):
     """MiniLM-L3 on 600 SST-2 sentences, every dev sentence scored: two processes give one cell folder whose dev

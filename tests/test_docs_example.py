@@ -24,6 +24,7 @@ def example(marker: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_the_pooling_study_of_the_docs_builds_with_dvc(data_mirror, tmp_path):
     clone = tmp_path / "clone"

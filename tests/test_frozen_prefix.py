@@ -13,6 +13,7 @@ import transformers
 from layertune import LanguageModel, ModelTrainer, TextClassifier, frozen_prefix, load_corpus
 from layertune.batching import Examples, make_loader
 from layertune.frozen_prefix import BoundaryStates, FrozenPrefixCache
+from layertune.io import CacheNotWritable
 from layertune.testing import make_tiny_model
 from layertune.tokenization import tokenize_corpus
 from tests.conftest import ARCHITECTURES, toy_sentiment_corpus
@@ -575,7 +576,7 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line_before_any_work(tiny_
 
     monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
     model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=1), 2)
-    with pytest.raises(frozen_prefix.CacheNotWritable, match=r"Cannot write the layertune cache folder .*"
+    with pytest.raises(CacheNotWritable, match=r"Cannot write the layertune cache folder .*"
                        r"\(Read-only file system\)\. Point the cache at a folder you can write") as raised:
         model.encoder.prepare_examples(toy_sentiment_corpus(24, 12), cache_dir=tmp_path / "cache")
     assert "\n" not in str(raised.value)

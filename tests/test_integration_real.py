@@ -20,6 +20,7 @@ def train(corpus, tunable_layers, tmp_path, **arguments):
     return ModelTrainer(model, corpus, cache_dir=tmp_path).train(progress=False, batch_size=16, seed=0, **arguments)
 
 
+@pytest.mark.slow
 def test_minilm_learns_sst2_and_head_only_is_faster(sst2, tmp_path):
     full = train(sst2, "all", tmp_path, learning_rate=1e-4, epochs=2)
     head = train(sst2, 0, tmp_path, learning_rate=1e-4, head_learning_rate=3e-3, epochs=2)

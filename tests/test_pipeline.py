@@ -222,6 +222,7 @@ def trained(log: str) -> list[str]:
     return sorted(line.split("] ")[1].split()[0] for line in log.splitlines() if " trained" in line and "] " in line)
 
 
+@pytest.mark.slow
 @pytest.mark.integration  # DVC builds a tiny project three times (as tests/test_scale.py does): ~1 min
 def test_a_base_model_changed_in_place_retrains_exactly_the_cells_built_on_it(tmp_path):
     """The plan hashes each base model's files into the plan of the cells built on it, and runs at every `dvc
@@ -250,6 +251,7 @@ def test_a_base_model_changed_in_place_retrains_exactly_the_cells_built_on_it(tm
     assert trained(log) == ["sst2-b-1-1"] and "ablation: 1 of 2 cell(s) to train" in log
 
 
+@pytest.mark.slow
 @pytest.mark.integration  # DVC builds a one-cell study, an experiment adds a seed, then a study: ~3 min
 def test_dvc_builds_a_new_seed_and_a_new_study_from_params_alone_and_shows_the_plots(tmp_path):
     """A study's cells come from params.yaml through the plan: `dvc exp run -S` adding a seed trains just that cell;
@@ -299,3 +301,11 @@ def test_dvc_builds_a_new_seed_and_a_new_study_from_params_alone_and_shows_the_p
     assert trained(other) == ["sst2-tiny-0-1"] and "Running stage 'train@other'" in other
     assert "Running stage 'train@layers'" not in other  # nothing of the other study changed
     assert json.loads((project / "reports/other.json").read_text())["sst2"]["tiny"]["mean"].keys() == {"0"}
+
+
+def test_each_trained_cells_line_says_the_time_left_for_its_study_at_the_pace_so_far():
+    from pipelines.train.nodes import time_left
+
+    assert time_left(30.0, 3, 9, "ablation") == "; about 1.0 min left for ablation"  # 10 s a cell, 6 to go
+    assert time_left(10.0, 2, 3, "ner") == "; about 5 s left for ner"
+    assert time_left(10.0, 3, 3, "ner") == "; none left for ner"

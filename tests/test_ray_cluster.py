@@ -1,9 +1,9 @@
 """`layertune repro --ray`: a study's cells as tasks on a Ray cluster, from its one train stage, simulated on this
 machine with `ray.cluster_utils.Cluster` (a head that trains nothing and two worker nodes, each declaring a GPU: a
-cell takes one) and the embedded MLflow store. The studies are the `ci` profile's ablation and methods studies (the
-real all-MiniLM-L6-v2 on SST-2 from the data mirror), compared with their serial `dvc repro`.
+cell takes one) and the embedded MLflow store. The studies are a layer study and a study of tuning methods on tiny
+models and a toy data mirror, compared with their serial `dvc repro`.
 
-Slow (a serial build, two cluster builds: about 6 minutes in all); one xdist worker runs them all, in order."""
+Slow (a serial build, five cluster builds); one xdist worker runs them all, in order."""
 
 import os
 import signal
@@ -13,24 +13,33 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.projects import ROOT, make_dvc_project, study
+from tests.projects import make_dvc_project, study
 from tests.test_scale import clone, reports, sh
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray_cluster")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]
 STUDIES = ("ablation", "methods")
 
 
-@pytest.fixture(scope="module")
-def origin(tmp_path_factory, data_mirror, minilm_l3):
-    """The team's repository with the ci profile's two studies, and their serial build (in a clone)."""
-    from pipelines.profiles import apply_overrides, load_profile
+# The ci profile's two study kinds on tiny models (what runs where is the question, not what a real model learns): a
+# layer study whose two cells train for seconds, so that a node can be lost while both train, and a study of tuning
+# methods (peft's LoRA, BitFit) whose models travel through Ray's object store.
+CLUSTER_STUDIES = {"download": {"mirror": "mirror"}, "studies": {
+    "ablation": study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 2], [1],
+                      per_tunable_layers={0: {"epochs": 150}}),
+    "methods": {**study("methods", ["sst2"], {"tiny": "models/tiny-a"}, None, [1]), "tunable_layers": None,
+                "methods": {"top_k-0": {"tunable_layers": 0},
+                            "lora-top2": {"method": {"name": "lora", "r": 2}, "tunable_layers": 2,
+                                          "learning_rate": 3.0e-3},
+                            "bitfit": {"method": "bitfit", "tunable_layers": "all", "learning_rate": 3.0e-3}}},
+}}
+CLUSTER_STUDIES["studies"]["ablation"]["training"]["epochs"] = 16  # about 10 s a cell, each setting
 
-    params = apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), load_profile("ci", ROOT))
-    params["studies"] = {name: params["studies"][name] for name in STUDIES}
-    params["download"] = {"mirror": str(data_mirror), "model_mirror": str(minilm_l3.parent)}
-    folder = make_dvc_project(tmp_path_factory.mktemp("origin"), params)
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory):
+    """The team's repository with the two studies above, and their serial build (in a clone)."""
+    folder = make_dvc_project(tmp_path_factory.mktemp("origin"), CLUSTER_STUDIES)
     serial = clone(folder, tmp_path_factory.mktemp("serial") / "repo")
     started = time.monotonic()
     sh(serial, "dvc", "repro", env=ENV)

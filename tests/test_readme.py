@@ -70,6 +70,7 @@ def test_one_cell_on_your_csv_runs_as_written(data_mirror, tmp_path):
     assert '"tunable_layers": 2' in json.dumps(cell)  # the spec as the command line gave it
 
 
+@pytest.mark.slow
 @pytest.mark.integration  # the study of quick start 2 through `layertune repro`, at tiny sizes: ~3 min
 def test_your_own_study_is_built_alone_as_written(data_mirror, minilm_l3, tmp_path):
     folder = clone(tmp_path)

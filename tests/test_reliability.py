@@ -91,6 +91,7 @@ def wait_for(condition, timeout_s: float = 120, what: str = "") -> None:
 TRAIN = [sys.executable, "-m", "kedro", "run", "--pipelines", "train", "--params", "study=slow"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_after_a_cell_finished_keeps_it_and_the_next_build_trains_only_the_rest(slow_project):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) a moment after the first cell saved its folder
     and its run ended FINISHED: that cell is kept, the second's run ends KILLED and it leaves no folder; a write

@@ -11,8 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.projects import make_dvc_project, study
+from tests.projects import built_once, make_dvc_project, study
 
 TINY = {"download": {"mirror": "mirror"}, "studies": {
     "ablation": study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 2], [1, 2]),
@@ -21,6 +22,7 @@ TINY = {"download": {"mirror": "mirror"}, "studies": {
                                                   "dme": {"combine": "dme", "members": ["a", "b"]}}, [1], [1, 2]),
 }}
 CELLS = 4 + 4 + 6
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each builds the tiny project with DVC
 
 
 def env_of(project: Path) -> dict:
@@ -60,36 +62,58 @@ def trained(log: str) -> list[str]:
     return sorted(line.split("] ")[1].split()[0] for line in log.splitlines() if " trained" in line and "] " in line)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def origin(tmp_path_factory):
-    """The team's repository, and its serial build (in a clone) to compare with."""
-    folder = make_dvc_project(tmp_path_factory.mktemp("origin"), TINY)
-    serial = clone(folder, tmp_path_factory.mktemp("serial") / "repo")
-    sh(serial, "dvc", "repro")
-    return folder, serial
+    """The team's repository, and its serial build (in a clone) to compare with: built once per test run, whichever
+    worker asks first. Tests read both; what they change is a clone or a copy."""
+    def build(folder: Path) -> None:
+        make_dvc_project(folder / "origin", TINY)
+        sh(clone(folder / "origin", folder / "serial"), "dvc", "repro")
+
+    folder = built_once(tmp_path_factory, "scale", build)
+    return folder / "origin", folder / "serial"
 
 
-@pytest.mark.integration
+def copy_of(built: Path, folder: Path) -> Path:
+    """A copy of a built clone (its DVC cache, outputs and MLflow store included): another machine that ran the
+    same build, without building it again."""
+    import shutil
+
+    shutil.copytree(built, folder, symlinks=True)
+    (folder / "mlflow.db").unlink()  # its runs name the original's folders; this machine's store starts empty
+    return folder
+
+
 def test_two_workers_build_exactly_what_a_serial_build_does(origin, tmp_path):
     repository, serial = origin
     parallel = clone(repository, tmp_path / "parallel")
     log = sh(parallel, "layertune", "repro", "--jobs", "2")
     assert log.count("cell(s) to train, 2 at a time") == 3 and len(trained(log)) == CELLS
     assert reports(parallel) == reports(serial) and len(reports(parallel)) == 3
+    # Without a study named, study by study, the fewest cells first (a tie in params.yaml's order): each report
+    # lands as its study's cells are trained, where a plain `dvc repro` writes them all at its end.
+    stages = [line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage")]
+    assert [stage for stage in stages if stage != "plan"] == ["download"] + [
+        f"{stage}@{name}" for name in ("ablation", "ner", "multi_encoder")
+        for stage in ("prepare", "tokenize", "train", "evaluate", "aggregate")]
+    assert "none left for multi_encoder" in log and "left for ablation" in log  # each cell's line: the time left
+    locked = {path: yaml.safe_load((path / "dvc.lock").read_text())["stages"] for path in (parallel, serial)}
+    assert {name: (stage["cmd"], stage.get("params")) for name, stage in locked[parallel].items()} == \
+        {name: (stage["cmd"], stage.get("params")) for name, stage in locked[serial].items()}
     runs = cell_runs(parallel)
     assert len(runs) == CELLS and {status for _, status in runs} == {"FINISHED"}
     assert sh(parallel, "dvc", "status").split() == ["plan:", "always", "changed"]  # the plan runs every time
 
 
-@pytest.mark.integration
 def test_a_machine_that_pulled_the_build_trains_only_the_cells_it_adds(origin, tmp_path):
     """Machine A builds and pushes to the shared remote; machine B, a fresh clone, pulls and adds a seed with
     `dvc exp run -S`: only the new seed's cells train there, and B's MLflow shows the pulled cells too (logged from
     their folders). Seeds removed, then added back, are set aside and taken back on B: nothing trains."""
-    repository, serial = origin
+    _, serial = origin
     remote = tmp_path / "remote"
-    a = clone(repository, tmp_path / "a", remote)
-    sh(a, "dvc", "repro")
+    a = copy_of(serial, tmp_path / "a")  # machine A's build: the serial one
+    sh(a, "dvc", "remote", "modify", "--local", "shared", "url", str(remote))
+    assert sh(a, "dvc", "status").split() == ["plan:", "always", "changed"]
     sh(a, "git", "add", "dvc.lock", "reports")  # as this repository commits its build (reports: cache: false)
     sh(a, "git", "-c", "user.name=a", "-c", "user.email=a@example.com", "commit", "--quiet", "-m", "built")
     sh(a, "dvc", "push")
@@ -122,7 +146,6 @@ def rest(url: str, endpoint: str, body: dict | None = None, **query) -> dict:
         return json.load(answer)
 
 
-@pytest.mark.integration
 def test_a_team_mlflow_server_on_postgresql_records_every_cell(origin, tmp_path):
     """`mlflow server` over a real PostgreSQL on 127.0.0.1: every cell of a study is a FINISHED run there, its
     parameters and per-epoch metrics answer through the REST API, and the experiment opens on its runs table."""
@@ -149,7 +172,6 @@ def test_a_team_mlflow_server_on_postgresql_records_every_cell(origin, tmp_path)
     assert reports(machine)["ablation.json"] == reports(serial)["ablation.json"]
 
 
-@pytest.mark.integration
 def test_a_study_trained_by_two_processes_is_one_folder_and_one_run_per_cell(origin, tmp_path):
     """A study's train stage run under `accelerate launch --num_processes 2` as docs/pipeline.md shows (each cell
     data-parallel over both processes), then recorded with `dvc commit`: one folder per cell, one FINISHED MLflow

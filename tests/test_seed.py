@@ -157,6 +157,7 @@ print(json.dumps(runs))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_train_reproduces_in_any_process_whatever_the_cache(minilm_l3, data_mirror, tmp_path):
     """Two fresh processes and one that trained another model and drew random numbers first: identical step losses

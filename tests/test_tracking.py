@@ -397,6 +397,7 @@ def server_runs(url: str) -> list:
     return client.search_runs([experiment.experiment_id]) if experiment else []
 
 
+@pytest.mark.slow
 def test_a_tracking_server_killed_mid_cell_loses_no_cell(tmp_path, monkeypatch):
     """A real `mlflow server` killed while a study's cell trains: the stage succeeds with the cell's folder and one
     warning line; once the server is back, `python -m pipelines.tracking sync` logs the cell there from its folder:

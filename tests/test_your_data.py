@@ -254,6 +254,7 @@ def test_the_worked_example_is_the_one_in_the_docs():
     assert f"studies:\n  mine:\n{textwrap.indent(WORKED_EXAMPLE, '    ')}" in (ROOT / "docs" / "pipeline.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.integration  # the real model, a real `dvc repro` of 4 cells, then an edited row: ~3 min
 def test_a_study_of_your_own_data_through_dvc_repro(tmp_path):
     """A local CSV (string labels) and a local parquet (five classes, no dev split), a model given as a local

@@ -41,6 +41,7 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                                                         enabled=is_main_process()) as runs:
         if jobs:
             runs.open_build({"cells": len(jobs), "where": scheduler.description})
+        training_since = time.monotonic()
         with contextlib.closing(scheduler.cells(jobs)) as events:
             for event in events:
                 if isinstance(event, Started):
@@ -49,7 +50,18 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                     continue
                 runs.finished(event.key, event.started_ms)
                 took = f" in {time.monotonic() - started[event.key]:.1f} s" if event.key in started else ""
-                logger.info("[%d/%d] %s trained%s", len(runs.done), len(jobs), event.key, took)
+                logger.info("[%d/%d] %s trained%s%s", len(runs.done), len(jobs), event.key, took,
+                            time_left(time.monotonic() - training_since, len(runs.done), len(jobs), plan.study))
+
+
+def time_left(elapsed_s: float, done: int, total: int, study: str) -> str:
+    """``; about 3.2 min left for <study>``: the cells still to train at the pace of those trained so far (whatever
+    the number trained at a time), for the train stage's line per cell."""
+    if done >= total:
+        return f"; none left for {study}"
+    seconds = elapsed_s / done * (total - done)
+    return f"; about {seconds / 60:.1f} min left for {study}" if seconds >= 60 else \
+        f"; about {seconds:.0f} s left for {study}"
 
 
 def scheduler_from_environment():

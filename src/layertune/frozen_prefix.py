@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from layertune import cache_costs, timing
 from layertune.batching import BoundaryStates, Examples
-from layertune.io import atomic_directory, dataset_digest, file_digest, write_json
+from layertune.io import atomic_directory, check_writable, dataset_digest, file_digest, write_json
 from layertune.tokenization import tokenize_corpus
 from layertune.training_config import TrainingConfig, autocast_context, cache_decision
 
@@ -128,33 +128,6 @@ def _tokenized(lm: torch.nn.Module, corpus, max_length: int | None, cache_dir) -
     check_writable(Path(cache_dir) if cache_dir else default_cache_root())  # before any work, in one line
     return tokenize_corpus(corpus, lm.tokenizer, max_length=max_length,
                            cache_dir=cache_dir and Path(cache_dir) / "tokenized")
-
-
-class CacheNotWritable(PermissionError):
-    """The cache folder cannot be written (read-only, or not this user's); ``advice`` as in `CacheDiskFull`."""
-
-    ADVICE = "Point the cache at a folder you can write (cache_dir=, --cache-dir or $LAYERTUNE_CACHE)."
-
-    def __init__(self, root: Path, reason: str, advice: str = ADVICE) -> None:
-        self.root, self.reason = root, reason
-        super().__init__(errno.EACCES, f"Cannot write the layertune cache folder {root} ({reason}). {advice}")
-
-    def advising(self, advice: str) -> CacheNotWritable:
-        return CacheNotWritable(self.root, self.reason, advice)
-
-
-def check_writable(root: Path) -> None:
-    """`CacheNotWritable` unless a file can be made in ``root`` (made if missing)."""
-    import tempfile
-
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=root):
-            pass
-    except OSError as error:
-        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise
-        raise CacheNotWritable(root, error.strerror or str(error)) from None
 
 
 def memory_budget(device: torch.device, model: torch.nn.Module, cap_mb: float | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import shutil
@@ -212,3 +213,31 @@ def write_json(path: str | Path, data: object) -> None:
     text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"  # a refusal leaves no file
     with atomic_file(path) as staging:
         staging.write_text(text)
+
+
+class CacheNotWritable(PermissionError):
+    """The cache folder cannot be written (read-only, or not this user's); ``advice`` as in `CacheDiskFull`."""
+
+    ADVICE = "Point the cache at a folder you can write (cache_dir=, --cache-dir or $LAYERTUNE_CACHE)."
+
+    def __init__(self, root: Path, reason: str, advice: str = ADVICE) -> None:
+        self.root, self.reason = root, reason
+        super().__init__(errno.EACCES, f"Cannot write the layertune cache folder {root} ({reason}). {advice}")
+
+    def advising(self, advice: str) -> CacheNotWritable:
+        return CacheNotWritable(self.root, self.reason, advice)
+
+
+def check_writable(root: Path) -> None:
+    """`CacheNotWritable` unless a file can be made in ``root`` (made if missing). Here, below everything that
+    imports torch: the pipeline checks its cache folder in every stage that names it, before any work."""
+    import tempfile
+
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise CacheNotWritable(root, error.strerror or str(error)) from None
