@@ -1,5 +1,5 @@
-"""Kedro hooks of every stage: its models resolved through the model mirror of params.yaml, and its process tied
-to the `dvc repro` that started it. (Its parameters are checked by `pipelines.param_checks`; a study's MLflow runs
+"""Kedro hooks of every stage: params.yaml read safely first, its models resolved through the model mirror of
+params.yaml, and its process tied to the `dvc repro` that started it. (Its parameters are checked by `pipelines.param_checks`; a study's MLflow runs
 are its train stage's, `pipelines.tracking.StudyRuns`.)"""
 
 from __future__ import annotations
@@ -11,8 +11,23 @@ from pathlib import Path
 from kedro.framework.hooks import hook_impl
 
 from layertune.model_paths import MODEL_MIRROR_ENV
+from layertune.study import ParamsError
 from pipelines.param_checks import InvalidParams
+from pipelines.params import read_yaml
 from pipelines.processes import die_with_parent
+
+
+class ParamsFileHook:
+    """params.yaml read safely before anything else reads it (`pipelines.params.read_yaml`): a file whose aliases
+    expand it past any real study's size is one error line here, where Kedro's config loader would hang on it.
+    Registered last in settings.HOOKS, so that it runs first (pluggy calls hooks in the reverse order)."""
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        try:
+            read_yaml(Path(context.project_path) / "params.yaml")
+        except ParamsError as error:
+            raise InvalidParams(str(error)) from None
 
 
 class ModelMirrorHook:

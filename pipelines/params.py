@@ -4,8 +4,10 @@ one check of it, which names every bad key by its dotted path and asks no model 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -24,6 +26,9 @@ from layertune.tuning_methods import METHODS
 NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 ENCODER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+# A cell's folder is named <task>-<encoder>-<setting>-<seed> and its MLflow experiment layertune-<study>: four names
+# of this length still fit a file name (255 bytes) and MLflow's limits.
+MAX_NAME = 48
 
 
 def name_problem(name: object, pattern: re.Pattern = NAME) -> str | None:
@@ -36,9 +41,67 @@ def name_problem(name: object, pattern: re.Pattern = NAME) -> str | None:
         return f"{name!r} is not a valid name: YAML read it as {kind}, not as text; a name is {rule}"
     if not pattern.match(name):
         return f"{name!r} is not a valid name: a name is {rule}"
+    if len(name) > MAX_NAME:
+        return f"{name[:20]!r}… is not a valid name: {len(name)} characters, at most {MAX_NAME} (it names folders)"
     if name.lower() in YAML_WORDS:
         return f"{name!r} is not a valid name: YAML reads it as a boolean or null, not as text"
     return None
+
+
+# params.yaml's values once its aliases (``*name``) are expanded: the default studies' hold about 1,100. YAML's
+# aliases nest, so a few lines can stand for billions of values, and whatever walks them (DVC, Kedro's loader, the
+# plan) would hang: such a file is refused before any of them reads it.
+MAX_EXPANDED_VALUES = 100_000
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML file at ``path``, read safely (plain data: no Python objects); a `ParamsError` naming the file if its
+    aliases expand it past `MAX_EXPANDED_VALUES` values, or if it is not YAML."""
+    import yaml
+
+    text = path.read_text()
+    try:
+        size = _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), {})
+    except yaml.YAMLError as error:
+        raise ParamsError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
+    except RecursionError:
+        size = math.inf
+    if size > MAX_EXPANDED_VALUES:
+        raise ParamsError(f"{path}: its aliases (*name) expand it to more than {MAX_EXPANDED_VALUES:,} values, which "
+                          "DVC and Kedro would take minutes or hours to read; write the values out, or use fewer, "
+                          "unnested aliases")
+    return yaml.safe_load(text)
+
+
+def _expanded_size(node, sizes: dict) -> float:
+    """How many values ``node`` (a composed YAML node) stands for with every alias expanded (an alias is the very
+    node it names: each is counted once in ``sizes``)."""
+    import yaml
+
+    if node is None:  # an empty file
+        return 0
+    if id(node) not in sizes:
+        children = [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes[id(node)]
+
+
+def check_names(params: Any) -> None:
+    """Every study, encoder, task and method name of params.yaml (as read) can name folders, DVC stages and Kedro
+    parameters (`name_problem`); else a `ParamsError` naming each bad key. `layertune repro` checks this before DVC
+    reads dvc.yaml, whose stages the study names name (DVC's own error would not name the key)."""
+    studies = params.get("studies") if isinstance(params, Mapping) else None
+    if not isinstance(studies, Mapping):
+        return
+    problems = [f"studies.{name}: {problem}" for name in studies if (problem := name_problem(name))]
+    for name, study in studies.items():
+        for section, pattern in (("encoders", ENCODER_NAME), ("tasks", NAME), ("methods", NAME)):
+            entries = study.get(section) if isinstance(study, Mapping) else None
+            problems += [f"studies.{name}.{section}.{entry}: {problem}" for entry in (entries or {})
+                         if isinstance(entries, Mapping) and (problem := name_problem(entry, pattern))]
+    if problems:
+        raise ParamsError("\n  ".join(problems))
 
 
 class DownloadSection(Spec):
@@ -62,22 +125,7 @@ class StudyParams(Spec):
     def _names(cls, params: Any) -> Any:
         """Study, encoder, task and method names, checked before anything else: an error names the key, not the
         whole mapping."""
-        studies = params.get("studies") if isinstance(params, Mapping) else None
-        if not isinstance(studies, Mapping):
-            return params
-        problems = [f"studies.{name}: {problem}" for name in studies if (problem := name_problem(name))]
-        for name, study in studies.items():
-            encoders = study.get("encoders") if isinstance(study, Mapping) else None
-            problems += [f"studies.{name}.encoders.{encoder}: {problem}" for encoder in (encoders or {})
-                         if isinstance(encoders, Mapping) and (problem := name_problem(encoder, ENCODER_NAME))]
-            tasks = study.get("tasks") if isinstance(study, Mapping) else None
-            problems += [f"studies.{name}.tasks.{task}: {problem}" for task in (tasks or {})
-                         if isinstance(tasks, Mapping) and (problem := name_problem(task))]
-            methods = study.get("methods") if isinstance(study, Mapping) else None
-            problems += [f"studies.{name}.methods.{method}: {problem}" for method in (methods or {})
-                         if isinstance(methods, Mapping) and (problem := name_problem(method))]
-        if problems:
-            raise ParamsError("\n  ".join(problems))
+        check_names(params)
         return params
 
     @model_validator(mode="after")

@@ -86,10 +86,13 @@ def smallest_first(studies: Sequence[str]) -> list[str]:
 
 def study_names(chosen: Sequence[str], decided: bool = False) -> list[str]:
     """``chosen``, or every study of params.yaml (``decided``: every one with a decide section); an unknown name is
-    an error naming the studies there are."""
-    import yaml
+    an error naming the studies there are. params.yaml is checked first as far as DVC reads it (`read_yaml`,
+    `check_names`): DVC's own errors would not name the key, and a file of nested aliases would hang it."""
+    from pipelines.params import check_names, read_yaml
 
-    found = (yaml.safe_load(Path("params.yaml").read_text()) or {}).get("studies") or {}
+    params = read_yaml(Path("params.yaml")) or {}
+    check_names(params)
+    found = params.get("studies") or {}
     studies = list(found)
     unknown = [name for name in chosen if name not in studies]
     if unknown:

@@ -4,10 +4,10 @@ to the `dvc repro` that runs it."""
 
 from kedro.config import OmegaConfigLoader
 
-from pipelines.hooks import ModelMirrorHook, StageProcessHook
+from pipelines.hooks import ModelMirrorHook, ParamsFileHook, StageProcessHook
 from pipelines.param_checks import ParamsCheckHook
 
-HOOKS = (ModelMirrorHook(), StageProcessHook(), ParamsCheckHook())
+HOOKS = (ModelMirrorHook(), StageProcessHook(), ParamsCheckHook(), ParamsFileHook())  # the last runs first
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 # Paths are relative to conf/<env>/. The root params.yaml is the only parameter file (conf/ holds none); only the

@@ -32,14 +32,18 @@ def test_the_readme_is_read_in_five_minutes():
     assert "![" in README  # one figure
 
 
-def test_the_default_studies_quick_start_is_a_dvc_repro():
-    """`make study` is `dvc repro` once set up (CI's repro-check builds the studies that way, at the ci profile's
-    sizes)."""
+def test_the_default_studies_quick_start_is_layertune_repro():
+    """`make study` is `layertune repro` once set up: `dvc repro` study by study (tests/test_scale.py checks it gives
+    a plain `dvc repro`'s build; CI's repro-check builds the studies with `dvc exp run`, at the ci profile's sizes);
+    `make test` the fast tier, which says how to run the rest."""
     assert README.splitlines()[7:9] == [
-        "make study   # set up (.venv), then build the four default studies: dvc repro → reports/",
-        "make test    # set up, then run the test suite"]
-    study = re.search(r"^study: setup\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
-    assert "dvc repro" in study and "layertune repro --jobs" in study
+        "make study   # set up (.venv), then build the four default studies, study by study → reports/",
+        "make test    # set up, then run the tests (the fast tier, ~5 min; make test-slow: the rest)"]
+    makefile = (ROOT / "Makefile").read_text()
+    study = re.search(r"^study: setup\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert study.strip() == "layertune repro --jobs $(JOBS)"
+    test = re.search(r"^test: setup\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert '-m "not slow"' in test and "make test-slow" in test
 
 
 def clone(tmp_path: Path) -> Path:

@@ -81,8 +81,8 @@ def test_a_failed_build_is_one_line_after_dvcs_own_output(project, tmp_path):
                           env={**os.environ, **project_env(broken)})
     assert done.returncode == 1
     assert "studies.ablation.seeds[0]: Input should be greater than or equal to 0" in done.stdout + done.stderr
-    assert done.stderr.splitlines()[-1] == ("layertune repro: dvc repro failed (exit status 255); its output above "
-                                            "says why")
+    assert done.stderr.splitlines()[-1] == ("layertune repro: dvc repro plan download failed (exit status 255); its "
+                                            "output above says why")
     assert "Traceback" not in done.stderr and "pipelines.processes" not in done.stderr
 
 
