@@ -26,11 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.params import read_params, write_params  # noqa: E402
 from pipelines.profiles import apply_overrides, load_profile  # noqa: E402
 
 WAYS = ("serial", "jobs", "ray")
@@ -41,12 +40,12 @@ def origin(work: Path, profile: str, studies: list[str]) -> Path:
     team's repository is."""
     copy = work / "origin"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(copy)], check=True)
-    params = apply_overrides(yaml.safe_load((copy / "params.yaml").read_text()), load_profile(profile, ROOT))
+    params = apply_overrides(read_params(copy), load_profile(profile, ROOT))
     params["studies"] = {name: params["studies"][name] for name in studies}
     for key, variable in (("mirror", "LAYERTUNE_DATA_MIRROR"), ("model_mirror", "LAYERTUNE_MODEL_MIRROR")):
         if os.environ.get(variable):
             params["download"][key] = str(Path(os.environ[variable]).resolve())
-    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    write_params(copy, params)
     run(copy, "git", "-c", "user.name=benchmark", "-c", "user.email=benchmark@example.com", "commit", "--quiet",
         "-am", f"benchmark: {profile} profile, studies {', '.join(studies)}")
     return copy

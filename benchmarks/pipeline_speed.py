@@ -27,11 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.params import read_params, write_params  # noqa: E402
 from pipelines.profiles import apply_overrides, load_profile  # noqa: E402
 
 RUNNING = re.compile(r"^Running stage '([^']+)':")
@@ -53,11 +52,11 @@ def clone(work: Path, name: str, revision: str, params_of) -> Path:
     copy = work / name
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(copy)], check=True)
     subprocess.run(["git", "-C", str(copy), "checkout", "--quiet", revision], check=True)
-    params = params_of(yaml.safe_load((copy / "params.yaml").read_text()))
+    params = params_of(read_params(copy))
     for key, variable in (("mirror", "LAYERTUNE_DATA_MIRROR"), ("model_mirror", "LAYERTUNE_MODEL_MIRROR")):
         if os.environ.get(variable):
             params["download"][key] = str(Path(os.environ[variable]).resolve())
-    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    write_params(copy, params)
     if (copy / "pipelines" / "dvc_stages.py").is_file():  # before one train stage per study
         subprocess.run([sys.executable, "-m", "pipelines.dvc_stages"], cwd=copy, check=True, capture_output=True,
                        env={**os.environ, "PYTHONPATH": str(copy)})

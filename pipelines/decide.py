@@ -1,13 +1,14 @@
 """``layertune repro --decide [--budget MINUTES] [STUDY ...]``: build the studies decided in rounds, round after
-round, until each question is answered, its looks are spent, or the next round would pass the budget.
+round, until each question is answered, its looks are spent, nothing is left that seeds could settle, or the next
+round would pass the budget.
 
 A round is ordinary cells of the study. After each build the driver reads each question's claims and the round the
 rule would run next from the report (``reports/<study>/details.json``, ``decided``: `layertune.reports.decided`),
-records that round's cells in params.yaml (``studies.<study>.decide.rounds``, comments kept) and builds again: the
-plan adds them to the study's cells, and only they train. A round that adds the evaluation
-examples instead is recorded in ``decide.evaluation_rounds``: the evaluate stage scores the saved cells on them. The
-record is what a rebuild replays: `dvc repro` of the same params.yaml trains the same cells and writes the same
-reports, byte for byte.
+records that round in the record of rounds (`pipelines.params.RECORD_FILE`: ``decided.<study>``, written whole;
+params.yaml is never rewritten) and builds again: the plan adds its cells to the study's, and only they train. A
+round that adds the evaluation examples instead is recorded in ``evaluation_rounds``: the evaluate stage scores the
+saved cells on them. The record is what a rebuild replays: `dvc repro` of the same files trains the same cells and
+writes the same reports, byte for byte.
 """
 
 from __future__ import annotations
@@ -20,12 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from layertune.study import cell_key
-from pipelines.trained_cells import recorded_build_key
+from pipelines.params import RECORD_FILE, RECORD_KEY, read_params
 
 PROG = "layertune repro --decide"
-
-PARAMS = Path("params.yaml")
-MODELS = Path("data") / "04_models"  # the train stages' outputs, a folder per study (conf/base/catalog.yml)
 
 
 def check_decided(studies: Sequence[str], params: dict) -> None:
@@ -40,7 +38,9 @@ def check_decided(studies: Sequence[str], params: dict) -> None:
 def next_round(study: str, params: dict) -> tuple[dict[str, dict], dict[str, dict[str, int]]]:
     """The round the rule runs next for every question still open, from the study's report: the cells to train, by
     key, and the questions that get the evaluation examples instead (``{task: {encoder: round}}``)."""
-    details = json.loads((Path("reports") / study / "details.json").read_text())
+    from pipelines.catalog import catalog_path
+
+    details = json.loads(catalog_path("report_details", study).read_text())
     axis = "tunable_layers" if params["studies"][study].get("methods") is None else "method"
     cells: dict[str, dict] = {}
     evaluation: dict[str, dict[str, int]] = {}
@@ -62,106 +62,47 @@ def next_round(study: str, params: dict) -> tuple[dict[str, dict], dict[str, dic
 
 
 def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]]]) -> None:
-    """``additions`` ({study: (cells by key, evaluation rounds)}) appended to params.yaml's ``decide.rounds`` and
-    ``decide.evaluation_rounds``, with ``decide.decided_with`` (the values the rounds are decided with) where the
-    record has none yet. Only each study's ``decide`` block is written anew: the rest of the file stays as its
-    author wrote it, byte for byte."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.comments import CommentedMap
+    """``additions`` ({study: (cells by key, evaluation rounds)}) added to each study's record of rounds
+    (`RECORD_FILE`, ``decided.<study>``: ``rounds``, ``evaluation_rounds``, and ``decided_with``, the values the
+    rounds are decided with, where the record has none yet), the file written whole in one atomic step."""
+    import yaml
 
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    yaml.width = 4096  # a round's cell on one line, however long its key (a wrapped flow mapping ends in a space)
-    text = PARAMS.read_text()
-    params = yaml.load(text)
+    from layertune.io import atomic_file
+
+    params = read_params()
+    decided = {name: dict(entry or {}) for name, entry in (params.get(RECORD_KEY) or {}).items()}
     for study, (cells, evaluation) in additions.items():
-        decide = params["studies"][study]["decide"]
-        decide.fa.set_block_style()  # `decide: {looks: 4}` grows a block of rounds
-        first = not decide.get("rounds") and not decide.get("evaluation_rounds")  # (a cleared record's too)
-        if first or decide.get("decided_with") is None:  # (or a record from before the values were kept)
-            values = CommentedMap(decided_with(params["studies"][study]))
-            values.fa.set_flow_style()
-            decide.pop("decided_with", None)
-            decide.insert(list(decide).index("rounds") if "rounds" in decide else len(decide), "decided_with", values)
-        if cells and not decide.get("rounds"):  # none, or `rounds: {}` (flow style: it would stay on one line)
-            decide["rounds"] = CommentedMap()
-        for key, cell in cells.items():
-            entry = CommentedMap(cell)
-            entry.fa.set_flow_style()
-            decide["rounds"][key] = entry
-        if evaluation and not decide.get("evaluation_rounds"):
-            decide["evaluation_rounds"] = CommentedMap()
-        for task, encoders in evaluation.items():
-            if decide["evaluation_rounds"].get(task) is None:
-                decide["evaluation_rounds"][task] = CommentedMap()
-                decide["evaluation_rounds"][task].fa.set_flow_style()
-            decide["evaluation_rounds"][task].update(encoders)
-    staging = PARAMS.with_name(f".{PARAMS.name}.decide")
-    staging.write_text(with_decide_blocks(text, params, list(additions), yaml))
-    staging.replace(PARAMS)  # whole or not at all
+        entry = decided.setdefault(study, {})
+        if entry.get("decided_with") is None or not (entry.get("rounds") or entry.get("evaluation_rounds")):
+            entry["decided_with"] = decided_with(params["studies"][study])  # the first round (a cleared record's)
+        entry["rounds"] = {**(entry.get("rounds") or {}), **cells}
+        if evaluation:
+            recorded = {task: dict(encoders) for task, encoders in (entry.get("evaluation_rounds") or {}).items()}
+            for task, encoders in evaluation.items():
+                recorded.setdefault(task, {}).update(encoders)
+            entry["evaluation_rounds"] = recorded
+    header = "".join(line for line in Path(RECORD_FILE).read_text().splitlines(keepends=True)
+                     if line.startswith("#")) if Path(RECORD_FILE).is_file() else ""
+    with atomic_file(RECORD_FILE) as staging:  # whole or not at all
+        staging.write_text(header + yaml.safe_dump({RECORD_KEY: decided}, sort_keys=False, width=120))
 
 
 def decided_with(study: dict) -> dict:
-    """The values a study of params.yaml (as read) decides its rounds with, defaults filled in
+    """The values a study of params.yaml (as read) decides its rounds with, defaults filled in, and today's rule
     (`layertune.study.DecidedWith`)."""
     from layertune.study import DecidedWith, DecideSpec, ReportSpec
 
-    plain = json.loads(json.dumps(study))  # ruamel's mappings as plain ones
-    return DecidedWith.of(ReportSpec.model_validate(plain["report"]),
-                          DecideSpec.model_validate(plain["decide"])).model_dump()
-
-
-def with_decide_blocks(text: str, params, studies: Sequence[str], yaml) -> str:
-    """``text`` (params.yaml as read into ``params``, which ruamel has since changed) with the ``decide`` block of
-    each of ``studies`` as ruamel writes it, and every other line as it was: a round trip of the whole file would
-    also rewrite what nobody changed (a flow mapping over two lines joined into one). Where the result would not
-    read back as ruamel's whole file does, ruamel's whole file."""
-    import io
-
-    from ruamel.yaml import YAML
-
-    out = io.StringIO()
-    yaml.dump(params, out)
-    dumped = out.getvalue()
-    lines, dumped_lines = text.splitlines(keepends=True), dumped.splitlines(keepends=True)
-    rewritten = yaml.load(dumped)
-    blocks = {study: _decide_block(params, study, len(lines)) for study in studies}
-    for study in sorted(studies, key=lambda name: -blocks[name][0]):  # bottom up: the lines above keep their numbers
-        start, end, column = blocks[study]
-        new_start, new_end, new_column = _decide_block(rewritten, study, len(dumped_lines))
-        lines[start:end] = [_shifted(line, column - new_column) for line in dumped_lines[new_start:new_end]]
-    spliced = "".join(lines)
-    safe = YAML(typ="safe", pure=True)
-    return spliced if safe.load(spliced) == safe.load(dumped) else dumped
-
-
-def _decide_block(params, study: str, total: int) -> tuple[int, int, int]:
-    """Where ``studies.<study>.decide`` lies in the text ``params`` was read from: its first line, the line after
-    its last (the next key's, of the study, of the studies or of the file), and its key's column."""
-    studies = params["studies"]
-    entry = studies[study]
-    line, column = entry.lc.key("decide")
-    after = [entry.lc.key(key)[0] for key in entry if entry.lc.key(key)[0] > line]
-    after += [studies.lc.key(key)[0] for key in studies if studies.lc.key(key)[0] > line]
-    after += [params.lc.key(key)[0] for key in params if params.lc.key(key)[0] > line]
-    return line, min(after, default=total), column
-
-
-def _shifted(line: str, shift: int) -> str:
-    """``line`` moved ``shift`` columns right (left where negative, never past its first character); a blank line as
-    it is."""
-    if not line.strip() or shift >= 0:
-        return " " * shift + line if line.strip() else line
-    return line[min(-shift, len(line) - len(line.lstrip(" "))):]
+    return DecidedWith.of(ReportSpec.model_validate(study["report"]),
+                          DecideSpec.model_validate({key: value for key, value in study["decide"].items()
+                                                     if key not in ("rounds", "evaluation_rounds", "decided_with")})
+                          ).model_dump()
 
 
 def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], None], jobs: int = 1) -> int:
     """Rounds of ``build`` (a whole build of ``studies``, ``jobs`` cells at a time; it raises if it fails) until no
     study has a next round, or the next one would end past ``budget_minutes`` of this call (None: the studies' own
     ``decide.budget_minutes``, else none)."""
-    import yaml
-
-    params = yaml.safe_load(PARAMS.read_text())
+    params = read_params()
     check_decided(studies, params)
     budgets = [params["studies"][s]["decide"].get("budget_minutes") for s in studies]
     budget = budget_minutes if budget_minutes is not None else min((b for b in budgets if b), default=None)
@@ -175,7 +116,7 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
         cells = sum(after[key] != before.get(key) for key in after)  # the cells this build trained
         if cells:  # `jobs` at a time: a cell took that share of the wall time, times the cells side by side
             cell_seconds = (time.monotonic() - round_started) * min(jobs, cells) / cells
-        params = yaml.safe_load(PARAMS.read_text())
+        params = read_params()
         additions = {study: found for study in studies if any(found := next_round(study, params))}
         spent = time.monotonic() - started
         if not additions:
@@ -208,9 +149,16 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
 
 
 def built_cells(studies: Sequence[str]) -> dict[str, str | None]:
-    """``{<study>/<cell>: its build key}`` for every cell folder of ``studies``."""
-    return {f"{study}/{folder.name}": recorded_build_key(folder) for study in studies
-            for folder in sorted((MODELS / study).glob("*/")) if not folder.name.startswith(".")}
+    """``{<study>/<cell>: its build key}`` for every cell folder of ``studies`` (the train stages' outputs, where
+    the catalog puts them)."""
+    from pipelines.catalog import catalog_path
+    from pipelines.trained_cells import TrainedCells, recorded_build_key
+
+    found = {}
+    for study in studies:
+        cells = TrainedCells(catalog_path("study_cells", study), catalog_path("study_cells", study, key="retired"))
+        found |= {f"{study}/{key}": recorded_build_key(cells[key].path) for key in cells}
+    return found
 
 
 def recorded_training_seconds(additions: dict[str, tuple[dict[str, dict], dict]]) -> float:
@@ -219,8 +167,10 @@ def recorded_training_seconds(additions: dict[str, tuple[dict[str, dict], dict]]
     import pandas as pd
 
     times = []
+    from pipelines.catalog import catalog_path
+
     for study, (cells, _) in additions.items():
-        table = Path("reports") / study / "cells.csv"
+        table = catalog_path("report_tables", study) / "cells.csv"
         if not cells or not table.is_file():
             continue
         recorded = pd.read_csv(table)

@@ -5,7 +5,6 @@ are its train stage's, `pipelines.tracking.StudyRuns`.)"""
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
@@ -13,19 +12,19 @@ from kedro.framework.hooks import hook_impl
 from layertune.model_paths import MODEL_MIRROR_ENV
 from layertune.study import ParamsError
 from pipelines.param_checks import InvalidParams
-from pipelines.params import read_yaml
-from pipelines.processes import die_with_parent
+from pipelines.params import read_params
 
 
 class ParamsFileHook:
-    """params.yaml read safely before anything else reads it (`pipelines.params.read_yaml`): a file whose aliases
-    expand it past any real study's size is one error line here, where Kedro's config loader would hang on it.
+    """params.yaml and the record of rounds read safely before anything else reads them (`pipelines.params.read_yaml`):
+    a file whose aliases expand it past any real study's size is one error line here, where Kedro's config loader
+    would hang on it.
     Registered last in settings.HOOKS, so that it runs first (pluggy calls hooks in the reverse order)."""
 
     @hook_impl
     def after_context_created(self, context) -> None:
         try:
-            read_yaml(Path(context.project_path) / "params.yaml")
+            read_params(Path(context.project_path))
         except ParamsError as error:
             raise InvalidParams(str(error)) from None
 
@@ -66,15 +65,3 @@ def model_mirror_path(configured: str, project: str | os.PathLike) -> str:
         raise InvalidParams(f"download.model_mirror: {configured!r} is not a folder ({path} is missing); "
                             f"point it at a folder of models, set ${MODEL_MIRROR_ENV}, or set it to null")
     return str(path.resolve())
-
-
-class StageProcessHook:
-    """A stage ends with the command that started it: SIGTERM when its parent exits, even by SIGKILL
-    (`pipelines.processes.die_with_parent`). Under `dvc repro` the parent is DVC itself (dvc.yaml's commands begin
-    with ``exec``, so no shell stands between), and DVC does not pass SIGTERM on: without this a killed `dvc repro`
-    would leave its stage training on, unseen, re-parented to init. SIGTERM ends the build as Ctrl-C does (its
-    runs KILLED, no half-written folder)."""
-
-    @hook_impl
-    def after_context_created(self) -> None:
-        die_with_parent(signal.SIGTERM, os.getppid())

@@ -27,6 +27,13 @@ class InvalidParams(click.ClickException):
     exit_code = 2
 
 
+class StageStopped(InvalidParams):
+    """What stops a stage that is no bad input and no bug (a full disk): printed the same way, one line, exit
+    status 1."""
+
+    exit_code = 1
+
+
 class ParamsCheckHook:
     """Plans params.yaml when a run includes the plan node: every check of the plan (the parameters, each study's
     local data, its hub datasets' revisions) runs here, before any node, so that a bad value ends the run as one

@@ -87,6 +87,61 @@ def _expanded_size(node, sizes: dict) -> float:
     return sizes[id(node)]
 
 
+# The record of the decided studies' rounds, beside params.yaml: written whole by `layertune repro --decide`
+# (`pipelines.decide.record`), read as parameters by DVC (dvc.yaml's plan stage) and Kedro (pipelines.settings),
+# under one key, so that no code ever rewrites the params.yaml a person wrote.
+RECORD_FILE, RECORD_KEY = "rounds.yaml", "decided"
+RECORDED = ("rounds", "evaluation_rounds", "decided_with")  # what a study's entry there holds: its decide fields
+
+
+def read_params(project: Path = Path()) -> dict:
+    """params.yaml and the record of rounds (`RECORD_FILE`, if there) as one mapping, as the stages see them:
+    ``{download, studies, decided: {study: {rounds, evaluation_rounds, decided_with}}}``; each read safely
+    (`read_yaml`)."""
+    params = read_yaml(project / "params.yaml") or {}
+    record = project / RECORD_FILE
+    if record.is_file():
+        params = {**params, RECORD_KEY: (read_yaml(record) or {}).get(RECORD_KEY) or {}}
+    return params
+
+
+def write_params(project: Path, params: Mapping[str, Any]) -> None:
+    """``params`` (as `read_params` reads them) written into a project of one's own (a benchmark's or a test's copy):
+    params.yaml, and the record of rounds in its file. The tools never write a person's params.yaml."""
+    import yaml
+
+    (project / "params.yaml").write_text(yaml.safe_dump({k: v for k, v in params.items() if k != RECORD_KEY},
+                                                        sort_keys=False))
+    (project / RECORD_FILE).write_text(yaml.safe_dump({RECORD_KEY: params.get(RECORD_KEY) or {}}, sort_keys=False))
+
+
+def merge_record(params: Mapping[str, Any]) -> dict:
+    """``params`` (as `read_params` or Kedro's loader reads them) with each study's recorded rounds (``decided``)
+    moved into its ``decide`` section, where `layertune.study.DecideSpec` reads them. With a record file, rounds in
+    params.yaml would be a second record: a `ParamsError` names them."""
+    params = dict(params)
+    if RECORD_KEY not in params:  # params without a record file (the library's own use): as they are
+        return params
+    decided = params.pop(RECORD_KEY) or {}
+    studies = dict(params.get("studies") or {})
+    for name, study in studies.items():
+        decide = study.get("decide") if isinstance(study, Mapping) else None
+        if isinstance(decide, Mapping) and (written := [key for key in RECORDED if decide.get(key)]):
+            raise ParamsError(f"studies.{name}.decide.{written[0]}: rounds are recorded in {RECORD_FILE} ("
+                              f"{RECORD_KEY}.{name}), which layertune repro --decide writes; remove "
+                              f"{', '.join(written)} from params.yaml")
+    for name, entry in decided.items():
+        if name not in studies or not isinstance(studies[name].get("decide"), Mapping):
+            raise ParamsError(f"{RECORD_FILE}: {RECORD_KEY}.{name}: a record of rounds, but params.yaml has no study "
+                              f"{name!r} with a decide section; remove the entry (or restore the study)")
+        unknown = sorted(set(entry or {}) - set(RECORDED))
+        if unknown:
+            raise ParamsError(f"{RECORD_FILE}: {RECORD_KEY}.{name}.{unknown[0]}: not part of a record of rounds "
+                              f"({', '.join(RECORDED)})")
+        studies[name] = {**studies[name], "decide": {**studies[name]["decide"], **(entry or {})}}
+    return {**params, "studies": studies}
+
+
 def check_names(params: Any) -> None:
     """Every study, encoder, task and method name of params.yaml (as read) can name folders, DVC stages and Kedro
     parameters (`name_problem`); else a `ParamsError` naming each bad key. `layertune repro` checks this before DVC
@@ -198,7 +253,12 @@ def _layer_keys(study: StudySpec) -> list[tuple[str, int | str]]:
 
 
 def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> StudyParams:
-    """The whole parameter file, checked; raises `ParamsError` naming each bad key by its dotted path."""
+    """The whole parameter file (and the record of rounds beside it: `merge_record`), checked; raises `ParamsError`
+    naming each bad key by its dotted path."""
+    try:
+        params = merge_record(params)
+    except ParamsError as error:
+        raise ParamsError(f"{source} is invalid:\n  {error}") from None
     for name, study in (params.get("studies") or {}).items():
         if isinstance(study, Mapping) and "seed" in (study.get("training") or {}):
             raise ParamsError(f"{source} is invalid:\n  studies.{name}.training.seed: each cell's seed comes from "

@@ -5,8 +5,9 @@ project at a time.
 A cell's training must end with the command that started it: `dvc repro` killed with SIGKILL cannot pass anything
 on, and its stage command would be re-parented to init and train on, unseen. So each link of the chain asks the
 kernel for SIGTERM when its parent exits (`die_with_parent`, Linux's PR_SET_PDEATHSIG, kept across exec): a stage's
-process under `dvc` (`pipelines.hooks.StageProcessHook`), its worker processes (`pipelines.scheduling`), and the
-`dvc` that `layertune repro` starts (`tied`). SIGTERM ends a build as a Ctrl-C does: its runs KILLED.
+process under `dvc`, as its first instruction (dvc.yaml's command starts with `tied`), its worker processes
+(`pipelines.scheduling`), and the `dvc` that `layertune repro` starts (`tied`). SIGTERM ends a build as a Ctrl-C
+does: its runs KILLED.
 
 Only the standard library is imported at module level (and psutil and filelock where used): `tied` starts fast.
 """

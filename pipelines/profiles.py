@@ -1,5 +1,5 @@
-"""Profiles: named sets of overrides of ``params.yaml`` (``profiles/<name>.yaml``, ``dotted.key: value``), run as
-DVC experiments: ``dvc exp run $(python -m pipelines.profiles ci)``."""
+"""Profiles: named sets of overrides of ``params.yaml`` (``profiles/<name>.yaml``, ``dotted.key: value``; ``decided``:
+the record of rounds), run as DVC experiments: ``dvc exp run $(python -m pipelines.profiles ci)``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from layertune.errors import choices_hint
 from layertune.study import ParamsError
-from pipelines.params import validate_params
+from pipelines.params import RECORD_FILE, RECORD_KEY, read_params, read_yaml, validate_params
 
 
 def profile_names(root: str | Path = ".") -> list[str]:
@@ -21,15 +21,13 @@ def profile_names(root: str | Path = ".") -> list[str]:
 
 def load_profile(name_or_path: str | Path, root: str | Path = ".") -> dict[str, Any]:
     """A profile's overrides ``{dotted.key: value}`` from ``profiles/<name>.yaml`` (or a path)."""
-    import yaml
-
     path = Path(name_or_path)
     if not path.suffix:
         path = Path(root) / "profiles" / f"{name_or_path}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"No profile {str(name_or_path)!r} ({path} is missing)."
                                 f"{choices_hint(name_or_path, profile_names(root))}")
-    overrides = yaml.safe_load(path.read_text()) or {}
+    overrides = read_yaml(path) or {}
     if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
         raise ParamsError(f"{path}: a profile is a mapping of dotted keys to values, e.g. "
                           "'studies.ablation.training.epochs: 1'.")
@@ -52,17 +50,20 @@ def apply_overrides(params: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
 
 
 def dvc_arguments(overrides: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
-    """``dvc exp run`` arguments that apply a profile to ``params`` as `apply_overrides` does, in Hydra's override
-    syntax: ``++key=value`` sets a value (adding the key if needed); a mapping is deleted (``~key``) and added
-    again (``+key=…``), since Hydra would merge it into the old one."""
+    """``dvc exp run`` arguments that apply a profile to ``params`` (`read_params`: the record of rounds included)
+    as `apply_overrides` does, in Hydra's override syntax: ``++key=value`` sets a value (adding the key if needed);
+    a mapping is deleted (``~key``) and added again (``+key=…``), since Hydra would merge it into the old one. A
+    key of the record of rounds (``decided``: a profile that changes a decided study's grid clears its rounds) is
+    set in its file."""
     arguments = []
     for key, value in overrides.items():
+        file = f"{RECORD_FILE}:" if key.split(".")[0] == RECORD_KEY else ""
         if isinstance(value, dict):
             if _has_key(params, key):
-                arguments += ["-S", f"~{key}"]
-            arguments += ["-S", f"+{key}={_hydra_value(value)}"]
+                arguments += ["-S", f"{file}~{key}"]
+            arguments += ["-S", f"{file}+{key}={_hydra_value(value)}"]
         else:
-            arguments += ["-S", f"++{key}={_hydra_value(value)}"]
+            arguments += ["-S", f"{file}++{key}={_hydra_value(value)}"]
     return arguments
 
 
@@ -96,8 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     ``--check`` validates params.yaml with the profile applied instead."""
     import argparse
 
-    import yaml
-
     from pipelines.hooks import ModelMirrorHook
     from pipelines.param_checks import InvalidParams
 
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
     try:
-        overrides, params = load_profile(args.profile), yaml.safe_load(Path(args.params).read_text())
+        overrides, params = load_profile(args.profile), read_params(Path(args.params).resolve().parent)
         if args.check:
             checked = apply_overrides(params, overrides)
             # Models resolved as the stages resolve them (their hook's rule).

@@ -90,7 +90,10 @@ class RayCluster:
                             result = ray.get(ref)
                         except Exception as error:  # the task's own error, or a node lost more often than retried
                             raise CellFailed(job.key, _task_error(error)) from None
-                        job.cells.receive(job.key, result.archive)
+                        try:
+                            job.cells.receive(job.key, result.archive, job.build["key"])
+                        except ValueError as error:  # not a packed cell, or one that does not prove its build
+                            raise CellFailed(job.key, str(error)) from None
                         yield Finished(job.key, result.started_ms)
         finally:
             cancelled = list(pending)

@@ -84,13 +84,22 @@ def smallest_first(studies: Sequence[str]) -> list[str]:
     return sorted(studies, key=cells)
 
 
+def jobs_from_environment() -> int:
+    """``$LAYERTUNE_JOBS`` (what ``LAYERTUNE_JOBS=4 dvc repro`` reads too) where set, else 1; a value that is not a
+    whole number of at least 1 is a `ValueError` naming it."""
+    from pipelines.scheduling import JOBS_ENV, positive
+
+    return positive(JOBS_ENV, os.environ[JOBS_ENV]) if os.environ.get(JOBS_ENV) is not None else 1
+
+
 def study_names(chosen: Sequence[str], decided: bool = False) -> list[str]:
     """``chosen``, or every study of params.yaml (``decided``: every one with a decide section); an unknown name is
-    an error naming the studies there are. params.yaml is checked first as far as DVC reads it (`read_yaml`,
-    `check_names`): DVC's own errors would not name the key, and a file of nested aliases would hang it."""
-    from pipelines.params import check_names, read_yaml
+    an error naming the studies there are. params.yaml (and the record of rounds) is checked first as far as DVC
+    reads it (`read_params`, `check_names`): DVC's own errors would not name the key, and a file of nested aliases
+    would hang it."""
+    from pipelines.params import check_names, read_params
 
-    params = read_yaml(Path("params.yaml")) or {}
+    params = read_params()
     check_names(params)
     found = params.get("studies") or {}
     studies = list(found)
@@ -111,7 +120,8 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     parser.add_argument("studies", nargs="*", metavar="STUDY", help="studies to build (default: every study of "
                         "params.yaml)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("-j", "--jobs", type=int, default=1, help="cells trained at a time on this machine")
+    where.add_argument("-j", "--jobs", type=int, help="cells trained at a time on this machine (default: "
+                       "$LAYERTUNE_JOBS, else 1)")
     where.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                        help="train the cells on a Ray cluster: its address (host:port, ray://…), else $RAY_ADDRESS, "
                             "a cluster started on this machine (ray start --head), or a new local instance")
@@ -139,14 +149,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: --budget is minutes, a positive number; got {args.budget:g}", file=sys.stderr)
         return 2
     try:
+        jobs = args.jobs if args.jobs is not None else jobs_from_environment()
         studies = study_names(args.studies, decided=args.decide)
         with one_build(Path.cwd()):
             if args.decide:
                 from pipelines.decide import decide
 
-                return decide(studies, args.budget, lambda: repro(studies, args.jobs, args.ray, args.cpus_per_cell),
-                              jobs=args.jobs)
-            repro(studies, args.jobs, args.ray, args.cpus_per_cell, every=not args.studies)
+                return decide(studies, args.budget, lambda: repro(studies, jobs, args.ray, args.cpus_per_cell),
+                              jobs=jobs)
+            repro(studies, jobs, args.ray, args.cpus_per_cell, every=not args.studies)
             return 0
     except (ValueError, BuildRunning) as error:
         print(f"{PROG}: {error}", file=sys.stderr)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.processes import die_with_parent
+from pipelines.trained_cells import CellDiskFull
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ class InProcess:
             yield Started(job.key)
             try:
                 job.run()
+            except CellDiskFull:  # not the cell's failure: the stage stops with it, in one line
+                raise
             except Exception as error:  # KeyboardInterrupt (Ctrl-C, SIGTERM) goes on as it is
                 raise CellFailed(job.key, f"{type(error).__name__}: {error}") from error
             yield Finished(job.key)
@@ -166,6 +169,8 @@ class WorkerProcesses:
                     holding.pop(index, None)
                     finished += 1
                     yield Finished(key)
+                elif kind == "disk full":
+                    raise detail
                 else:
                     raise CellFailed(key, detail)
         finally:
@@ -183,6 +188,9 @@ def _work(index: int, tasks, events, parent: int) -> None:
             events.put(("started", index, job.key, _now_ms()))
             try:
                 job.run()
+            except CellDiskFull as error:
+                events.put(("disk full", index, job.key, error))
+                return
             except Exception as error:
                 events.put(("failed", index, job.key, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
                 return

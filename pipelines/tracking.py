@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -233,6 +232,8 @@ class SavedCell:
 
     @property
     def digest(self) -> str:
+        from pipelines.trained_cells import spec_digest
+
         return spec_digest(self.spec)
 
     def tags(self) -> dict[str, str]:
@@ -351,42 +352,43 @@ class StudyRuns:
 
 def sync(client, experiment_id: str, cells: Mapping[str, Any], planned: Mapping[str, Any],
          prepared: Mapping[str, Path]) -> dict[str, str]:
-    """Brings the experiment up to date with a study's cell folders (``cells``: {key: its `CellFolder`}): each gets a
-    FINISHED run of its build key, created from the folder where there is none (with the parameters and inputs of
-    its place in ``planned``, {key: `StudyCell`}, where it is planned), and FINISHED runs of a cell's earlier builds
-    end KILLED, tagged `SUPERSEDED_TAG`. Returns ``{run id: status}`` for each run it created or ended."""
-    from pipelines.trained_cells import recorded_build_key
+    """Brings the experiment up to date with a study's cell folders (``cells``: {key: its `CellFolder`}): each that
+    proves its build (`pipelines.trained_cells.proof_problem`) has exactly one FINISHED run of its build key,
+    created from the folder where there is none (with the parameters and inputs of its place in ``planned``, {key:
+    `StudyCell`}, where it is planned); every other FINISHED run of the cell (an earlier build's, or a second run of
+    the same build: a cell trained again after its folder was lost) ends KILLED, tagged `SUPERSEDED_TAG`. A folder
+    that does not prove its build is named in a warning and not logged. Returns ``{run id: status}`` for each run
+    it created or ended."""
+    from pipelines.trained_cells import proof_problem, recorded_build_key
 
     changed = settle_abandoned_runs(client, experiment_id, cells)
     finished: dict[str, list] = {}
     for run in _all_runs(client, experiment_id, "attributes.status = 'FINISHED'"):
         finished.setdefault(run.info.run_name, []).append(run)
     for key in cells:
-        runs = finished.get(key, [])
-        build_key = recorded_build_key(cells[key].path)
-        if build_key is not None:
-            current = [run for run in runs if run.data.tags.get(BUILD_KEY_TAG) == build_key]
-        else:  # a folder written elsewhere, with no build key: its spec's runs stand for it
-            current = [run for run in runs if run.data.tags.get(SPEC_TAG) == spec_digest(cells[key].spec())]
-        if not current:
-            try:
-                saved = SavedCell.read(cells[key].path)
-            except (OSError, ValueError) as error:  # replaced meanwhile, or not a cell's
-                logger.warning("%s is not logged to MLflow: %s", cells[key].path, error)
-                continue
-            run = _run_from_folder(client, experiment_id, saved, planned.get(key), prepared)
-            log_cell(client, run, saved)
-            client.set_terminated(run.info.run_id, status=FINISHED)
-            changed[run.info.run_id] = FINISHED
-            current = [run]
-            logger.info("MLflow run %s of %s: logged from its folder %s", run.info.run_id, key, saved.folder)
-        if build_key is None:
+        folder = cells[key].path
+        if problem := proof_problem(folder):
+            logger.warning("%s is not logged to MLflow: it does not prove its build (%s)", folder, problem)
             continue
-        for earlier in runs:
-            if earlier.data.tags.get(BUILD_KEY_TAG) != build_key:
-                client.set_tag(earlier.info.run_id, SUPERSEDED_TAG, current[0].info.run_id)
-                client.set_terminated(earlier.info.run_id, status=KILLED, end_time=earlier.info.end_time)
-                changed[earlier.info.run_id] = KILLED
+        runs = sorted(finished.get(key, []), key=lambda run: run.info.start_time or 0, reverse=True)
+        build_key = recorded_build_key(folder)
+        kept = next((run for run in runs if run.data.tags.get(BUILD_KEY_TAG) == build_key), None)
+        if kept is None:
+            try:
+                saved = SavedCell.read(folder)
+            except (OSError, ValueError) as error:  # replaced meanwhile
+                logger.warning("%s is not logged to MLflow: %s", folder, error)
+                continue
+            kept = _run_from_folder(client, experiment_id, saved, planned.get(key), prepared)
+            log_cell(client, kept, saved)
+            client.set_terminated(kept.info.run_id, status=FINISHED)
+            changed[kept.info.run_id] = FINISHED
+            logger.info("MLflow run %s of %s: logged from its folder %s", kept.info.run_id, key, saved.folder)
+        for other in runs:  # the newest run of the folder's build stands for it; every other one is superseded
+            if other.info.run_id != kept.info.run_id:
+                client.set_tag(other.info.run_id, SUPERSEDED_TAG, kept.info.run_id)
+                client.set_terminated(other.info.run_id, status=KILLED, end_time=other.info.end_time)
+                changed[other.info.run_id] = KILLED
     return changed
 
 
@@ -397,7 +399,7 @@ def settle_abandoned_runs(client, experiment_id: str, cells) -> dict[str, str]:
     included. Returns ``{run id: status}``. Runs of another machine's processes, which cannot be checked from here,
     are left to the next build there."""
     from layertune.io import process_alive
-    from pipelines.trained_cells import recorded_build_key
+    from pipelines.trained_cells import proof_problem, recorded_build_key
 
     settled = {}
     for run in _all_runs(client, experiment_id, "attributes.status = 'RUNNING'"):
@@ -405,7 +407,8 @@ def settle_abandoned_runs(client, experiment_id: str, cells) -> dict[str, str]:
         if host != socket.gethostname() or not pid.isdigit() or process_alive(int(pid)):
             continue
         key, folder = run.info.run_name, Path(cells.path) / run.info.run_name
-        built = key in cells and run.data.tags.get(BUILD_KEY_TAG) == recorded_build_key(folder)
+        built = key in cells and run.data.tags.get(BUILD_KEY_TAG) == recorded_build_key(folder) \
+            and proof_problem(folder) is None
         if built:
             try:
                 log_cell(client, run, SavedCell.read(folder))
@@ -490,17 +493,6 @@ def _store_lock(uri: str) -> Iterator[None]:
     database.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{database}.lock"):
         yield
-
-
-def spec_digest(spec) -> str:
-    """A `CellSpec` (or its JSON)'s digest: equal specs, however their JSON is laid out, give the same one."""
-    from layertune.specs import CellSpec
-
-    if isinstance(spec, str):
-        spec = CellSpec.model_validate_json(spec)
-    import pydantic_core
-
-    return hashlib.sha256(pydantic_core.to_json(spec.model_dump(mode="json"))).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------- a failing store
@@ -639,6 +631,8 @@ def cell_tags(stage: str | None = None, study: str | None = None, spec=None) -> 
     if study:
         tags["study"] = study
     if spec is not None:
+        from pipelines.trained_cells import spec_digest
+
         tags[SPEC_TAG] = spec_digest(spec)
     return tags
 

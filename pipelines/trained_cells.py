@@ -1,24 +1,30 @@
 """A study's trained cells: one folder per cell, below the train stage's output (``data/04_models/<study>``, which
 DVC tracks whole and keeps between builds: ``persist``).
 
-A cell is built when its folder records the build key it was trained for (`BUILD_FILE`): a digest of its spec, the
-files of its base models, its prepared data and the library code that trains a cell. The train stage trains every
-planned cell whose folder does not record its key, and no other, so an unchanged cell is never trained twice,
-however the last build ended and on whichever machine it ran (DVC's remote carries the folders, keys included).
-Each folder is written whole, key included, in one atomic step (`layertune.io.atomic_directory`): a stopped build
-leaves finished cells built and no half-written one.
+A cell is built when its folder proves it: its build record (`BUILD_FILE`) names the build key the cell is planned
+with (a digest of its spec, the files of its base models, its prepared data and the library code that trains a
+cell), its ``cell.json`` is the spec the record names, and every file the record lists is there with the digest it
+recorded (`proof_problem`). The train stage trains every planned cell whose folder does not prove it, and no other,
+so an unchanged cell is never trained twice, however the last build ended and on whichever machine it ran (DVC's
+remote carries the folders, records included), and a folder that holds something else (another cell's files, a
+copy or pull cut short, an edit) is never taken for the cell. Each folder is written whole, its record last, in one
+atomic step (`layertune.io.atomic_directory`): a stopped build leaves finished cells built and no half-written one.
 
 A folder whose cell is no longer planned (a seed or setting removed from params.yaml) is put aside, not deleted:
 moved to ``retired`` (outside every DVC output), and moved back, untrained, when its cell is planned again with the
-same key. So the stage's output holds exactly the planned cells, as a build from scratch would.
+same key. A folder at a planned cell's place that claims to be built but does not prove it, or that no build wrote,
+is set aside too, never deleted (it may be someone's): into ``retired/.unverified/<cell>-<n>``, with one warning
+naming it and what did not match (`TrainedCells.settle`). So the stage's output holds exactly the planned cells, as a build from scratch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import tarfile
@@ -27,18 +33,73 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layertune.cell import CellFolder, TrainedCell
-from layertune.io import atomic_directory, remove_stale_partials
+from layertune.io import atomic_directory, file_digest, file_digests, remove_stale_partials
 
-BUILD_FILE = "build.json"  # in a cell's folder: the key it was built for, and what the key is made of
+logger = logging.getLogger(__name__)
+
+BUILD_FILE = "build.json"  # in a cell's folder, written last: the key it was built for, what the key is made of,
+# and the digest of every other file of the folder
+UNVERIFIED = ".unverified"  # below `TrainedCells.retired`: folders set aside because they did not prove their cell
 
 
 def build_record(cell, code: str, data: str) -> dict:
     """What a cell (a `layertune.study.StudyCell`) is built from, and its key: a digest of the rest. ``code``: the
     library's fingerprint (`TrainPlan.code`); ``data``: the digest of the cell's prepared corpus."""
-    made_of = {"spec": hashlib.sha256(cell.spec.model_dump_json().encode()).hexdigest()[:32],
-               "models": list(cell.model_fingerprints), "code": code, "data": data}
+    made_of = {"spec": spec_digest(cell.spec), "models": list(cell.model_fingerprints), "code": code, "data": data}
     key = hashlib.sha256(json.dumps(made_of, sort_keys=True).encode()).hexdigest()[:32]
     return {"key": key, **made_of}
+
+
+def spec_digest(spec) -> str:
+    """The digest of a cell's spec (a `layertune.specs.CellSpec`), as build records and MLflow tags name it."""
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:32]
+
+
+def read_record(folder: Path) -> dict | None:
+    """``folder``'s build record; None without a readable one (a folder not written by a build, or damaged)."""
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads((folder / BUILD_FILE).read_text())
+        if isinstance(record, dict) and isinstance(record.get("key"), str):
+            return record
+    return None
+
+
+def recorded_build_key(folder: Path) -> str | None:
+    """The build key ``folder``'s `BUILD_FILE` records; None without one (a folder not written by a build)."""
+    record = read_record(folder)
+    return record["key"] if record else None
+
+
+def proof_problem(folder: Path, build_key: str | None = None) -> str | None:
+    """What keeps ``folder`` from proving that it holds the cell its build record describes (None: it proves it):
+    it is a folder, not a link; the record is readable and, with ``build_key``, names that key; ``cell.json`` is the
+    spec the record names; every file the record lists is a plain file with the digest it recorded. Files are read
+    whole, so this costs a read of the folder (the page cache keeps a recent one in memory)."""
+    from layertune.specs import CellSpec
+
+    if folder.is_symlink():
+        return "it is a link, not a folder (a cell folder is never followed out of the study's folder)"
+    record = read_record(folder)
+    if record is None:
+        return f"it has no readable {BUILD_FILE} (no build wrote it, or it was cut short)"
+    if build_key is not None and record["key"] != build_key:
+        return f"it was built for another key ({record['key'][:12]}…, planned: {build_key[:12]}…)"
+    files = record.get("files")
+    if not isinstance(files, dict) or "cell.json" not in files:
+        return f"its {BUILD_FILE} lists no files (written before layertune recorded them)"
+    for name, digest in files.items():
+        path = folder / name
+        if path.is_symlink() or not path.is_file():
+            return f"{name} is missing"
+        if file_digest(path) != digest:
+            return f"{name} is not the file its build wrote (its digest differs)"
+    try:
+        spec = CellSpec.model_validate_json((folder / "cell.json").read_text())
+    except ValueError:
+        return "cell.json is not a cell's spec"
+    if spec_digest(spec) != record.get("spec"):
+        return "cell.json is another cell's spec than its build record names"
+    return None
 
 
 @dataclass(frozen=True)
@@ -65,23 +126,45 @@ class TrainedCells(Mapping):
         return sum(1 for _ in self)
 
     def is_built(self, key: str, build_key: str) -> bool:
-        return recorded_build_key(self.path / key) == build_key
+        """Whether cell ``key``'s folder proves it is built for ``build_key`` (`proof_problem`)."""
+        return proof_problem(self.path / key, build_key) is None
+
+    def settle(self, key: str, build_key: str) -> bool:
+        """Whether cell ``key`` is built for ``build_key``, once its place is settled: a folder there that proves it
+        stays; one that does not is replaced by a retired folder that does, if any; one that claims to be built for
+        it, or was written by no build, is set aside (into ``retired/.unverified``). An older build's folder stays,
+        for the new build to replace."""
+        folder = self.path / key
+        if folder.exists() or folder.is_symlink():
+            if (problem := proof_problem(folder, build_key)) is None:
+                return True
+            if _claims(folder, build_key):
+                self._set_aside(folder, key, problem)
+        return self.take_back(key, build_key)
 
     # -- writing
 
     def write(self, key: str, trained: TrainedCell, build: dict) -> Path:
-        """Cell ``key``'s folder, with its build record, replacing an earlier one in one atomic step (by the main
-        process only, in a cell trained by several: `layertune.distributed`)."""
+        """Cell ``key``'s folder, with its build record (``build`` and the digest of every other file, written last),
+        replacing an earlier one in one atomic step (by the main process only, in a cell trained by several:
+        `layertune.distributed`)."""
         from layertune.distributed import is_main_process
 
         if is_main_process():
-            trained.save(self.path / key, extra={BUILD_FILE: build})
+            with _disk_full_said(self.path / key, lambda: _state_bytes(trained.model)):
+                trained.save(self.path / key,
+                             extra={BUILD_FILE: lambda folder: {**build, "files": file_digests(folder)}})
         return self.path / key
 
-    def receive(self, key: str, archive: bytes) -> Path:
-        """Cell ``key``'s folder from a `pack`ed archive (a cell trained on another machine), in one atomic step."""
-        with atomic_directory(self.path / key) as staging, tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+    def receive(self, key: str, archive: bytes, build_key: str) -> Path:
+        """Cell ``key``'s folder from a `pack`ed archive (a cell trained on another machine), in one atomic step,
+        once it proves it is built for ``build_key``; else a `ValueError` saying what did not match, and nothing is
+        written."""
+        with _disk_full_said(self.path / key, lambda: len(archive)), atomic_directory(self.path / key) as staging, \
+                tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             _extract_cell(tar, staging)
+            if problem := proof_problem(staging, build_key):
+                raise ValueError(f"the folder of cell {key} that came back does not prove its build: {problem}")
         return self.path / key
 
     def set_aside(self, planned: Collection[str]) -> list[str]:
@@ -91,15 +174,42 @@ class TrainedCells(Mapping):
         remove_stale_partials(self.path)
         gone = [key for key in self if key not in planned]
         for key in gone:
-            self._move(self.path / key, self.retired / key)
+            self._retire(key)
         return gone
 
     def take_back(self, key: str, build_key: str) -> bool:
-        """Cell ``key`` moved back from `retired` if it was built for ``build_key``; whether it was."""
-        if recorded_build_key(self.retired / key) != build_key:
+        """Cell ``key`` moved back from `retired` if its folder there proves it is built for ``build_key``; whether
+        it was. A retired folder that claims that key but does not prove it is set aside, with a warning."""
+        retired = self.retired / key
+        if not (retired.exists() or retired.is_symlink()):
             return False
-        self._move(self.retired / key, self.path / key)
+        if (problem := proof_problem(retired, build_key)) is not None:
+            if _claims(retired, build_key):
+                self._set_aside(retired, key, problem)
+            return False
+        self._move(retired, self.path / key)
         return True
+
+    def _set_aside(self, folder: Path, key: str, problem: str) -> Path:
+        """``folder`` (of cell ``key``) moved to ``retired/.unverified/<key>-<n>``, never over another, with one
+        warning naming it and ``problem``; where it went."""
+        aside = self.retired / UNVERIFIED
+        aside.mkdir(parents=True, exist_ok=True)
+        number = 1
+        while (target := aside / f"{key}-{number}").exists() or target.is_symlink():
+            number += 1
+        os.replace(folder, target)  # a link is moved as a link: nothing is followed
+        logger.warning("%s does not prove it holds cell %s (%s): set aside, untouched, in %s; the cell trains again",
+                       folder, key, problem, target)
+        return target
+
+    def _retire(self, key: str) -> None:
+        """Cell ``key``'s folder moved to `retired`, over an older retired folder of it that this class put there
+        (one that proves its own build); any other folder there is set aside first, never deleted."""
+        retired = self.retired / key
+        if (retired.exists() or retired.is_symlink()) and (problem := proof_problem(retired)) is not None:
+            self._set_aside(retired, key, problem)
+        self._move(self.path / key, retired)
 
     @staticmethod
     def _move(source: Path, target: Path) -> None:
@@ -110,11 +220,42 @@ class TrainedCells(Mapping):
         os.replace(source, target)
 
 
-def recorded_build_key(folder: Path) -> str | None:
-    """The build key ``folder``'s `BUILD_FILE` records; None without one (a folder not written by a build)."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return json.loads((folder / BUILD_FILE).read_text())["key"]
-    return None
+class CellDiskFull(OSError):
+    """No room for a cell's folder: names it, the bytes it needs and those free (the folder was not written; every
+    other is as it was). Made by `of`; pickled as any OSError (a worker process sends it on)."""
+
+    @classmethod
+    def of(cls, code: int, folder: Path, needed: int) -> CellDiskFull:
+        existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
+        free = shutil.disk_usage(existing).free
+        return cls(code, f"no space left for cell {folder.name}'s folder in {folder.parent}: it needs up to "
+                         f"{needed:,} bytes ({needed / 2**20:,.1f} MiB) and {free:,} bytes are free. Free space there; "
+                         "every cell built so far is kept, and the next build trains only the rest")
+
+
+@contextlib.contextmanager
+def _disk_full_said(folder: Path, needed) -> Iterator[None]:
+    """A disk full (or a quota reached) while ``folder`` is written, as one `CellDiskFull` (``needed()``: the bytes
+    it takes); the atomic write has left nothing of it."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) or isinstance(error, CellDiskFull):
+            raise
+        raise CellDiskFull.of(error.errno, folder, needed()) from None
+
+
+def _state_bytes(model) -> int:
+    """The bytes of a model's weights (what its folder holds, at most)."""
+    return sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values()) \
+        if hasattr(model, "state_dict") else 0
+
+
+def _claims(folder: Path, build_key: str) -> bool:
+    """Whether ``folder`` at a cell's place claims to be built for ``build_key``, or is no build's (a link, or
+    without a record): what does not prove it then is set aside. An older build's folder claims nothing: the
+    new build replaces it, as it always did."""
+    return folder.is_symlink() or recorded_build_key(folder) in (None, build_key)
 
 
 def _extract_cell(tar: tarfile.TarFile, target: Path) -> None:

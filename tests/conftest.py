@@ -131,11 +131,13 @@ def fake_hub(monkeypatch):
 
 
 def pytest_configure(config):
-    # Under pytest-xdist each worker gets one thread: two workers × two threads on two cores thrash.
+    # Under pytest-xdist each worker gets one thread: two workers × two threads on two cores thrash. So do the
+    # processes a test starts (a DVC build's stages, a worker pool, a Ray node), which read the variable.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
         torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 UNGROUPED = pytest.StashKey[set]()

@@ -46,6 +46,7 @@ def make_project(folder: Path, params: dict) -> Path:
         shutil.copytree(ROOT / name, folder / name)
     shutil.copy(ROOT / "pyproject.toml", folder)
     (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (folder / "rounds.yaml").write_text("decided: {}\n")  # no decided study has rounds yet
     write_toy_mirror(folder / "mirror")
     make_tiny_model(folder / "models" / "tiny-a", "bert", seed=0)
     make_tiny_model(folder / "models" / "tiny-b", "bert", seed=1, extra_words=("really", "peter", "paris"))

@@ -1,9 +1,10 @@
-"""`layertune repro --decide` on a tiny project: the rounds it runs are recorded in params.yaml, only the settings
-still in question train in them, the report lists them, and a rebuild replays them (nothing trains, the same
-report byte for byte)."""
+"""`layertune repro --decide` on a tiny project: the rounds it runs are recorded in the record of rounds (rounds.yaml;
+params.yaml is left as written), only the settings the rule chooses train in them, the report lists them, and a
+rebuild replays them (nothing trains, the same report byte for byte)."""
 
 import argparse
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -27,11 +28,11 @@ def test_decide_runs_rounds_until_its_looks_are_spent_and_a_rebuild_replays_them
     assert "next round, " in built.stdout and "decided or has spent its rounds" in built.stdout
 
     details = (project / "reports" / "s" / "details.json").read_bytes()
-    record = yaml.safe_load((project / "params.yaml").read_text())["studies"]["s"]["decide"]["rounds"]
+    record = yaml.safe_load((project / "rounds.yaml").read_text())["decided"]["s"]["rounds"]
     rounds = yaml.safe_load(details)["sst2"]["tiny"]["decided"]["rounds"]
     assert len(rounds) == 2 and rounds[1]["seeds"] == [3]  # round 1: the grid; round 2: one new seed
     open_after_1 = [k for k in ("0", "1") if rounds[0]["claims"][k] != "no"]
-    assert rounds[1]["settings"] == open_after_1
+    assert rounds[1]["settings"] == open_after_1 and rounds[1]["follows_rule"] is True
     assert sorted(record) == sorted(f"sst2-tiny-{k}-3" for k in open_after_1)
     assert all(cell["round"] == 2 for cell in record.values())
     trained = sorted(p.name for p in (project / "data" / "04_models" / "s").iterdir())
@@ -62,29 +63,28 @@ def test_decide_without_a_decide_section_is_refused_before_any_work(tmp_path):
 
 
 def test_a_round_of_evaluation_examples_is_recorded_beside_the_rounds_of_cells(tmp_path, monkeypatch):
-    """The report's next round for one question is the evaluation examples, for another new seeds: params.yaml
-    records both, its comments kept."""
+    """The report's next round for one question is the evaluation examples, for another new seeds: the record of
+    rounds holds both; params.yaml is left byte for byte as written."""
     import json
 
     from pipelines import decide
+    from pipelines.params import read_params
 
     decided = study("layers", ["sst2"], {"tiny": "models/tiny-a", "other": "models/tiny-b"}, [0, 1], [1, 2],
-                    decide={"looks": 3, "evaluation_size": 50, "rounds": {}})
+                    decide={"looks": 3, "evaluation_size": 50})
     project = make_dvc_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"s": decided}})
-    params = (project / "params.yaml").read_text().replace("studies:\n", "studies:  # the user's comment\n", 1)
-    (project / "params.yaml").write_text(params)
+    written = (project / "params.yaml").read_bytes()
     (project / "reports" / "s").mkdir(parents=True)
     (project / "reports" / "s" / "details.json").write_text(json.dumps({"sst2": {
         "tiny": {"decided": {"rounds": [{}], "next_round": {"seeds": [], "settings": ["0", "1"], "examples": 50}}},
         "other": {"decided": {"rounds": [{}], "next_round": {"seeds": [3], "settings": ["1"]}}}}}))
     monkeypatch.chdir(project)
-    found = decide.next_round("s", yaml.safe_load(params))
+    found = decide.next_round("s", read_params())
     assert found == ({"sst2-other-1-3": {"task": "sst2", "encoder": "other", "tunable_layers": 1, "seed": 3,
                                          "round": 2}}, {"sst2": {"tiny": 2}})
     decide.record({"s": found})
-    written = (project / "params.yaml").read_text()
-    assert "# the user's comment" in written
-    recorded = yaml.safe_load(written)["studies"]["s"]["decide"]
+    assert (project / "params.yaml").read_bytes() == written
+    recorded = yaml.safe_load((project / "rounds.yaml").read_text())["decided"]["s"]
     assert recorded["evaluation_rounds"] == {"sst2": {"tiny": 2}} and list(recorded["rounds"]) == ["sst2-other-1-3"]
 
 
@@ -112,60 +112,56 @@ studies:
 """
 
 
-def test_recording_rounds_rewrites_the_decide_block_alone_and_keeps_the_values_they_are_decided_with(tmp_path,
-                                                                                                   monkeypatch):
-    """Every line outside the decided study's decide block stays as written (a flow mapping over two lines was
-    joined into one); the first round records what the rounds are decided with, and a later round keeps it."""
+def test_recording_rounds_writes_the_record_whole_and_never_params_yaml(tmp_path, monkeypatch):
+    """The record of rounds (rounds.yaml) is written whole, its header kept; params.yaml stays byte for byte as its
+    author wrote it (a splice of it once re-wrapped another study's flow mapping). The first round records what the
+    rounds are decided with, today's rule among them, and a later round keeps it; a cleared entry starts anew."""
+    from layertune.rounds import RULE
     from pipelines import decide
 
     (tmp_path / "params.yaml").write_text(PARAMS_AS_WRITTEN)
+    (tmp_path / "rounds.yaml").write_text("# the record's header\ndecided: {}\n")
     monkeypatch.chdir(tmp_path)
     decide.record({"s": ({"sst2-tiny-1-3": {"task": "sst2", "encoder": "tiny", "tunable_layers": 1, "seed": 3,
                                             "round": 2}}, {})})
-    written = (tmp_path / "params.yaml").read_text()
-    before, after = PARAMS_AS_WRITTEN.splitlines(), written.splitlines()
-    start = before.index("    decide: {looks: 3}       # decided in rounds")
-    assert after[:start] == before[:start] and after[-2:] == before[-2:]
-    assert not any(line != line.rstrip() for line in after)
-    assert after[start:-2] == [
-        "    decide:                  # decided in rounds",
-        "      looks: 3",
-        "      decided_with: {tolerance: 0.02, confidence: 0.95, looks: 3, spending: obrien-fleming, "
-        "seeds_per_round: 2, evaluation_size: null}",
-        "      rounds:",
-        "        sst2-tiny-1-3: {task: sst2, encoder: tiny, tunable_layers: 1, seed: 3, round: 2}"]
+    assert (tmp_path / "params.yaml").read_text() == PARAMS_AS_WRITTEN
+    written = (tmp_path / "rounds.yaml").read_text()
+    assert written.startswith("# the record's header\ndecided:\n")
+    assert yaml.safe_load(written) == {"decided": {"s": {
+        "decided_with": {"tolerance": 0.02, "confidence": 0.95, "looks": 3, "spending": "obrien-fleming",
+                         "seeds_per_round": 2, "evaluation_size": None, "rule": RULE},
+        "rounds": {"sst2-tiny-1-3": {"task": "sst2", "encoder": "tiny", "tunable_layers": 1, "seed": 3, "round": 2}}}}}
 
     # A later round (after an edit the plan would refuse, say) adds its cells and keeps the values recorded first.
-    (tmp_path / "params.yaml").write_text(written.replace("tolerance: 0.02}", "tolerance: 0.05}"))
+    (tmp_path / "params.yaml").write_text(PARAMS_AS_WRITTEN.replace("tolerance: 0.02}", "tolerance: 0.05}"))
     decide.record({"s": ({"sst2-tiny-1-4": {"task": "sst2", "encoder": "tiny", "tunable_layers": 1, "seed": 4,
                                             "round": 3}}, {})})
-    recorded = yaml.safe_load((tmp_path / "params.yaml").read_text())["studies"]["s"]["decide"]
+    recorded = yaml.safe_load((tmp_path / "rounds.yaml").read_text())["decided"]["s"]
     assert recorded["decided_with"]["tolerance"] == 0.02 and list(recorded["rounds"]) == ["sst2-tiny-1-3",
                                                                                          "sst2-tiny-1-4"]
-    # Its rounds cleared to decide again under a new tolerance: the first round records the new one.
-    cleared = (tmp_path / "params.yaml").read_text().split("      rounds:")[0] + "      rounds: {}\n" + \
-        PARAMS_AS_WRITTEN.splitlines(keepends=True)[-2] + PARAMS_AS_WRITTEN.splitlines(keepends=True)[-1]
-    (tmp_path / "params.yaml").write_text(cleared)
+    # Its entry removed to decide again under the new tolerance: the first round records the new one.
+    (tmp_path / "rounds.yaml").write_text("decided: {}\n")
     decide.record({"s": ({}, {"sst2": {"tiny": 2}})})
-    recorded = yaml.safe_load((tmp_path / "params.yaml").read_text())["studies"]["s"]["decide"]
+    recorded = yaml.safe_load((tmp_path / "rounds.yaml").read_text())["decided"]["s"]
     assert recorded["decided_with"]["tolerance"] == 0.05 and recorded["evaluation_rounds"] == {"sst2": {"tiny": 2}}
 
 
-def test_a_file_indented_by_four_keeps_its_layout_and_reads_back_with_the_round(tmp_path, monkeypatch):
-    from pipelines import decide
+@pytest.mark.parametrize("params, record, message", [
+    ({"decide": {"looks": 3, "rounds": {"sst2-tiny-1-3": {}}}}, {}, "studies.s.decide.rounds: rounds are recorded in "
+     "rounds.yaml (decided.s), which layertune repro --decide writes; remove rounds from params.yaml"),
+    ({}, {"s": {"rounds": {}}}, "rounds.yaml: decided.s: a record of rounds, but params.yaml has no study 's' with "
+     "a decide section"),
+    ({"decide": {"looks": 3}}, {"s": {"seeds": [3]}}, "rounds.yaml: decided.s.seeds: not part of a record of rounds"),
+])
+def test_the_record_of_rounds_has_one_place(params, record, message):
+    """Rounds in params.yaml beside the record file would be two records of one study; an entry for a study with
+    no decide section, or with a key no record has, is named too."""
+    from layertune.study import ParamsError
+    from pipelines.params import validate_params
 
-    four = "\n".join(" " * 2 * (len(line) - len(line.lstrip(" "))) + line.lstrip(" ")
-                     for line in PARAMS_AS_WRITTEN.splitlines()) + "\n"
-    (tmp_path / "params.yaml").write_text(four)
-    monkeypatch.chdir(tmp_path)
-    decide.record({"s": ({}, {"sst2": {"tiny": 2}})})
-    after, before = (tmp_path / "params.yaml").read_text().splitlines(), four.splitlines()
-    start = before.index("        decide: {looks: 3}       # decided in rounds")
-    assert after[:start] == before[:start] and after[-2:] == before[-2:]
-    assert after[start].startswith("        decide: ") and after[start].endswith("# decided in rounds")
-    recorded = yaml.safe_load("\n".join(after))
-    assert recorded["studies"]["s"]["decide"]["evaluation_rounds"] == {"sst2": {"tiny": 2}}
-    assert recorded["studies"]["plain"] == yaml.safe_load(four)["studies"]["plain"]
+    decided = {**study("layers", ["sst2"], {"tiny": "org/tiny"}, [0, 1], [1, 2]), **params}
+    with pytest.raises(ParamsError, match=re.escape(message)):
+        validate_params({"download": {"mirror": None}, "studies": {"s": decided}, "decided": record})
 
 
 class Clock:
@@ -193,7 +189,13 @@ def driver(tmp_path, monkeypatch):
     for."""
     from pipelines import decide
 
+    import shutil
+
+    from tests.projects import ROOT
+
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"studies": {"s": {"decide": {"looks": 3}}}}))
+    (tmp_path / "rounds.yaml").write_text("decided: {}\n")
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")  # where the catalog puts the reports
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(decide, "next_round", lambda study, params: (ROUND, {}))
     recorded = []

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.scheduling import CellFailed, Finished, Started, WorkerProcesses, devices
+from pipelines.scheduling import CellFailed, Finished, InProcess, Started, WorkerProcesses, devices
+from pipelines.trained_cells import CellDiskFull
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class StandIn:
     record: Path
     seconds: float = 0.4
     fail: bool = False
+    disk_full: bool = False
 
     def run(self) -> None:
         start = time.time()
@@ -32,6 +34,8 @@ class StandIn:
         time.sleep(self.seconds)
         if self.fail:
             raise FloatingPointError("the loss is NaN")
+        if self.disk_full:
+            raise CellDiskFull(28, f"no space left for cell {self.key}'s folder")
         with self.record.open("a") as out:
             out.write(json.dumps({"key": self.key, "event": "end", "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
                                   "start": start, "end": time.time(), "pid": os.getpid()}) + "\n")
@@ -126,3 +130,13 @@ def test_bad_numbers_of_cells_at_a_time_are_refused(monkeypatch):
             scheduler_from_environment()
     monkeypatch.setenv(JOBS_ENV, "3")
     assert isinstance(scheduler_from_environment(), WorkerProcesses)
+
+
+@pytest.mark.parametrize("where", [InProcess(), WorkerProcesses(1)], ids=["in-process", "worker"])
+def test_a_full_disk_stops_the_build_as_itself_not_as_a_failed_cell(tmp_path, where):
+    """The stage turns it into its one line (`pipelines.train.nodes`); a failed cell's traceback would say nothing
+    more, and it is not the cell's failure."""
+    jobs = [StandIn("full", tmp_path / "record", seconds=0.0, disk_full=True), StandIn("next", tmp_path / "record")]
+    with pytest.raises(CellDiskFull, match="^.*no space left for cell full's folder$"):
+        list(where.cells(jobs))
+    assert not records(tmp_path / "record")  # the next cell never ran

@@ -260,3 +260,14 @@ def test_a_tied_command_ends_with_the_process_that_started_it_even_by_sigkill(tm
     starter.wait()
     child.wait(timeout=10)  # raises if it still runs then
     assert tied(["dvc", "repro"])[-3:] == ["--", "dvc", "repro"]
+
+
+def test_a_tied_command_whose_parent_died_before_it_started_never_runs(tmp_path):
+    """dvc.yaml's stage command starts with `tied $PPID`: a `dvc repro` killed between starting the stage's shell
+    and the stage's first instruction (on a loaded machine, seconds) is noticed there, and the stage never runs."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its id names no process now: the parent that died
+    marker = tmp_path / "ran"
+    done = subprocess.run([sys.executable, "-m", "pipelines.processes", "tied", str(gone.pid), "--", sys.executable,
+                           "-c", f"open({str(marker)!r}, 'w')"], cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == -signal.SIGTERM and not marker.exists()

@@ -46,6 +46,43 @@ def test_bad_options_are_refused_before_any_work(project, monkeypatch, capsys, a
     assert not (project / "data").exists()
 
 
+LAUGHS = "".join(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]\n"
+                 for previous, name in zip("abcdefgh", "bcdefghi"))  # nine nested aliases: 9^8 values
+
+
+@pytest.mark.parametrize("params, environment, message", [
+    (None, {"LAYERTUNE_JOBS": "abc"}, "$LAYERTUNE_JOBS='abc': a whole number of at least 1 is expected"),
+    ({"../evil": "ablation"}, {}, "studies.../evil: '../evil' is not a valid name"),
+    ({"a" * 300: "ablation"}, {}, "'aaaaaaaaaaaaaaaaaaaa'… is not a valid name: 300 characters, at most 48"),
+    ("a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9]\n" + LAUGHS, {},
+     "params.yaml: its aliases (*name) expand it to more than 100,000 values"),
+])
+def test_bad_params_or_environment_are_one_line_before_dvc_starts(project, tmp_path, monkeypatch, capsys, params,
+                                                                   environment, message):
+    """What DVC would trip on (a path for a study name: its own output-overlap error; a name longer than a file name;
+    nested YAML aliases: a hang) or ignore, named by `layertune repro` in one line, exit status 2, within seconds."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(project, copy)
+    if isinstance(params, str):
+        (copy / "params.yaml").write_text(params)
+    elif params:
+        written = yaml.safe_load((copy / "params.yaml").read_text())
+        for name, like in params.items():
+            written["studies"][name] = written["studies"][like]
+        (copy / "params.yaml").write_text(yaml.safe_dump(written))
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(copy)
+    started = time.monotonic()
+    assert repro([]) == 2
+    assert time.monotonic() - started < 15
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("layertune repro: ") and message in line
+    assert not (copy / "data").exists()
+
+
 def test_a_second_build_of_the_project_is_one_line_naming_the_first(project):
     """It was DVC's lock error, then `Command '[… pipelines.processes tied …]' returned non-zero exit status 255`."""
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""

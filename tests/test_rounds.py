@@ -1,13 +1,17 @@
 """A study decided in rounds (layertune.rounds): the next round's seeds and settings, when it stops, and a rebuild
 that replays the recorded rounds reaching the same claims as the study that ran them."""
 
+import itertools
+
 import numpy as np
 import pytest
 
-from layertune.rounds import Round, answer, next_round, replay, seeds_by_setting
+from layertune.rounds import RULE, Allocation, Round, allocate, answer, next_round, replay, seeds_by_setting
 from layertune.statistics import Estimate, Looks, Resamples
 
 ORDER = ("0", "1", "2", "all")  # cheapest first
+DECIDED_WITH = {"tolerance": 0.01, "confidence": 0.95, "looks": 3, "spending": "obrien-fleming", "seeds_per_round": 2,
+                "evaluation_size": None, "rule": RULE}
 ACCURACY = {"0": 0.70, "1": 0.795, "2": 0.80, "all": 0.80}
 EXAMPLES, DEV = 2000, 500  # the first DEV examples are the dev set; the rest, the evaluation examples
 WEIGHTS = {n: np.stack([np.bincount(row, minlength=n) for row in Resamples.draw(n, 200).examples]) for n in
@@ -34,19 +38,28 @@ def on_all(setting: str, seeds, extended: bool) -> Estimate:
     return estimate(setting, seeds)
 
 
+def rule_next(rounds, claims, estimate_of, looks, seeds_per_round=2, evaluation_size=None, dev_dominates=False):
+    """The round the rule chooses after ``rounds`` (as a report does, `layertune.reports.decided`)."""
+    seen = {setting: estimate_of(setting, used, any(done.examples for done in rounds))
+            for setting, used in seeds_by_setting(rounds).items()}
+    allocation = allocate(seen, claims, ORDER, 0.01, looks, len(rounds), seeds_per_round, rounds[-1].settings)
+    return next_round(rounds, claims, ORDER, looks, seeds_per_round, allocation, evaluation_size, dev_dominates)
+
+
 def test_a_rebuild_replaying_the_recorded_rounds_reaches_the_claims_the_study_made():
     looks = Looks(4)
     rounds, live = [Round((1, 2), ORDER)], []
     while True:
         live = replay(rounds, on_all, 0.01, looks)  # what the study sees after its latest round
-        following = next_round(rounds, live[-1], ORDER, looks, 2)
+        following = rule_next(rounds, live[-1], on_all, looks)
         if following is None:
             break
         rounds.append(following)
     # K = 0, 10 points below, stopped after round 2 (two seeds, the first look's tiny error, decide nothing)
-    assert live[0]["0"] == "undecided" and live[1]["0"] == "no" and rounds[2] == Round((5, 6), ("1", "2", "all"))
-    assert seeds_by_setting(rounds)["0"] == [1, 2, 3, 4] and seeds_by_setting(rounds)["all"][-2:] == [
-        2 * len(rounds) - 1, 2 * len(rounds)]
+    assert live[0]["0"] == "undecided" and live[1]["0"] == "no" and "0" not in rounds[2].settings
+    assert seeds_by_setting(rounds)["0"] == [1, 2, 3, 4]
+    for earlier, later in itertools.pairwise(rounds):  # a setting left out of a round stays out: seeds pair in order
+        assert set(later.settings) <= set(earlier.settings)
     assert replay(rounds, on_all, 0.01, looks) == live  # the same cells, the same rounds: the same claims
     assert "yes" in live[-1].values() and answer(live[-1], ORDER) in ("1", "2", None) and len(rounds) <= 4
 
@@ -57,7 +70,7 @@ def test_where_the_dev_sample_dominates_the_next_round_adds_the_evaluation_examp
     rounds = [Round((1, 2), ORDER)]
     live = replay(rounds, estimate, 0.01, looks)
     assert live[0]["1"] == "undecided"  # on 500 dev examples, 1 and 2 cannot be told apart
-    following = next_round(rounds, live[-1], ORDER, looks, 2, evaluation_size=EXAMPLES - DEV, dev_dominates=True)
+    following = rule_next(rounds, live[-1], estimate, looks, evaluation_size=EXAMPLES - DEV, dev_dominates=True)
     contenders = tuple(setting for setting in ORDER if live[-1][setting] != "no")
     assert following == Round((), contenders, EXAMPLES - DEV)
     rounds.append(following)
@@ -65,38 +78,59 @@ def test_where_the_dev_sample_dominates_the_next_round_adds_the_evaluation_examp
     widths = [estimate("2", (1, 2), extended).minus(estimate("1", (1, 2), extended)).samples.mean(axis=0).std()
               for extended in (False, True)]
     assert widths[1] < 0.7 * widths[0]  # 4 times the examples: about half the dev part
-    # Once added, the next round gives seeds again, even where the dev sample still dominates.
-    assert next_round(rounds, live[-1], ORDER, looks, 2, EXAMPLES - DEV, True) in (None, Round((3, 4), contenders)) \
-        or next_round(rounds, live[-1], ORDER, looks, 2, EXAMPLES - DEV, True).seeds == (3, 4)
+    # Once added, the next round gives seeds again (or none, where none could settle anything)
+    again = rule_next(rounds, live[-1], estimate, looks, evaluation_size=EXAMPLES - DEV, dev_dominates=True)
+    assert again is None or (again.seeds == (3, 4) and not again.examples)
     assert replay(rounds, estimate, 0.01, looks) == live
-    assert next_round(rounds[:1], live[0], ORDER, looks, 2, None, True).seeds == (3, 4)  # no examples to add
-    assert next_round(rounds[:1], live[0], ORDER, looks, 2, 1500, False).seeds == (3, 4)  # the seeds dominate
+    assert rule_next(rounds[:1], live[0], estimate, looks, dev_dominates=True).seeds == (3, 4)  # none to add
+    assert rule_next(rounds[:1], live[0], estimate, looks, evaluation_size=1500).seeds == (3, 4)  # seeds dominate
 
 
-def test_the_next_round_gives_new_seeds_to_every_setting_not_shown_worse():
-    rounds = [Round((1, 2), ORDER), Round((3, 4), ("1", "2", "all"))]
-    claims = {"0": "no", "1": "undecided", "2": "yes", "all": "no"}
-    assert next_round(rounds, claims, ORDER, Looks(4), 3) == Round((5, 6, 7), ("1", "2"))
+def test_seeds_go_where_they_can_settle_something_and_to_the_rival_they_are_settled_against():
+    """After two rounds: K = 1 is 0.5 points below the best, inside the 1-point tolerance, but its comparison would
+    need more seeds than the two rounds left give: it gets none (stalled, with the seeds that would settle it).
+    Settings shown worse, or decided and no one's rival, get none either."""
+    accuracy = {"0": 0.70, "1": 0.795, "2": 0.80, "all": 0.80}
+    looks = Looks(4)
+    rounds = [Round((1, 2), ORDER), Round((3, 4), ORDER)]
+    claims = replay(rounds, on_all, 0.01, looks)[-1]
+    seen = {setting: on_all(setting, used, False) for setting, used in seeds_by_setting(rounds).items()}
+    allocation = allocate(seen, claims, ORDER, 0.01, looks, 2, 2, ORDER)
+    assert accuracy and claims["0"] == "no" and "0" not in allocation.settings
+    for name, needed in allocation.stalled.items():
+        assert claims[name] == "undecided" and (needed is None or needed > 4 + 2 * 2)
+    chosen = [name for name in ORDER if claims[name] == "undecided" and name not in allocation.stalled]
+    assert set(chosen) <= set(allocation.settings)
+    if not chosen:  # nothing left that seeds could settle: no next round, though looks are left
+        assert next_round(rounds, claims, ORDER, looks, 2, allocation) is None
+    # A setting left out of a round cannot come back, even as a rival: its seeds would not pair in order
+    assert not allocate(seen, claims, ORDER, 0.01, looks, 2, 2, eligible=("0",)).settings
 
 
 def test_it_stops_when_the_answer_is_decided_or_the_looks_are_spent():
     rounds = [Round((1, 2), ORDER)]
+    anything = Allocation(ORDER, {})
     assert answer({"0": "no", "1": "yes", "2": "undecided", "all": "yes"}, ORDER) == "1"
-    assert next_round(rounds, {"0": "no", "1": "yes"}, ORDER, Looks(4), 2) is None
+    assert next_round(rounds, {"0": "no", "1": "yes"}, ORDER, Looks(4), 2, anything) is None
     assert answer({"0": "undecided", "1": "yes"}, ORDER) is None  # a cheaper one is still open
-    assert next_round(rounds * 4, {}, ORDER, Looks(4), 2) is None
+    assert next_round(rounds * 4, {}, ORDER, Looks(4), 2, anything) is None
+    assert next_round(rounds, {}, ORDER, Looks(4), 2, Allocation((), {"0": None})) is None  # nothing could settle
     with pytest.raises(ValueError, match="5 rounds recorded, more than the 4 looks the rule allows"):
         replay(rounds * 5, on_all, 0.01, Looks(4))
     with pytest.raises(ValueError, match="seeds per round must be at least 1; got 0"):
-        next_round(rounds, {}, ORDER, Looks(4), 0)
+        next_round(rounds, {}, ORDER, Looks(4), 0, anything)
 
 
 # ------------------------------------------------------------------------------------ a decided study's record
 
 
 def decided_study(model: str, rounds: dict, **decide) -> dict:
+    """A decided study of three settings whose record (``rounds``) today's rule made, with today's values."""
+    decide = {"looks": 3, "rounds": rounds, **decide}
+    decide.setdefault("decided_with", {**DECIDED_WITH, "looks": decide["looks"],
+                                       "evaluation_size": decide.get("evaluation_size")})
     return {"report": {"kind": "layers", "resamples": 300}, "tasks": ["sst2"], "encoders": {"m": model},
-            "tunable_layers": [0, 1, 2], "seeds": [1, 2], "decide": {"looks": 3, "rounds": rounds, **decide}}
+            "tunable_layers": [0, 1, 2], "seeds": [1, 2], "decide": decide}
 
 
 def round_cell(k, seed, number) -> tuple[str, dict]:
@@ -120,7 +154,7 @@ def test_a_recorded_round_adds_its_cells_to_the_plan(tiny_model_dirs):
     (dict([round_cell(1, 3, 3)]), r"rounds \[3\] are recorded; they are numbered 2, 3"),
     (dict([round_cell(1, 3, 2), round_cell(2, 4, 2)]), "the settings of round 2 have different seeds"),
     (dict([round_cell(1, 3, 2), round_cell(1, 5, 3), round_cell(2, 5, 3)]),
-     r"round 3 trains 2, which an earlier round stopped"),
+     r"round 3 trains 2, which an earlier round left out: a setting left out of a round stays out"),
     ({"sst2-m-1-9": round_cell(1, 3, 2)[1]}, "decide.rounds.sst2-m-1-9: this cell's key is sst2-m-1-3"),
 ])
 def test_a_record_the_rule_could_not_have_written_is_refused_naming_it(tiny_model_dirs, rounds, message):
@@ -132,8 +166,6 @@ def test_a_record_the_rule_could_not_have_written_is_refused_naming_it(tiny_mode
                       "studies": {"s": decided_study(str(tiny_model_dirs["bert"]), rounds)}})
 
 
-DECIDED_WITH = {"tolerance": 0.01, "confidence": 0.95, "looks": 3, "spending": "obrien-fleming", "seeds_per_round": 2,
-                "evaluation_size": None}
 
 
 @pytest.mark.parametrize(("section", "change", "key", "then"), [
@@ -166,6 +198,26 @@ def test_a_value_the_recorded_rounds_were_decided_with_cannot_change_at_plan_tim
                     "from its grid"), line
     # Cleared, the study is decided again from its grid: the values it was decided with before no longer bind it.
     study["decide"] = {**study["decide"], "rounds": {}}
+    plan_studies({"download": {"mirror": None}, "studies": {"s": study}})
+
+
+@pytest.mark.parametrize("recorded", [{**DECIDED_WITH, "rule": "1"}, None], ids=["rule 1", "no decided_with"])
+def test_a_record_another_rule_made_is_refused_at_plan_time_in_one_line(tiny_model_dirs, recorded):
+    """Its rounds are not those today's rule would choose, nor its claims those it would make: replaying them as if
+    they were would report what neither rule says. A record from before rules were named is rule 1's."""
+    from layertune.study import ParamsError
+    from pipelines.plans import plan_studies
+
+    study = decided_study(str(tiny_model_dirs["bert"]), dict([round_cell(1, 3, 2), round_cell(2, 3, 2)]),
+                          decided_with=recorded)
+    with pytest.raises(ParamsError) as refused:
+        plan_studies({"download": {"mirror": None}, "studies": {"s": study}})
+    line = str(refused.value).splitlines()[-1].strip()
+    assert line == ("studies.s: decide.decided_with.rule: the recorded rounds were chosen by rule '1', and today's is "
+                    f"{RULE!r}, which chooses its rounds and makes its claims differently: clear decide.rounds, "
+                    "decide.evaluation_rounds and decide.decided_with to decide the study again from its grid "
+                    "(layertune repro --decide), or use the layertune release that recorded them"), line
+    study["decide"] = {**study["decide"], "rounds": {}, "decided_with": None}  # cleared: decided again from the grid
     plan_studies({"download": {"mirror": None}, "studies": {"s": study}})
 
 
@@ -218,8 +270,7 @@ def test_the_evaluation_round_sits_between_rounds_of_seeds(tiny_model_dirs):
     rounds = dict([*(round_cell(k, seed, 2) for k in (1, 2) for seed in (3, 4)), round_cell(1, 5, 4),
                    round_cell(1, 6, 4)])
     study = decided_study(str(tiny_model_dirs["bert"]), rounds, evaluation_size=50,
-                          evaluation_rounds={"sst2": {"m": 3}})
-    study["decide"]["looks"] = 4
+                          evaluation_rounds={"sst2": {"m": 3}}, looks=4)
     plan = plan_studies({"download": {"mirror": None}, "studies": {"s": study}}).studies["s"]
     assert plan.spec.decide.evaluation_rounds == {"sst2": {"m": 3}}
 
@@ -240,7 +291,8 @@ def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_m
     assert decided["rounds"][0]["claims"] == {"0": "undecided", "1": "undecided", "2": "undecided"}
     assert decided["rounds"][1]["claims"] == {"0": "no", "1": "undecided", "2": "yes"}
     assert decided["order"] == ["0", "1", "2"] and decided["looks"] == 3 and decided["answer"] is None
-    assert decided["next_round"] == {"seeds": [5, 6], "settings": ["1", "2"]}
+    assert decided["next_round"] == {"seeds": [5, 6], "settings": ["1", "2"]} and decided["stalled"] == {}
+    assert decided["rule"] == RULE and decided["rounds"][1]["follows_rule"] is True  # what the rule chose after 1
     # The table's verdicts are the last look's claims, and the answer is read from them.
     assert report.details["sst2"]["m"]["within_tolerance"] == decided["rounds"][-1]["claims"]
     assert report.details["sst2"]["m"]["recommended_layers"] is None
@@ -249,6 +301,43 @@ def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_m
     assert "Decided in rounds (at most 3" in report.markdown
     # What would settle it names the settings in question against the best, never the best against itself.
     assert sorted(report.details["sst2"]["m"]["what_would_settle"]) == ["1"]
+    # Half a point below the best, K = 1 has a 5% chance of a claim with the two seeds the last look gives: it is
+    # stalled, and gets seeds only as the setting 2, still in question too, is compared with.
+    closer = build_report(synthetic_results(decided_study(str(tiny_model_dirs["bert"]), rounds),
+                                            {"0": 0.6, "1": 0.855, "2": 0.86}))
+    found = closer.details["sst2"]["m"]["decided"]
+    assert found["next_round"] == {"seeds": [5, 6], "settings": ["1", "2"]} and found["stalled"] == {"1": 0.053}
+    assert "(the chance of a claim: 1: 5%)" in closer.markdown
+
+
+def test_where_no_seeds_could_settle_anything_the_rounds_stop_early_and_say_so(tiny_model_dirs, monkeypatch):
+    """With the futility bound at 100% every comparison is futile: no round 3, though a look is left."""
+    from layertune import rounds as rule
+    from layertune.reports import build_report
+    from tests.test_reports import synthetic_results
+
+    monkeypatch.setattr(rule, "FUTILE", 1.0)
+    rounds = dict(round_cell(k, seed, 2) for k in (0, 1, 2) for seed in (3, 4))
+    report = build_report(synthetic_results(decided_study(str(tiny_model_dirs["bert"]), rounds),
+                                            {"0": 0.6, "1": 0.85, "2": 0.86}))
+    decided = report.details["sst2"]["m"]["decided"]
+    assert decided["next_round"] is None and set(decided["stalled"]) == {"1"}
+    assert ("Not decided after round 2 of at most 3, and the seeds the rounds left give have less than a 100% chance "
+            "of settling any comparison in question") in report.markdown
+
+
+def test_a_recorded_round_the_rule_would_not_choose_is_named_in_the_report(tiny_model_dirs):
+    """Round 2 gave seeds 3, 4 to K = 1 and 2 only, where the rule, after round 1, gives them to every setting (two
+    seeds measure nothing yet): its details say so, and the report names the round."""
+    from layertune.reports import build_report
+    from tests.test_reports import synthetic_results
+
+    rounds = dict(round_cell(k, seed, 2) for k in (1, 2) for seed in (3, 4))
+    report = build_report(synthetic_results(decided_study(str(tiny_model_dirs["bert"]), rounds),
+                                            {"0": 0.6, "1": 0.85, "2": 0.86}))
+    decided = report.details["sst2"]["m"]["decided"]
+    assert [r.get("follows_rule") for r in decided["rounds"]] == [None, False]
+    assert f"Round(s) 2 are not what today's rule ({RULE}) chooses from the rounds before" in report.markdown
 
 
 @pytest.mark.parametrize("kind", ["layers", "methods"])
@@ -264,8 +353,7 @@ def test_a_round_of_evaluation_examples_is_replayed_on_the_dev_and_evaluation_ex
 
     rounds = dict(round_cell(k, seed, 2) for k in (0, 1, 2) for seed in (3, 4))
     study = decided_study(str(tiny_model_dirs["bert"]), rounds, evaluation_size=1600,
-                          evaluation_rounds={"sst2": {"m": 3}})
-    study["decide"]["looks"] = 4
+                          evaluation_rounds={"sst2": {"m": 3}}, looks=4)
     name = str if kind == "layers" else "top{}".format  # a setting's name: its tunable layers, or a method's
     accuracy = {name(0): 0.6, name(1): 0.85, name(2): 0.86}
     if kind == "methods":  # the same question, its settings named as methods

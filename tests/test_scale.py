@@ -188,3 +188,45 @@ def test_a_study_trained_by_two_processes_is_one_folder_and_one_run_per_cell(ori
     cells = ["sst2-tiny-0-1", "sst2-tiny-0-2", "sst2-tiny-2-1", "sst2-tiny-2-2"]
     assert sorted(p.name for p in (machine / "data" / "04_models" / "ablation").iterdir()) == cells
     assert cell_runs(machine) == [(cell, "FINISHED") for cell in cells]
+
+
+def test_a_folder_that_does_not_prove_its_cell_trains_again_and_the_report_is_a_clean_builds(origin, tmp_path):
+    """Hostile but honest hands on a built study (`pipelines.trained_cells`): another cell's files under a cell's
+    build record, a cell without its weights (a copy or pull cut short), a set-aside folder holding another cell's
+    files; then a cell folder deleted. Each is found, set aside whole with a warning naming it, and trained again:
+    the reports are the clean build's, byte for byte, and MLflow holds one FINISHED run per cell."""
+    import shutil
+
+    _, serial = origin
+    b = copy_of(serial, tmp_path / "b")
+    models = b / "data" / "04_models" / "ablation"
+
+    def files_of(source: Path, target: Path) -> None:  # target's files replaced by source's, its build record kept
+        for path in target.iterdir():
+            if path.name != "build.json":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        for path in source.iterdir():
+            if path.name != "build.json":
+                (shutil.copytree if path.is_dir() else shutil.copy)(path, target / path.name)
+
+    files_of(models / "sst2-tiny-0-2", models / "sst2-tiny-0-1")
+    (models / "sst2-tiny-2-1" / "model" / "model.safetensors").unlink()
+    retired = b / "data" / "04_models" / ".retired" / "ablation"
+    retired.mkdir(parents=True)
+    shutil.move(models / "sst2-tiny-2-2", retired / "sst2-tiny-2-2")  # as a removed seed is set aside
+    files_of(models / "sst2-tiny-0-2", retired / "sst2-tiny-2-2")
+    log = sh(b, "dvc", "repro")
+    assert trained(log) == ["sst2-tiny-0-1", "sst2-tiny-2-1", "sst2-tiny-2-2"]
+    for cell, problem in (("0-1", "its digest differs"), ("2-1", "model/model.safetensors is missing"),
+                          ("2-2", "its digest differs")):
+        [warning] = [line for line in log.splitlines() if f"does not prove it holds cell sst2-tiny-{cell}" in line]
+        assert problem in warning and "set aside, untouched, in" in warning
+    assert sorted(p.name for p in (retired / ".unverified").iterdir()) == [
+        "sst2-tiny-0-1-1", "sst2-tiny-2-1-1", "sst2-tiny-2-2-1"]
+    assert reports(b) == reports(serial)
+
+    shutil.rmtree(models / "sst2-tiny-0-2")  # its cell trains again for the same build key
+    assert trained(sh(b, "dvc", "repro")) == ["sst2-tiny-0-2"] and reports(b) == reports(serial)
+    runs = [run for run in cell_runs(b) if run[0].startswith("sst2-tiny-")]
+    assert sorted(name for name, status in runs if status == "FINISHED") == [
+        f"sst2-tiny-{k}-{seed}" for k in (0, 2) for seed in (1, 2)]

@@ -229,7 +229,9 @@ def test_the_default_studies_keep_the_keys_of_their_trained_cells():
     reports' rows), their recorded rounds included."""
     import pandas as pd
 
-    for name, study in plan_studies(yaml.safe_load((ROOT / "params.yaml").read_text())).studies.items():
+    from pipelines.params import read_params
+
+    for name, study in plan_studies(read_params(ROOT)).studies.items():
         recorded = set(pd.read_csv(ROOT / "reports" / name / "cells.csv")["key"])
         assert {cell.key for cell in study.cells} == recorded, name
 

@@ -17,11 +17,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from layertune.io import file_digests
 from layertune.specs import CellSpec, CorpusSpec, EncoderSpec
 from layertune.study import StudyCell
 from layertune.trainer import TrainingResult
 from pipelines import tracking
-from pipelines.trained_cells import BUILD_FILE, TrainedCells
+from pipelines.trained_cells import BUILD_FILE, TrainedCells, spec_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL = StudyCell(study="e", task="sst2", encoder="m", tunable_layers=2, seed=1,
@@ -76,7 +77,8 @@ def save_folder(folder: Path, spec: CellSpec = CELL.spec, build_key: str = "k1")
     (folder / "metrics.json").write_text(json.dumps(result().summary()))
     (folder / "history.json").write_text(json.dumps(result().history))
     (folder / "run_info.json").write_text(json.dumps({"frozen_prefix_cache": result().frozen_prefix_cache}))
-    (folder / BUILD_FILE).write_text(json.dumps({"key": build_key}))
+    record = {"key": build_key, "spec": spec_digest(spec), "files": file_digests(folder)}  # last: it proves the rest
+    (folder / BUILD_FILE).write_text(json.dumps(record))
     return folder
 
 
@@ -370,9 +372,37 @@ def test_a_cell_trained_again_supersedes_its_earlier_run(uri, tmp_path):
     assert superseded.data.tags[tracking.SUPERSEDED_TAG] == replacing.info.run_id
 
 
+def test_a_cell_trained_again_for_the_same_build_keeps_one_finished_run(uri, tmp_path):
+    """A folder lost (deleted, or set aside as unproven) and its cell trained again for the same build key: the new
+    run stands for the folder, the earlier one ends KILLED, tagged with it. Two FINISHED runs of one build that an
+    earlier version left are settled the same way by `sync`."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    planned = [cell("same-build", 1)]
+    for _ in range(2):
+        cells, runs = study_runs("same-build", tmp_path, planned)
+        shutil.rmtree(cells.path / planned[0].key, ignore_errors=True)
+        with runs:
+            runs.started(planned[0].key)
+            save_folder(cells.path / planned[0].key, planned[0].spec)
+            runs.finished(planned[0].key)
+    found = sorted(runs_of(uri, "same-build"), key=lambda run: run.info.start_time)
+    assert [run.info.status for run in found] == ["KILLED", "FINISHED"]
+    assert found[0].data.tags[tracking.SUPERSEDED_TAG] == found[1].info.run_id
+
+    client = MlflowClient(uri)
+    client.set_terminated(found[0].info.run_id, status="FINISHED")  # as a build before this rule left it
+    settled = tracking.Store("layertune-same-build").call(tracking.sync, cells, {}, {})
+    assert settled == {found[0].info.run_id: "KILLED"}
+    assert sorted(run.info.status for run in runs_of(uri, "same-build")) == ["FINISHED", "KILLED"]
+
+
 def test_sync_names_a_folder_it_cannot_read_and_logs_the_others(uri, tmp_path, monkeypatch):
-    """`python -m pipelines.tracking sync`, in a project: a cell folder whose metrics.json is not JSON is named with
-    the file and what is wrong (it was `StopIteration: 12`); the good folder is logged."""
+    """`python -m pipelines.tracking sync`, in a project: a cell folder whose metrics.json is not the one its build
+    wrote (here: cut short, not JSON) is named with the file and what is wrong (it was `StopIteration: 12`); the
+    good folder is logged."""
     models = tmp_path / "data" / "04_models" / "odd"
     save_folder(models / "sst2-m-2-1")
     broken = save_folder(models / "sst2-m-2-2")
@@ -382,7 +412,8 @@ def test_sync_names_a_folder_it_cannot_read_and_logs_the_others(uri, tmp_path, m
     assert done.returncode == 0, done.stderr
     assert "1 cell folder(s) logged" in done.stdout
     [warning] = [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
-    assert "data/04_models/odd/sst2-m-2-2 is not logged to MLflow: metrics.json is not valid JSON" in warning, warning
+    assert "data/04_models/odd/sst2-m-2-2 is not logged to MLflow: it does not prove its build (metrics.json is not " \
+           "the file its build wrote" in warning, warning
     assert statuses(uri, "odd") == [("sst2-m-2-1", "FINISHED")]
 
 

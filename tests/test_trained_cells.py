@@ -1,28 +1,152 @@
-"""A cell folder handed from a Ray node to the driver (`pipelines.trained_cells.pack` / `TrainedCells.receive`):
-the same files back, and an archive that is not a packed cell refused before anything is written."""
+"""A study's cell folders prove what they hold (`pipelines.trained_cells`): a cell counts as built only when its
+folder's build record names the planned build, its cell.json is the planned spec and every file is the one its build
+wrote; a folder that does not prove it is set aside, never deleted, and the cell trains again. A cell folder handed
+from a Ray node to the driver (`pack` / `TrainedCells.receive`) comes back whole, and an archive that is not a
+packed cell, or one that does not prove its build, is refused before anything is written."""
 
 import io
+import json
+import logging
 import re
+import shutil
 import tarfile
+from pathlib import Path
 
 import pytest
 
-from pipelines.trained_cells import TrainedCells, pack
+from layertune.cell import TrainedCell
+from pipelines.trained_cells import BUILD_FILE, TrainedCells, build_record, pack
+from tests.test_tracking import CELL, result
+
+WEIGHTS = bytes(range(256)) * 10
+
+
+class SavedModel:
+    """What a trained model writes into a cell's ``model/`` folder, without a model (`TrainedCell.save` asks no
+    more of it)."""
+
+    def __init__(self, weights: bytes = WEIGHTS) -> None:
+        self.weights = weights
+
+    def save(self, directory: Path) -> None:
+        Path(directory).mkdir(parents=True)
+        (Path(directory) / "model.safetensors").write_bytes(self.weights)
+        (Path(directory) / "config.json").write_text("{}")
 
 
 def cells(tmp_path) -> TrainedCells:
     return TrainedCells(tmp_path / "models" / "s", tmp_path / "models" / ".retired" / "s")
 
 
-def test_a_packed_cell_is_received_whole(tmp_path):
-    folder = tmp_path / "node" / "c"
-    (folder / "model").mkdir(parents=True)
-    (folder / "cell.json").write_text("{}")
-    (folder / "model" / "model.safetensors").write_bytes(bytes(range(256)) * 10)
-    received = cells(tmp_path).receive("c", pack(folder))
+def cell(seed: int):
+    return CELL.model_copy(update={"seed": seed, "spec": CELL.spec.model_copy(update={
+        "training": CELL.spec.training.model_copy(update={"seed": seed})})})
+
+
+def write(study: TrainedCells, seed: int, weights: bytes = WEIGHTS) -> tuple[str, dict]:
+    """Cell ``seed`` trained and written as the train stage writes it; its key and build record."""
+    planned = cell(seed)
+    build = build_record(planned, code="code", data="data")
+    study.write(planned.key, TrainedCell(planned.spec, result(), SavedModel(weights)), build)
+    return planned.key, build
+
+
+def test_a_written_cell_proves_its_build_and_nothing_else(tmp_path):
+    study = cells(tmp_path)
+    key, build = write(study, 1)
+    record = json.loads((study.path / key / BUILD_FILE).read_text())
+    assert sorted(record["files"]) == [".layertune-output", "cell.json", "drift.csv", "history.json", "metrics.json",
+                                       "model/config.json", "model/model.safetensors", "predictions.json",
+                                       "run_info.json"]
+    assert study.is_built(key, build["key"]) and study.settle(key, build["key"])
+    assert not study.is_built(key, "another build")
+
+
+def swap_files(source: Path, target: Path) -> None:
+    """``target``'s files replaced by ``source``'s, but for its build record (a copy or a hand gone wrong)."""
+    for path in target.iterdir():
+        if path.name != BUILD_FILE:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for path in source.iterdir():
+        if path.name != BUILD_FILE:
+            (shutil.copytree if path.is_dir() else shutil.copy)(path, target / path.name)
+
+
+def set_aside(study: TrainedCells, key: str) -> Path:
+    return study.retired / ".unverified" / f"{key}-1"
+
+
+def test_a_folder_holding_another_cells_files_is_set_aside_and_the_cell_trains_again(tmp_path, caplog):
+    study = cells(tmp_path)
+    (one, build), (two, _) = write(study, 1, WEIGHTS), write(study, 2, WEIGHTS[::-1])
+    swap_files(study.path / two, study.path / one)
+    with caplog.at_level(logging.WARNING):
+        assert not study.settle(one, build["key"])
+    assert not (study.path / one).exists() and study.is_built(two, build_record(cell(2), "code", "data")["key"])
+    aside = set_aside(study, one)
+    assert (aside / "model" / "model.safetensors").read_bytes() == WEIGHTS[::-1]  # kept as it was
+    [line] = [record.getMessage() for record in caplog.records]
+    assert f"{study.path / one} does not prove it holds cell {one}" in line and "its digest differs" in line
+    assert f"set aside, untouched, in {aside}" in line
+
+
+def test_a_cell_without_its_weights_is_not_built(tmp_path, caplog):
+    study = cells(tmp_path)
+    key, build = write(study, 1)
+    (study.path / key / "model" / "model.safetensors").unlink()  # a copy or a pull cut short
+    with caplog.at_level(logging.WARNING):
+        assert not study.settle(key, build["key"])
+    assert "model/model.safetensors is missing" in caplog.text and set_aside(study, key).is_dir()
+
+
+def test_a_retired_folder_holding_another_cells_files_is_not_taken_back(tmp_path, caplog):
+    study = cells(tmp_path)
+    (one, build), (two, _) = write(study, 1), write(study, 2, WEIGHTS[::-1])
+    study.set_aside(planned=[])  # both seeds removed from params.yaml: retired
+    swap_files(study.retired / two, study.retired / one)
+    with caplog.at_level(logging.WARNING):
+        assert not study.settle(one, build["key"])  # planned again: not taken back
+    assert not (study.path / one).exists() and set_aside(study, one).is_dir() and "digest differs" in caplog.text
+
+
+def test_an_older_builds_folder_stays_for_the_new_build_to_replace(tmp_path, caplog):
+    study = cells(tmp_path)
+    key, _ = write(study, 1)
+    with caplog.at_level(logging.WARNING):
+        assert not study.settle(key, "a newer build")
+    assert (study.path / key).is_dir() and not caplog.text
+
+
+@pytest.mark.parametrize("kind", ["a user's folder", "a link out of the study"])
+def test_a_folder_no_build_wrote_is_set_aside_never_followed_or_deleted(tmp_path, caplog, kind):
+    study = cells(tmp_path)
+    key, build = cell(1).key, build_record(cell(1), "code", "data")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "notes.txt").write_text("mine")
+    study.path.mkdir(parents=True)
+    if kind == "a link out of the study":
+        (study.path / key).symlink_to(outside)
+    else:
+        shutil.copytree(outside, study.path / key)
+    with caplog.at_level(logging.WARNING):
+        assert not study.settle(key, build["key"])
+    assert not (study.path / key).exists() and not (study.path / key).is_symlink()
+    assert (set_aside(study, key) / "notes.txt").read_text() == "mine" and (outside / "notes.txt").is_file()
+    assert ("it is a link" if "link" in kind else f"no readable {BUILD_FILE}") in caplog.text
+
+
+def test_a_packed_cell_is_received_whole_once_it_proves_its_build(tmp_path):
+    node = cells(tmp_path / "node")
+    key, build = write(node, 1)
+    received = cells(tmp_path).receive(key, pack(node.path / key), build["key"])
     assert sorted(str(p.relative_to(received)) for p in received.rglob("*")) == \
-        ["cell.json", "model", "model/model.safetensors"]
-    assert (received / "model" / "model.safetensors").read_bytes() == bytes(range(256)) * 10
+        sorted(str(p.relative_to(node.path / key)) for p in (node.path / key).rglob("*"))
+    assert (received / "model" / "model.safetensors").read_bytes() == WEIGHTS
+    with pytest.raises(ValueError, match=f"the folder of cell {key} that came back does not prove its build: it "
+                                         "was built for another key"):
+        cells(tmp_path / "other").receive(key, pack(node.path / key), "another build")
+    assert not list((tmp_path / "other" / "models" / "s").iterdir())  # nothing written
 
 
 def archive(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
@@ -47,6 +171,35 @@ def link(name: str, target: str) -> tarfile.TarInfo:
 ])
 def test_an_archive_that_is_not_a_packed_cell_is_refused_and_writes_nothing(tmp_path, member, why):
     with pytest.raises(ValueError, match=re.escape(f"not a packed cell folder: archive member {why}")):
-        cells(tmp_path).receive("c", archive((tarfile.TarInfo("cell.json"), b"{}"), (member, b"x")))
+        cells(tmp_path).receive("c", archive((tarfile.TarInfo("cell.json"), b"{}"), (member, b"x")), "k")
     assert not (tmp_path / "outside.json").exists()
     assert not list((tmp_path / "models" / "s").iterdir())  # no folder, no staging left
+
+
+def test_a_full_disk_while_a_cell_is_saved_names_the_folder_and_the_bytes_and_loses_nothing(tmp_path, monkeypatch):
+    import errno
+
+    from pipelines.train.nodes import _disk_full_stops_the_stage
+    from pipelines.trained_cells import CellDiskFull
+
+    study = cells(tmp_path)
+    built, build = write(study, 1)
+
+    def full(self, directory):
+        (Path(directory)).mkdir(parents=True)
+        (Path(directory) / "model.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SavedModel, "save", full)
+    key = cell(2).key
+    with pytest.raises(CellDiskFull, match=rf"^\[Errno 28\] no space left for cell {key}'s folder in "
+                                           rf"{re.escape(str(study.path))}: it needs up to 0 bytes .* bytes are free. "
+                                           "Free space there; every cell built so far is kept") as raised:
+        write(study, 2)
+    assert sorted(p.name for p in study.path.iterdir()) == [built]  # nothing half-written, the built cell kept
+    assert study.is_built(built, build["key"])
+    from pipelines.param_checks import StageStopped
+
+    with pytest.raises(StageStopped) as stopped, _disk_full_stops_the_stage():
+        raise raised.value
+    assert stopped.value.exit_code == 1 and "\n" not in stopped.value.message

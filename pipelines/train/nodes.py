@@ -13,23 +13,28 @@ from pipelines import scheduling, tracking
 from pipelines.datasets import SavedCorpus
 from pipelines.plans import TrainPlan
 from pipelines.scheduling import CellJob, Started
-from pipelines.trained_cells import TrainedCells, build_record
+from pipelines.trained_cells import CellDiskFull, TrainedCells, build_record
 
 logger = logging.getLogger(__name__)
 
 
 def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Path, cells: TrainedCells) -> None:
-    scheduler = scheduler_from_environment()  # first: a bad LAYERTUNE_JOBS stops the stage before any work
+    from pipelines.param_checks import InvalidParams
+
+    try:
+        scheduler = scheduler_from_environment()  # first: a bad LAYERTUNE_JOBS stops the stage before any work
+    except ValueError as error:
+        raise InvalidParams(str(error)) from None
     data = {task: scheduling.loaded(corpora[task]).fingerprint for task in {cell.task for cell in plan.cells}}
     builds = {cell.key: build_record(cell, plan.code, data[cell.task]) for cell in plan.cells}
     if is_main_process():  # in a cell trained by several processes, the main one moves folders; the others wait
         cells.set_aside(builds)
-        for cell in plan.cells:
-            if not cells.is_built(cell.key, builds[cell.key]["key"]):
-                cells.take_back(cell.key, builds[cell.key]["key"])
+        built = {cell.key for cell in plan.cells if cells.settle(cell.key, builds[cell.key]["key"])}
     if launched():
         state().wait_for_everyone()
-    todo = [cell for cell in plan.cells if not cells.is_built(cell.key, builds[cell.key]["key"])]
+    if not is_main_process():
+        built = {cell.key for cell in plan.cells if cells.is_built(cell.key, builds[cell.key]["key"])}
+    todo = [cell for cell in plan.cells if cell.key not in built]
     logger.info("%s: %d of %d cell(s) to train%s", plan.study, len(todo), len(plan.cells),
                 f", {scheduler.description}" if todo else "")
     jobs = [CellJob(cell, builds[cell.key], corpora[cell.task], cache_root, cells) for cell in todo]
@@ -42,7 +47,7 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
         if jobs:
             runs.open_build({"cells": len(jobs), "where": scheduler.description})
         training_since = time.monotonic()
-        with contextlib.closing(scheduler.cells(jobs)) as events:
+        with contextlib.closing(scheduler.cells(jobs)) as events, _disk_full_stops_the_stage():
             for event in events:
                 if isinstance(event, Started):
                     started[event.key] = time.monotonic()
@@ -52,6 +57,17 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                 took = f" in {time.monotonic() - started[event.key]:.1f} s" if event.key in started else ""
                 logger.info("[%d/%d] %s trained%s%s", len(runs.done), len(jobs), event.key, took,
                             time_left(time.monotonic() - training_since, len(runs.done), len(jobs), plan.study))
+
+
+@contextlib.contextmanager
+def _disk_full_stops_the_stage():
+    """A full disk under the study's cells ends the stage with its one line (`CellDiskFull`), no traceback."""
+    from pipelines.param_checks import StageStopped
+
+    try:
+        yield
+    except CellDiskFull as full:
+        raise StageStopped(full.strerror) from None
 
 
 def time_left(elapsed_s: float, done: int, total: int, study: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,19 +29,22 @@ class TrainedCell:
     result: TrainingResult
     model: TaskModel
 
-    def save(self, directory: str | Path, *, overwrite: bool = False, extra: Mapping[str, Any] | None = None) -> Path:
+    def save(self, directory: str | Path, *, overwrite: bool = False,
+             extra: Mapping[str, Any | Callable[[Path], Any]] | None = None) -> Path:
         """The cell's folder, written all at once (an interrupted save leaves the old folder, or nothing):
         ``cell.json`` (the spec) and the files of `TrainingResult.save`, model included, and ``extra``'s JSON files
-        (``{file name: data}``: what the caller records with the cell, e.g. what it was built from). An existing
-        folder is replaced only if empty, a previous output, or with ``overwrite``
-        (`layertune.io.check_output_directory`)."""
+        (``{file name: data}``: what the caller records with the cell, e.g. what it was built from; data that is a
+        function is called with the folder being written once every other file is in it, so that it can record
+        them, e.g. their digests: `layertune.io.file_digests`). An existing folder is replaced only if empty, a
+        previous output, or with ``overwrite`` (`layertune.io.check_output_directory`)."""
         from layertune.io import output_directory, write_json
 
+        extra = extra or {}
         with output_directory(directory, overwrite=overwrite, written_by="train_cell") as staging:
             (staging / "cell.json").write_text(self.spec.model_dump_json(indent=2) + "\n")
             self.result.save(staging, self.model)
-            for name, data in (extra or {}).items():
-                write_json(staging / name, data)
+            for name, data in sorted(extra.items(), key=lambda item: callable(item[1])):  # records of the rest last
+                write_json(staging / name, data(staging) if callable(data) else data)
         return Path(directory)
 
 

@@ -167,6 +167,14 @@ def file_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def file_digests(folder: str | Path) -> dict[str, str]:
+    """``{path relative to folder: file_digest}`` of every file below ``folder``, sorted; links are left out, never
+    followed."""
+    folder = Path(folder)
+    return {str(path.relative_to(folder)): file_digest(path)
+            for path in sorted(folder.rglob("*")) if path.is_file() and not path.is_symlink()}
+
+
 DIGEST_ROWS = 8192  # rows hashed at a time: the memory a digest takes stays small, whatever the dataset
 
 

@@ -453,6 +453,35 @@ class PairedBounds:
         return self.difference - half, self.difference + half
 
 
+def settle_chance(candidate: Estimate, rival: Estimate, pooled: SeedSpread | None, tolerance: float, level: float,
+                  rivals: int, seeds: int) -> tuple[float, float]:
+    """The chances that `sequential_look`'s bounds of candidate − rival, with ``seeds`` seeds per setting, settle
+    the comparison (a stochastic-curtailment projection): (within ``tolerance``: the lower bound at ``level`` above
+    −tolerance; worse: the upper bound at ``level / rivals`` below it), taking the difference that more seeds would
+    measure as normal around today's, with the variance those seeds would remove from today's estimate (the part of
+    the dev noise the seeds do not share, and the seed noise). Both 0 while the seed spread is not measured."""
+    import math
+
+    difference = paired_difference(candidate, rival)
+    spread = shrunk_spread(difference, pooled)
+    if spread is None:
+        return 0.0, 0.0
+    now, dev_sd, shared = difference.seeds, float(difference.samples.mean(axis=0).std()), \
+        shared_dev_fraction(difference.samples)
+
+    def variance(n: int) -> float:  # of the mean difference over n seeds: dev noise and seed noise
+        return dev_sd ** 2 * (shared + (1 - shared) * now / n) + spread.sd ** 2 / n
+
+    def half(n: int, at: float) -> float:  # the bound's half-width at one-sided level ``at``
+        dev = normal(1 - at) * dev_sd * float(np.sqrt(shared + (1 - shared) * now / n))
+        return float(np.hypot(dev, SeedSpread(spread.sd, spread.df + n - now).half_width(n, 1 - at)))
+
+    moves = math.sqrt(max(variance(now) - variance(seeds), 1e-24))
+    above = (-tolerance + half(seeds, level) - difference.mean) / moves  # how far today's must move, in sd
+    below = (-tolerance - half(seeds, level / rivals) - difference.mean) / moves
+    return 0.5 * math.erfc(above / math.sqrt(2)), 0.5 * math.erfc(-below / math.sqrt(2))  # normal tails
+
+
 def sequential_bound(candidate: Estimate, rival: Estimate, level: float, pooled: SeedSpread | None,
                      spread_of: SpreadRule = shrunk_spread) -> tuple[float, float]:
     """The one-sided ``level`` bounds of candidate − rival (`PairedBounds`), the seed part by ``spread_of`` from the

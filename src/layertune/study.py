@@ -85,6 +85,7 @@ from layertune.specs import (
 )
 from layertune.errors import choices_hint, describe_validation_error
 from layertune.model_paths import model_fingerprint
+from layertune.rounds import RULE
 from layertune.training_config import TrainingConfig, encoder_rates
 from layertune.tuning_methods import TopK, TuningMethod
 
@@ -158,13 +159,15 @@ class DecidedWith(Spec):
     seeds_per_round: PositiveInt = Field(description="decide.seeds_per_round")
     evaluation_size: PositiveInt | None = Field(description="decide.evaluation_size (which examples a round may "
                                                             "add)")
+    rule: str = Field("1", description="the rule that chose the rounds and made the claims (`layertune.rounds.RULE`); "
+                                       "1: a record from before rules were named")
 
     @classmethod
     def of(cls, report: ReportSpec, decide: DecideSpec) -> DecidedWith:
-        """The values a study with ``report`` and ``decide`` decides its rounds with, as it stands."""
+        """The values a study with ``report`` and ``decide`` decides its rounds with, as it stands (today's rule)."""
         return cls(tolerance=report.tolerance, confidence=report.confidence, looks=decide.looks,
                    spending=decide.spending, seeds_per_round=decide.seeds_per_round,
-                   evaluation_size=decide.evaluation_size)
+                   evaluation_size=decide.evaluation_size, rule=RULE)
 
 
 # Each value of `DecidedWith`: where the study sets it.
@@ -175,9 +178,10 @@ DECIDED_WITH_KEYS = {"tolerance": "report.tolerance", "confidence": "report.conf
 
 class DecideSpec(Spec):
     """A study decided in rounds (`layertune.rounds`; `layertune repro --decide`): after each round, the settings
-    shown worse than the best by more than the tolerance stop, and the others get the next seeds, until each
-    question (task and encoder) is answered, ``looks`` rounds are done, or the build's budget is spent. ``rounds``
-    is the record `layertune repro --decide` writes: a rebuild trains and reports the same rounds."""
+    shown worse than the best by more than the tolerance stop, and the next seeds go where they can settle
+    something, until each question (task and encoder) is answered, ``looks`` rounds are done, no seeds could settle
+    more, or the build's budget is spent. ``rounds`` is the record `layertune repro --decide` writes: a rebuild
+    trains and reports the same rounds."""
 
     looks: int = Field(4, ge=2, le=20, description="rounds at most, the grid's included: the error rate is spent "
                                                   "over them")
@@ -409,8 +413,9 @@ class StudySpec(Spec):
 
     def _check_rounds(self, decide: DecideSpec) -> None:
         """The record of the rounds is one the rule could have written: per question (task and encoder), rounds 2,
-        3, … without a gap, each either new seeds (none of the grid's, the same for each of its settings) for
-        settings still in question (a setting stopped gets none after), or the evaluation examples, once."""
+        3, … without a gap, each either new seeds (none of the grid's, the same for each of its settings) for some
+        of the settings of the round before (a setting left out gets none after), or the evaluation examples, once;
+        chosen by today's rule (``decided_with.rule``), with the values of today's study."""
         if self.report.kind not in ("layers", "methods"):
             raise ValueError(f"decide: a {self.report.kind!r} report has no question to decide in rounds; "
                              "decide works with the layers and methods reports")
@@ -460,12 +465,22 @@ class StudySpec(Spec):
                                      "each of its settings the same seeds")
                 if stopped := sorted(set(rounds[number]) - trained):
                     raise ValueError(f"{where}: round {number} trains {', '.join(stopped)}, which an earlier round "
-                                     "stopped: a setting stopped stays stopped")
+                                     "left out: a setting left out of a round stays out (its seeds pair with the "
+                                     "others' by their order)")
                 trained = set(rounds[number])
 
     def _check_decided_with(self, decide: DecideSpec) -> None:
         """Recorded rounds replay their claims under today's values: each must be the one they were decided with."""
-        if decide.decided_with is None or not decide.recorded:
+        if not decide.recorded:
+            return
+        then_rule = decide.decided_with.rule if decide.decided_with is not None else "1"
+        if then_rule != RULE:
+            raise ValueError(f"decide.decided_with.rule: the recorded rounds were chosen by rule {then_rule!r}, and "
+                             f"today's is {RULE!r}, which chooses its rounds and makes its claims differently: clear "
+                             "decide.rounds, decide.evaluation_rounds and decide.decided_with to decide the study "
+                             "again from its grid (layertune repro --decide), or use the layertune release that "
+                             "recorded them")
+        if decide.decided_with is None:
             return
         now = DecidedWith.of(self.report, decide)
         for field, key in DECIDED_WITH_KEYS.items():

@@ -33,7 +33,8 @@ class TrainingConfig(BaseModel):
     gradient_accumulation_steps: PositiveInt = Field(
         1, description="forward passes per optimizer step: a step sees batch_size x this many examples")
     eval_batch_size: PositiveInt | None = Field(None, description="default: batch_size")
-    epochs: PositiveInt = Field(3, description="passes over the training data")
+    epochs: PositiveInt = Field(3, le=100_000, description="passes over the training data (at most 100,000: more is a "
+                                "typo, not a study)")
     eval_strategy: Literal["epoch", "end"] = Field(
         "epoch", description="score dev after every epoch and keep the best, or only after the last (keep the last)")
     shuffle_data: bool = Field(True, description="a new order of the training examples each epoch (from the seed)")

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from layertune import rounds as rule  # its FUTILE, read when a report is written
 from layertune.reports.common import Setting, StudyResults, markdown_table
-from layertune.rounds import Round, answer, next_round, recorded_rounds, replay, seeds_by_setting
+from layertune.rounds import RULE, Round, allocate, answer, next_round, recorded_rounds, replay, seeds_by_setting
 from layertune.statistics import (
     Estimate,
     Looks,
@@ -47,6 +48,14 @@ class Decision:
     next: Round | None
     grid_answer: str  # what the fixed test says of the grid alone (round 1), as the report would without rounds
     estimates: dict[str, Estimate]  # each setting's, at the last look, on the data its claims are made on
+    chosen: list[Round | None]  # after each look, the round the rule chooses: a recorded round must be it
+    stalled: dict[str, float]  # settings in question the seeds the looks leave could hardly settle, and their chance
+
+    @property
+    def follows_rule(self) -> list[bool]:
+        """Per round after the first, whether it is the round the rule chose from the looks before it (the number
+        of evaluation examples aside: as many as there were to carve)."""
+        return [_same(done, chosen) for done, chosen in zip(self.rounds[1:], self.chosen)]
 
     @property
     def last(self) -> dict[str, Verdict]:
@@ -87,16 +96,33 @@ def decide_question(results: StudyResults, task: str, encoder: str, estimates: M
 
     claims = replay(rounds, estimate_of, options.tolerance, looks)
     order = list(order)
-    last = {setting: estimate_of(setting, seeds, bool(extended))
-            for setting, seeds in seeds_by_setting(rounds).items()}
     # Scored from the saved cells' sentence-level predictions: not for token classification.
     evaluation_size = spec.decide.evaluation_size if results.corpora[task]().task_type != "token_classification" \
         else None
+
+    def at_look(look: int) -> dict[str, Estimate]:  # what the rule saw at a look: the cells of its rounds
+        seen = any(done.examples for done in rounds[:look])
+        return {setting: estimate_of(setting, seeds, seen) for setting, seeds in seeds_by_setting(rounds[:look]).items()}
+
+    def chosen_after(look: int) -> tuple[Round | None, dict[str, int | None]]:
+        seen = at_look(look)
+        allocation = allocate(seen, claims[look - 1], order, options.tolerance, looks, look,
+                              spec.decide.seeds_per_round, rounds[look - 1].settings)
+        return next_round(rounds[:look], claims[look - 1], order, looks, spec.decide.seeds_per_round, allocation,
+                          evaluation_size, _dev_dominates(seen, claims[look - 1], options)), allocation.stalled
+
+    chosen = [chosen_after(look) for look in range(1, len(rounds) + 1)]
     grid = {name: first_seeds(estimate, len(spec.seeds)) for name, estimate in estimates.items()}
-    return Decision(task, encoder, rounds, claims, order, answer(claims[-1], order), looks,
-                    next_round(rounds, claims[-1], order, looks, spec.decide.seeds_per_round, evaluation_size,
-                               _dev_dominates(last, claims[-1], options)),
-                    _fixed_answer(grid, order, options.tolerance, options.confidence), last)
+    return Decision(task, encoder, rounds, claims, order, answer(claims[-1], order), looks, chosen[-1][0],
+                    _fixed_answer(grid, order, options.tolerance, options.confidence), at_look(len(rounds)),
+                    [found for found, _ in chosen], chosen[-1][1])
+
+
+def _same(recorded: Round, chosen: Round | None) -> bool:
+    """A recorded round is the one chosen: the same seeds for the same settings, or both the evaluation examples."""
+    if chosen is None or bool(recorded.examples) != bool(chosen.examples):
+        return False
+    return bool(recorded.examples) or (recorded.seeds, recorded.settings) == (chosen.seeds, chosen.settings)
 
 
 def evaluation_estimates(results: StudyResults, task: str, encoder: str) -> dict[str, Estimate]:
@@ -158,8 +184,10 @@ def versus_header(decision: Decision | None, reference: str) -> str:
 def rule_text(results: StudyResults) -> str:
     decide = results.plan.spec.decide
     return (f"Decided in rounds (at most {decide.looks}, the grid's seeds the first): after each round the settings "
-            "shown worse than the best by more than the tolerance stop, and the others get the next "
-            f"{decide.seeds_per_round} seed(s)"
+            "shown worse than the best by more than the tolerance stop, and the next "
+            f"{decide.seeds_per_round} seed(s) go where they can settle something: to each setting in question whose "
+            f"chance of a claim with the seeds of the rounds left is {rule.FUTILE:.0%} or more, and to the settings it "
+            "is compared with"
             + (f", or, once the dev examples are most of an open comparison's uncertainty, {decide.evaluation_size:,} "
                "more labelled examples the study does not train on, carved from the task's training data and scored "
                "from the saved cells (once)" if decide.evaluation_size else "")
@@ -189,8 +217,14 @@ def rounds_section(results: StudyResults, decision: Decision, setting_header: st
     header = ["round", "seeds" if not any(done.examples for done in decision.rounds) else "seeds or examples",
               f"{setting_header} trained", "cells", "training time (s)",
               *[f"then {text}" for text in CLAIMS.values()]]
+    stalled = "; ".join(f"{name}: {chance:.0%}" for name, chance in decision.stalled.items())
     if decision.answer is not None:
         outcome = f"Decided after round {len(decision.rounds)}: **{decision.answer}**."
+    elif decision.next is None and len(decision.rounds) < decision.looks.maximum:
+        outcome = (f"Not decided after round {len(decision.rounds)} of at most {decision.looks.maximum}, and the "
+                   f"seeds the rounds left give have less than a {rule.FUTILE:.0%} chance of settling any "
+                   f"comparison in question (the chance of a claim: {stalled}): no more rounds; what would settle "
+                   "each is below.")
     elif decision.next is not None and decision.next.examples:
         outcome = (f"Not decided after round {len(decision.rounds)} of at most {decision.looks.maximum}: the dev "
                    f"examples are most of the uncertainty, so the next round would add {decision.next.examples:,} "
@@ -199,10 +233,16 @@ def rounds_section(results: StudyResults, decision: Decision, setting_header: st
     elif decision.next is not None:
         outcome = (f"Not decided after round {len(decision.rounds)} of at most {decision.looks.maximum}: the next "
                    f"round would train seed(s) {', '.join(map(str, decision.next.seeds))} of "
-                   f"{', '.join(decision.next.settings)} (`layertune repro --decide {study}`).")
+                   f"{', '.join(decision.next.settings)} (`layertune repro --decide {study}`)"
+                   + (f"; none for settings the seeds the rounds left give could hardly settle (the chance of "
+                      f"a claim: {stalled})" if stalled else "") + ".")
     else:
         outcome = (f"Not decided, and all {decision.looks.maximum} rounds are spent: what would settle each "
                    "comparison in question is below.")
+    strays = [str(number) for number, follows in enumerate(decision.follows_rule, start=2) if not follows]
+    if strays:
+        outcome += (f" Round(s) {', '.join(strays)} are not what today's rule ({RULE}) chooses from the rounds "
+                    "before: clear the record to decide the study again.")
     return (f"### Rounds\n\n{markdown_table(header, rows, 'rllrrlll')}\n"
             f"Training time over all rounds: {total:.1f} s. {outcome} The grid alone (round 1), by the fixed test at "
             f"{results.options.confidence:.0%}: {decision.grid_answer}.\n")
@@ -211,11 +251,12 @@ def rounds_section(results: StudyResults, decision: Decision, setting_header: st
 def rounds_details(decision: Decision) -> dict:
     """What a rebuild reproduces byte for byte (no times): each round's seeds, settings and claims, the answer and
     the round that would come next."""
-    return {"order": decision.order, "answer": decision.answer, "looks": decision.looks.maximum,
-            "rounds": [{**_round_details(done), "claims": claims}
-                       for done, claims in zip(decision.rounds, decision.claims)],
+    return {"order": decision.order, "answer": decision.answer, "looks": decision.looks.maximum, "rule": RULE,
+            "rounds": [{**_round_details(done), "claims": claims, **({"follows_rule": follows} if number else {})}
+                       for number, (done, claims, follows) in enumerate(zip(
+                           decision.rounds, decision.claims, [True, *decision.follows_rule]))],
             "next_round": None if decision.next is None else _round_details(decision.next),
-            "grid_answer": decision.grid_answer}
+            "stalled": decision.stalled, "grid_answer": decision.grid_answer}
 
 
 def _round_details(done: Round) -> dict:
