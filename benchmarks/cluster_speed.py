@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipelines.params import read_params, write_params  # noqa: E402
 from pipelines.profiles import apply_overrides, load_profile  # noqa: E402
+from machine_speed import reference  # noqa: E402  (benchmarks/: the machine's reference figure)
 
 WAYS = ("serial", "jobs", "ray")
 
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
                     for key in ("wall_s", "shared_s", "cells_s", "reports_s", "cell_s_median")} for way in WAYS}
     report = {
         "profile": args.profile, "studies": studies, "cells": builds[0]["cells_trained"],
-        "jobs": args.jobs, "nodes": args.nodes, "cpus_per_node": args.cpus_per_node, "cpus": os.cpu_count(),
+        "jobs": args.jobs, "nodes": args.nodes, "cpus_per_node": args.cpus_per_node, "machine": reference(),
         "builds": [{k: v for k, v in b.items() if k != "reports"} for b in builds], "median": median,
         "wall_vs_serial": {way: round(median[way]["wall_s"] / median["serial"]["wall_s"], 2) for way in WAYS},
         "reports_identical": True, "ray_init": ray_cost()}

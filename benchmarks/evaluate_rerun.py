@@ -27,6 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from layertune.io import write_json  # noqa: E402
 from pipelines.evaluate.nodes import EVALUATION_CACHE  # noqa: E402
+from machine_speed import reference  # noqa: E402  (benchmarks/: the machine's reference figure)
 
 
 def forced_evaluate(project: Path, study: str) -> float:
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     aside = entries.with_name(f".{EVALUATION_CACHE}-aside-{os.getpid()}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.project, capture_output=True,
                             text=True).stdout.strip()
-    report: dict = {"commit": commit or None, "machine": f"{os.cpu_count()} CPUs",
+    report: dict = {"commit": commit or None, "machine": reference(),
                     "date": time.strftime("%Y-%m-%d"), "stage_wall_s": {}}
     for study in args.studies:
         forced_evaluate(args.project, study)  # the cache holds every cell of the study from here on

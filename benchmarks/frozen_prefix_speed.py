@@ -47,6 +47,7 @@ from layertune.model_paths import resolve_model_path  # noqa: E402
 from layertune.metrics import compute_metrics  # noqa: E402
 from layertune.tokenization import tokenize_corpus  # noqa: E402
 from layertune.training_config import autocast_dtype, resolve_mixed_precision  # noqa: E402
+from machine_speed import reference  # noqa: E402  (benchmarks/: the machine's reference figure)
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULTS = dict(train_size=2000, dev_size=None, epochs=1, seeds="0,1", layers="0,1,2,3,all")
@@ -443,6 +444,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     for name, passed, figure in check_targets(rows, study, runs):
         print(f"  {'PASS' if passed else 'FAIL'}  {name}: {figure}")
     report["cpu_steal"] = steal_fraction(cpu_start)
+    report["machine"] = reference()
     steal = "n/a" if report["cpu_steal"] is None else f"{100 * report['cpu_steal']:.0f}%"
     print(f"\nbenchmark wall time {time.perf_counter() - started:.0f} s, load average now "
           f"{os.getloadavg()[0]:.2f}, CPU steal during the run {steal}")

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipelines.params import read_params, write_params  # noqa: E402
 from pipelines.profiles import apply_overrides, load_profile  # noqa: E402
+from machine_speed import reference  # noqa: E402  (benchmarks/: the machine's reference figure)
 
 RUNNING = re.compile(r"^Running stage '([^']+)':")
 MODEL = "sentence-transformers/paraphrase-MiniLM-L3-v2"
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     before_sizes = [int(n) for n in (args.before_cells or args.cells).split(",") if n]
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    report: dict = {"commit": head, "machine": f"{os.cpu_count()} CPUs", "date": time.strftime("%Y-%m-%d")}
+    report: dict = {"commit": head, "machine": reference(), "date": time.strftime("%Y-%m-%d")}
     with contextlib.ExitStack() as stack:
         if args.keep:
             args.keep.mkdir(parents=True)  # a new folder: never build over an earlier one

@@ -49,6 +49,7 @@ from layertune.frozen_prefix import FrozenPrefixCache
 from layertune.metrics import compute_metrics
 from layertune.model_paths import resolve_model_path
 from layertune.tokenization import tokenize_corpus
+from machine_speed import reference  # noqa: E402  (benchmarks/: the machine's reference figure)
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULTS = {"train_size": 400, "dev_size": 64, "repeats": 4, "top_k_repeats": 2, "layers": "1,2,3"}
@@ -309,6 +310,7 @@ def benchmark(args: argparse.Namespace) -> dict:
               "lora_all": lora_all, "top_k": top_k}
     print_report(report)
     report["cpu_steal"] = steal_fraction(cpu_start)
+    report["machine"] = reference()
     report["wall_s"] = time.perf_counter() - started
     steal = "n/a" if report["cpu_steal"] is None else f"{100 * report['cpu_steal']:.0f}%"
     print(f"\nbenchmark wall time {report['wall_s']:.0f} s, load average now {os.getloadavg()[0]:.2f}, CPU steal "

@@ -7,14 +7,19 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def catalog_path(entry: str, study: str | None = None, project: Path = Path(), key: str | None = None) -> Path:
-    """Where the catalog's dataset ``entry`` lies for ``study`` (its ``${_study}``), under ``project``: its
-    ``path`` or ``filepath``, or another of its paths (``key``: the ``retired`` folder of ``study_cells``)."""
+def catalog_entries(study: str | None = None, project: Path = Path()) -> dict[str, dict]:
+    """The catalog's datasets as configured (``{name: {type, path, …}}``), its ``${_study}`` filled with ``study``."""
     from kedro.config import OmegaConfigLoader
 
     from pipelines.settings import CONFIG_LOADER_ARGS
 
     loader = OmegaConfigLoader(conf_source=str(project / "conf"), **CONFIG_LOADER_ARGS,
                                runtime_params={"study": study} if study is not None else {})
-    dataset = loader["catalog"][entry]
+    return {name: entry for name, entry in loader["catalog"].items() if not name.startswith("_")}
+
+
+def catalog_path(entry: str, study: str | None = None, project: Path = Path(), key: str | None = None) -> Path:
+    """Where the catalog's dataset ``entry`` lies for ``study`` (its ``${_study}``), under ``project``: its
+    ``path`` or ``filepath``, or another of its paths (``key``: the ``retired`` folder of ``study_cells``)."""
+    dataset = catalog_entries(study, project)[entry]
     return project / dataset[key or ("path" if "path" in dataset else "filepath")]

@@ -50,11 +50,11 @@ class SpecDataset(Located, AbstractDataset[Any, Any]):
         if not self._path.is_file():
             from layertune.errors import choices_hint
 
-            missing = self._path  # the first part of the path that does not exist: the unknown study or cell
+            missing = self._path  # the first part of the path that does not exist: the unknown study
             while not missing.parent.exists() and missing.parent != missing:
                 missing = missing.parent
             known = sorted(p.stem for p in missing.parent.iterdir()) if missing.parent.is_dir() else []
-            raise DatasetError(f"No plan at {self._path}: check the study and cell given to --params (after editing "
+            raise DatasetError(f"No plan at {self._path}: check the study given to --params (after editing "
                                f"params.yaml, run the plan stage first: dvc repro plan)."
                                f"{choices_hint(missing.stem, known) if known else ''}")
         return _class(self._spec).model_validate_json(self._path.read_text())

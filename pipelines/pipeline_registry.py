@@ -1,5 +1,5 @@
 """One pipeline per DVC stage (`pipelines.STAGES`). ``plan`` reads params.yaml; ``download`` every task; the others
-act on one study (``--params study=<name>``) and ``train`` on one cell of it (``--params study=<name>,cell=<key>``)."""
+act on one study (``--params study=<name>``)."""
 
 import importlib
 

@@ -34,9 +34,12 @@ _OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_ne
 
 
 @contextlib.contextmanager
-def on_signals(handler: Callable[[int, object], None], signums: Iterable[int] = STOP_SIGNALS) -> Iterator[bool]:
-    """Within the block, ``handler(signum, frame)`` handles ``signums``; the previous handlers come back after it.
-    Python installs handlers only in the main thread: elsewhere nothing changes (yields False)."""
+def on_signals(handler: Callable[[int, object], None] | signal.Handlers, signums: Iterable[int] = STOP_SIGNALS
+               ) -> Iterator[bool]:
+    """Within the block, ``handler(signum, frame)`` (or `signal.SIG_IGN`) handles ``signums``; the previous handlers
+    come back after it. The one place that installs signal handlers: every other way of taking a signal in the
+    pipeline is built on it. Python installs handlers only in the main thread: elsewhere nothing changes (yields
+    False)."""
     if threading.current_thread() is not threading.main_thread():
         yield False
         return
@@ -48,6 +51,31 @@ def on_signals(handler: Callable[[int, object], None], signums: Iterable[int] = 
             signal.signal(signum, old)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread so that cleanup (a cell's staging folder removed, the runs ended
+    KILLED) happens as for Ctrl-C."""
+
+
+@contextlib.contextmanager
+def terminated_as_interrupt(signums: Iterable[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[bool]:
+    """Within the block, ``signums`` raise `Terminated` instead of ending the process silently (in the main thread;
+    elsewhere nothing changes)."""
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(f"received signal {signal.Signals(signum).name}")
+
+    with on_signals(handler, signums) as installed:
+        yield installed
+
+
+@contextlib.contextmanager
+def signals_noted(signums: Iterable[int] = STOP_SIGNALS) -> Iterator[list[int]]:
+    """Within the block, ``signums`` are only noted, in the list it yields (in the main thread): for a loop that
+    checks between steps that a signal must not cut (Ray's wait)."""
+    noted: list[int] = []
+    with on_signals(lambda signum, frame: noted.append(signum), signums):
+        yield noted
+
+
 @contextlib.contextmanager
 def signals_deferred(signums: Iterable[int] = STOP_SIGNALS) -> Iterator[None]:
     """Within the block, ``signums`` are held: noted, then sent again as it ends, to the handlers installed before
@@ -56,18 +84,11 @@ def signals_deferred(signums: Iterable[int] = STOP_SIGNALS) -> Iterator[None]:
     may reach any of its threads. Main thread only."""
     received: list[int] = []
     try:
-        with on_signals(lambda signum, frame: received.append(signum), signums):
+        with signals_noted(signums) as received:
             yield
     finally:
         for signum in dict.fromkeys(received):
             signal.raise_signal(signum)
-
-
-def ignore_signals(signums: Iterable[int] = STOP_SIGNALS) -> None:
-    """``signums`` ignored from now on (in the main thread): a second signal must not cut a cleanup short."""
-    if threading.current_thread() is threading.main_thread():
-        for signum in signums:
-            signal.signal(signum, signal.SIG_IGN)
 
 
 # ------------------------------------------------------------------------------ ending with the parent
@@ -193,8 +214,8 @@ class Children:
             try:
                 yield self
             except (Interrupted, KeyboardInterrupt) as error:
-                ignore_signals()  # a second signal must not cut the stopping short (restored on leaving)
-                self.stop(getattr(error, "signum", signal.SIGINT))
+                with on_signals(signal.SIG_IGN):  # a second signal must not cut the stopping short
+                    self.stop(getattr(error, "signum", signal.SIGINT))
                 raise
 
 

@@ -12,6 +12,7 @@ imports its modules by name only (``layertune/__init__.py``'s lazy exports serve
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -29,11 +30,21 @@ def module_file(name: str, packages: Mapping[str, Path]) -> Path | None:
     return None
 
 
-def _imported_names(path: Path, module: str) -> set[str]:
-    """Every module name ``path`` imports; ``from a import b`` counts a and a.b (b may be a submodule)."""
+def _imported_names(path: Path, module: str, classes: frozenset[str] | None = None) -> frozenset[str]:
+    """Every module name ``path`` imports; ``from a import b`` counts a and a.b (b may be a submodule). With
+    ``classes``, the imports inside any other class of the file do not count: a stage that uses those classes
+    alone does not run them."""
+    return _imports_in(path.read_text(), module if path.name == "__init__.py" else module.rpartition(".")[0],
+                       classes)
+
+
+@functools.lru_cache(maxsize=None)  # by the source itself: every stage's closure walks the same shared files
+def _imports_in(source: str, package: str, classes: frozenset[str] | None) -> frozenset[str]:
     names = set()
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(source)
+    if classes is not None:
+        tree.body = [node for node in tree.body if not isinstance(node, ast.ClassDef) or node.name in classes]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -43,20 +54,23 @@ def _imported_names(path: Path, module: str) -> set[str]:
                 base = f"{parent}.{base}".rstrip(".")
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
-    return names
+    return frozenset(names)
 
 
-def import_closure(roots: Iterable[Path], packages: Mapping[str, Path]) -> list[Path]:
+def import_closure(roots: Iterable[Path], packages: Mapping[str, Path],
+                   classes: Mapping[Path, frozenset[str]] | None = None) -> list[Path]:
     """``roots`` and every file of ``packages`` they import, directly or not, with each package's ``__init__.py``
-    on the way (importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``)."""
+    on the way (importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``); in a file of ``classes``, only
+    the imports of those of its classes (and of the rest of the file) are followed."""
     folders = {folder.resolve(): top for top, folder in packages.items()}
+    only = {Path(path).resolve(): names for path, names in (classes or {}).items()}
     queue, seen = [Path(root).resolve() for root in roots], set()
     while queue:
         path = queue.pop()
         if path in seen:
             continue
         seen.add(path)
-        for name in _imported_names(path, _module_name(path, folders)):
+        for name in _imported_names(path, _module_name(path, folders), only.get(path)):
             parts = name.split(".")
             for depth in range(1, len(parts) + 1):
                 found = module_file(".".join(parts[:depth]), packages)
@@ -73,21 +87,45 @@ def _module_name(path: Path, folders: Mapping[Path, str]) -> str:
     return path.stem
 
 
+def code_digest(path: Path) -> str:
+    """The sha256 of a file as it runs: a Python file's code as Python parses it, without comments, docstrings or
+    layout (`ast.unparse` of its tree, docstrings removed), so that editing a comment or a docstring changes no
+    fingerprint; any other file's bytes. (Another Python version may unparse a file otherwise, and so fingerprint it
+    otherwise: a build moved to it reruns, as for an edit.)"""
+    if path.suffix != ".py":
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    return _source_digest(path.read_text())
+
+
+@functools.lru_cache(maxsize=None)  # by the source itself: the plan asks for a file once per stage that runs it
+def _source_digest(source: str) -> str:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.unparse(tree).encode()).hexdigest()
+
+
 def fingerprint(files: Iterable[Path], packages: Mapping[str, Path], root: Path) -> dict[str, str]:
-    """``{name: sha256 of the file's bytes}``, sorted; a package file is named from its package
-    (``layertune/heads.py``) wherever the package is installed, any other file relative to ``root``."""
+    """``{name: code_digest}``, sorted; a package file is named from its package (``layertune/heads.py``) wherever
+    the package is installed, any other file relative to ``root``."""
     names = {}
     for file in files:
         file = Path(file).resolve()
         owner = next((folder.resolve() for folder in packages.values() if file.is_relative_to(folder.resolve())), None)
         name = file.relative_to(owner.parent) if owner else file.relative_to(root.resolve())
-        names[str(name)] = hashlib.sha256(file.read_bytes()).hexdigest()
+        names[str(name)] = code_digest(file)
     return dict(sorted(names.items()))
 
 
 def stage_fingerprint(stage_folder: Path, followed: Iterable[Path], hashed: Iterable[Path],
-                      packages: Mapping[str, Path], root: Path) -> dict[str, str]:
-    """The fingerprint of one stage: the Python files of its folder and ``followed`` ones (hooks, datasets,
-    settings), with everything of ``packages`` they import; and ``hashed`` files as they are (configuration)."""
+                      packages: Mapping[str, Path], root: Path,
+                      classes: Mapping[Path, frozenset[str]] | None = None) -> dict[str, str]:
+    """The fingerprint of one stage: the Python files of its folder and ``followed`` ones (hooks, settings, the
+    datasets module), with everything of ``packages`` they import (of a file of ``classes``, what the stage's
+    classes import: `import_closure`); and ``hashed`` files as they are (configuration)."""
     roots = [*sorted(Path(stage_folder).rglob("*.py")), *followed]
-    return fingerprint([*import_closure(roots, packages), *hashed], packages, root)
+    return fingerprint([*import_closure(roots, packages, classes), *hashed], packages, root)

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.processes import STOP_SIGNALS, on_signals
+from pipelines.processes import signals_noted
 from pipelines.scheduling import CellFailed, CellJob, Finished, loaded
 
 RAY_ENV = "LAYERTUNE_RAY"  # the cluster's address ("" for `ray.init`'s own choice); `layertune repro --ray` sets it
@@ -70,7 +70,7 @@ class RayCluster:
         ray = connect(self.address)
         pending: dict = {}  # task -> its job
         try:
-            with _signals_noted() as signals:  # a signal inside Ray's wait would break it: checked between waits
+            with signals_noted() as signals:  # a signal inside Ray's wait would break it: checked between waits
                 task = ray.remote(train_on_node).options(**self._resources(ray), max_retries=RETRIES,
                                                          retry_exceptions=False,
                                                          runtime_env={"env_vars": forwarded_environment()})
@@ -156,14 +156,6 @@ def forwarded_environment() -> dict[str, str]:
 def _task_error(error: Exception) -> str:
     cause = getattr(error, "cause", None) or error  # a RayTaskError wraps the task's own exception
     return f"{type(cause).__name__}: {cause}"
-
-
-@contextlib.contextmanager
-def _signals_noted() -> Iterator[list[int]]:
-    """Within the block SIGINT, SIGTERM and SIGHUP are only noted, in the list it yields (in the main thread)."""
-    noted: list[int] = []
-    with on_signals(lambda signum, frame: noted.append(signum), STOP_SIGNALS):
-        yield noted
 
 
 # ------------------------------------------------------------------------------------------- on a node

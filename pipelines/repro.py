@@ -54,7 +54,7 @@ def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_pe
 
     def dvc_repro(*targets: str) -> None:
         command = ["dvc", "repro", *targets]
-        # tied: a build killed with SIGKILL takes its `dvc` with it, and that its stage (`pipelines.processes`)
+        # tied: a build killed with SIGKILL takes its `dvc` with it, and `dvc` its stage (`pipelines.processes`)
         done = children.run(tied(command), env=env)
         if done is not None and done.returncode:
             raise BuildFailed(f"{' '.join(command)} failed (exit status {done.returncode}); its output above says "

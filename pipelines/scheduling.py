@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.processes import die_with_parent
+from pipelines.processes import die_with_parent, on_signals, terminated_as_interrupt
 from pipelines.trained_cells import CellDiskFull
 
 logger = logging.getLogger(__name__)
@@ -181,9 +181,9 @@ def _work(index: int, tasks, events, parent: int) -> None:
     """A worker: cells from ``tasks`` until a None, each reported to ``events`` as it starts and ends. SIGTERM stops
     it (as Ctrl-C would: a cell's staging folder is removed), and so does the end of the process that started it."""
     die_with_parent(signal.SIGTERM, parent)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the stage, which stops the workers itself
-    with contextlib.suppress(KeyboardInterrupt):
+    # A Ctrl-C reaches the stage, which stops the workers itself (SIGTERM: a cell's staging folder is removed).
+    with terminated_as_interrupt(), on_signals(signal.SIG_IGN, [signal.SIGINT]), \
+            contextlib.suppress(KeyboardInterrupt):
         while (job := tasks.get()) is not None:
             events.put(("started", index, job.key, _now_ms()))
             try:
@@ -195,10 +195,6 @@ def _work(index: int, tasks, events, parent: int) -> None:
                 events.put(("failed", index, job.key, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
                 return
             events.put(("finished", index, job.key, None))
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
 
 def _check_alive(workers: list, holding: dict[int, str]) -> None:

@@ -1,30 +1,11 @@
-"""MLflow tracking: the cell folder is the record, and MLflow shows it. One experiment per study, one run per
-cell, each the child of its study build's run; a run ends FINISHED only once its cell's folder is saved, and a
-tracking outage never costs a trained cell.
-
-One process owns every run of a build: the train stage's (`StudyRuns`), whichever processes or machines train the
-cells. It opens the build's parent run, opens a cell's run as the cell starts (RUNNING, with its parameters and
-dataset inputs, so the UI shows what trains; a cell trained on a Ray node gets its run once its folder comes back,
-started at the time it started there), projects the saved folder onto it (`log_cell`: per-epoch history, final
-metrics, the model's path and the frozen-prefix cache's decision as tags, the folder's summary, history and run info
-as artifacts) and ends it FINISHED. A failed cell ends FAILED; Ctrl-C or SIGTERM (what ``kill`` and CI timeouts
-send) ends the cells' runs and the build's KILLED. A build killed with SIGKILL cannot end anything: the next build
-of the study settles the runs it left RUNNING (`settle_abandoned_runs`: their owner, this machine's process that
-created them, is gone): completed from the cell's folder where it was saved, else KILLED.
-
-Runs are driven through `mlflow.MlflowClient` with explicit run ids, never mlflow's active-run globals: mlflow ends a
-still-active run as FINISHED when the interpreter exits, which would mark an interrupted cell as finished.
-
-Whatever MLflow could not take is logged later, from the folders: once per build, as the train stage ends, `sync`
-gives every cell folder of the study a FINISHED run of its build key (`BUILD_KEY_TAG`), created from the folder
-where there is none (a store that was down, cells that DVC pulled from a remote), and ends the FINISHED runs of a
-cell's earlier builds KILLED, tagged `SUPERSEDED_TAG` (their folder was replaced). ``python -m pipelines.tracking
-sync`` does the same by hand.
-
-The tracking URI is ``$MLFLOW_TRACKING_URI`` when set (a team server, say), else ``sqlite:///mlflow.db`` in the
-working directory (MLflow 3 no longer accepts a plain folder as its store); artifacts of a SQLite store go to
-``mlartifacts/`` beside the database. A store that does not answer costs one warning line per process, and HTTP
-calls give up within seconds rather than MLflow's minutes (`HTTP_RETRY_DEFAULTS`, unless you set those variables).
+"""MLflow tracking: the cell folder is the record, and MLflow shows it. One experiment per study, one run per cell,
+each the child of its build's run, all owned by the train stage's process (`StudyRuns`); a run ends FINISHED only
+once its cell's folder is saved, and a tracking outage never costs a trained cell: `sync` logs later what MLflow
+could not take. Runs are driven through `mlflow.MlflowClient` with explicit run ids, never mlflow's active-run
+globals: mlflow ends a still-active run FINISHED when the interpreter exits, which would mark an interrupted cell as
+finished. The store is ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` (artifacts in ``mlartifacts/``
+beside it); one that does not answer costs one warning line per process, and HTTP calls give up within seconds
+(`HTTP_RETRY_DEFAULTS`). docs/pipeline.md ("MLflow") tells the whole story.
 """
 
 from __future__ import annotations
@@ -34,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -75,24 +55,6 @@ _failed: dict[str, float] = {}  # tracking URI -> when a call to it last failed 
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised in the main thread so that cleanup (and the runs' KILLED status) happens as for
-    Ctrl-C."""
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise `Terminated` instead of ending the process silently (in the main
-    thread; elsewhere nothing changes)."""
-    from pipelines.processes import on_signals
-
-    def handler(signum, frame):
-        raise Terminated(f"received signal {signal.Signals(signum).name}")
-
-    with on_signals(handler, [signal.SIGTERM, signal.SIGHUP]):
-        yield
 
 
 def end_status(error: BaseException | None) -> str:
@@ -671,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.tracking sync [--study NAME]``, in the project folder: every cell folder of a study
     that ``$MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``) lacks is logged there, as the train stage does at
     its end (`sync`). Exit status 1 if the store did not answer."""
+    from pipelines.catalog import catalog_path
     from pipelines.plans import TrainPlan
     from pipelines.trained_cells import TrainedCells
 
@@ -679,16 +642,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", action="append", help="only this study (repeatable; default: every study)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    models, plans, prepared = Path("data/04_models"), Path("data/00_plan"), Path("data/02_prepared")
+    models = catalog_path("study_cells", "-").parent  # where the catalog puts every study's cells
     studies = args.study or sorted(p.name for p in models.glob("*") if p.is_dir() and not p.name.startswith("."))
     changed = []
     for study in studies:
-        plan = plans / study / "train.json"
+        plan = catalog_path("train_plan", study)
         planned = {cell.key: cell for cell in TrainPlan.model_validate_json(plan.read_text()).cells} \
             if plan.is_file() else {}
-        cells = TrainedCells(models / study, models / ".retired" / study)
+        cells = TrainedCells(catalog_path("study_cells", study), catalog_path("study_cells", study, key="retired"))
+        prepared = {task.name: task for task in catalog_path("prepared_corpora", study).glob("*")}
         store = Store(experiment_name(study))
-        found = store.call(sync, cells, planned, {task.name: task for task in (prepared / study).glob("*")})
+        found = store.call(sync, cells, planned, prepared)
         if found is None:
             print(f"MLflow at {store.uri} did not answer: nothing was logged; run this again once it does")
             return 1

@@ -393,3 +393,24 @@ def test_a_round_of_evaluation_examples_is_replayed_on_the_dev_and_evaluation_ex
                 in report.markdown), k
     if decided["next_round"] is not None:  # once added, never again: the next round gives seeds
         assert decided["next_round"]["seeds"] == [5, 6] and "examples" not in decided["next_round"]
+
+
+def test_every_committed_decided_report_follows_todays_rule():
+    """The default studies' records replay under today's rule: each committed report of a decided study names the
+    rule, and each of its rounds after the first is the round that rule chose from the looks before it (the report
+    recomputes the choice from the cells when it is built: `layertune.reports.decided`)."""
+    import json
+    from pathlib import Path
+
+    from pipelines.params import read_params
+
+    root = Path(__file__).resolve().parents[1]
+    decided = [name for name, study in read_params(root)["studies"].items() if study.get("decide")]
+    assert decided, "params.yaml has no decided study"
+    for study in decided:
+        details = json.loads((root / "reports" / study / "details.json").read_text())
+        for task, encoders in details.items():
+            for encoder, entry in encoders.items():
+                record = entry["decided"]
+                assert record["rule"] == RULE, (study, task, encoder)
+                assert all(done["follows_rule"] for done in record["rounds"][1:]), (study, task, encoder)

@@ -22,7 +22,9 @@ TINY = {"download": {"mirror": "mirror"}, "studies": {
                                                   "dme": {"combine": "dme", "members": ["a", "b"]}}, [1], [1, 2]),
 }}
 CELLS = 4 + 4 + 6
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each builds the tiny project with DVC
+# Each builds the tiny project with DVC. One worker runs them in turn: the first builds the shared origin, which the
+# others would wait for, idle, on another worker.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("scale")]
 
 
 def env_of(project: Path) -> dict:

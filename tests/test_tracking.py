@@ -22,6 +22,7 @@ from layertune.specs import CellSpec, CorpusSpec, EncoderSpec
 from layertune.study import StudyCell
 from layertune.trainer import TrainingResult
 from pipelines import tracking
+from pipelines.processes import Terminated, terminated_as_interrupt
 from pipelines.trained_cells import BUILD_FILE, TrainedCells, spec_digest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,13 +98,13 @@ def test_run_params_are_flat_and_name_the_cell():
 def test_end_status_of_errors_and_interruptions():
     assert tracking.end_status(None) == "FINISHED"
     assert tracking.end_status(RuntimeError()) == "FAILED"
-    assert tracking.end_status(KeyboardInterrupt()) == tracking.end_status(tracking.Terminated()) == "KILLED"
+    assert tracking.end_status(KeyboardInterrupt()) == tracking.end_status(Terminated()) == "KILLED"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_raises_within_the_block_and_restores_the_handler(signum):
     before = signal.getsignal(signum)
-    with pytest.raises(tracking.Terminated), tracking.sigterm_raises():
+    with pytest.raises(Terminated), terminated_as_interrupt():
         os.kill(os.getpid(), signum)
         signal.sigtimedwait([], 1)
     assert signal.getsignal(signum) is before
@@ -188,10 +189,10 @@ def test_an_interrupted_build_ends_every_open_run_killed(uri, tmp_path):
 BUILD_SCRIPT = """
 import os, signal, sys, time
 from pathlib import Path
-from pipelines import tracking
+from pipelines.processes import terminated_as_interrupt
 from tests.test_tracking import cell, study_runs
 _, runs = study_runs({study!r}, Path({root!r}), [cell({study!r})])
-with tracking.sigterm_raises(), runs:
+with terminated_as_interrupt(), runs:
     runs.open_build({{}})
     runs.started("sst2-m-2-1")
     print("started", flush=True)
@@ -403,6 +404,9 @@ def test_sync_names_a_folder_it_cannot_read_and_logs_the_others(uri, tmp_path, m
     """`python -m pipelines.tracking sync`, in a project: a cell folder whose metrics.json is not the one its build
     wrote (here: cut short, not JSON) is named with the file and what is wrong (it was `StopIteration: 12`); the
     good folder is logged."""
+    import shutil
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")  # a project's: the catalog says where its cells are
     models = tmp_path / "data" / "04_models" / "odd"
     save_folder(models / "sst2-m-2-1")
     broken = save_folder(models / "sst2-m-2-2")

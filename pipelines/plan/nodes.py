@@ -11,13 +11,15 @@ from pathlib import Path
 import layertune
 import pipelines
 from pipelines.plans import Plan, TrainPlan
-from pipelines.provenance import import_closure, stage_fingerprint
+from pipelines.provenance import code_digest, import_closure, stage_fingerprint
 
 PROJECT = Path(pipelines.__file__).resolve().parent.parent
 LIBRARY = Path(layertune.__file__).resolve().parent
-# What every stage runs besides its own pipeline: hooks, datasets and settings, followed into their imports; the
-# registry and configuration, hashed as they are (the registry imports every stage's pipeline, but runs only one).
+# What every stage runs besides its own pipeline: hooks, settings and the datasets module, followed into their
+# imports (of the datasets module, into what the stage's own datasets import); the registry and configuration, hashed
+# as they are (the registry imports every stage's pipeline, but runs only one).
 FOLLOWED = ("pipelines/hooks.py", "pipelines/param_checks.py", "pipelines/datasets.py", "pipelines/settings.py")
+DATASETS = "pipelines/datasets.py"
 HASHED = ("pipelines/pipeline_registry.py", "conf/base/catalog.yml", "conf/logging.yml")
 
 
@@ -29,17 +31,32 @@ def plan_files(plan: Plan) -> tuple:
 
 
 def code_fingerprints() -> dict[str, dict]:
-    """Per stage, the hash of every source file it runs (see `pipelines.provenance`)."""
+    """Per stage, the digest of every source file it runs (see `pipelines.provenance`): editing a module that a
+    stage does not run (the cells' folders, say, which only train, evaluate and aggregate read) reruns no stage."""
     packages = {"layertune": LIBRARY, "pipelines": PROJECT / "pipelines"}
     followed, hashed = [PROJECT / name for name in FOLLOWED], [PROJECT / name for name in HASHED]
-    return {stage: stage_fingerprint(PROJECT / "pipelines" / stage, followed, hashed, packages, PROJECT)
+    classes = dataset_classes()
+    return {stage: stage_fingerprint(PROJECT / "pipelines" / stage, followed, hashed, packages, PROJECT,
+                                     {PROJECT / DATASETS: classes[stage]})
             for stage in pipelines.STAGES if stage != "plan"}
 
 
+def dataset_classes() -> dict[str, frozenset[str]]:
+    """Per stage, the classes of `pipelines.datasets` that its pipeline's catalog entries are."""
+    from pipelines.catalog import catalog_entries
+    from pipelines.pipeline_registry import register_pipelines
+
+    entries, registered = catalog_entries("-", PROJECT), register_pipelines()
+    module = "pipelines.datasets."
+    return {stage: frozenset(entries[name]["type"].removeprefix(module) for name in registered[stage].datasets()
+                             if name in entries and entries[name]["type"].startswith(module))
+            for stage in pipelines.STAGES}
+
+
 def cell_code_fingerprint() -> str:
-    """One digest of every library file that training a cell runs (`layertune.cell` and its imports)."""
+    """One digest of every library file that training a cell runs (`layertune.cell` and its imports), read as code
+    (`code_digest`: a comment or docstring edited retrains no cell)."""
     digest = hashlib.sha256()
     for path in import_closure([LIBRARY / "cell.py"], {"layertune": LIBRARY}):
-        digest.update(f"{path.relative_to(LIBRARY.parent)}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n"
-                      .encode())
+        digest.update(f"{path.relative_to(LIBRARY.parent)}\0{code_digest(path)}\n".encode())
     return digest.hexdigest()[:32]

@@ -12,6 +12,7 @@ from layertune.distributed import is_main_process, launched, state
 from pipelines import scheduling, tracking
 from pipelines.datasets import SavedCorpus
 from pipelines.plans import TrainPlan
+from pipelines.processes import terminated_as_interrupt
 from pipelines.scheduling import CellJob, Started
 from pipelines.trained_cells import CellDiskFull, TrainedCells, build_record
 
@@ -42,7 +43,7 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
     prepared = {task: corpus.path for task, corpus in corpora.items()}
     started: dict[str, float] = {}
     build_keys = {key: build["key"] for key, build in builds.items()}
-    with tracking.sigterm_raises(), tracking.StudyRuns(plan.study, cells, planned, prepared, build_keys,
+    with terminated_as_interrupt(), tracking.StudyRuns(plan.study, cells, planned, prepared, build_keys,
                                                         enabled=is_main_process()) as runs:
         if jobs:
             runs.open_build({"cells": len(jobs), "where": scheduler.description})
