@@ -18,7 +18,7 @@ from tests.projects import make_dvc_project, project_env, study
 @pytest.mark.slow
 def test_decide_runs_rounds_until_its_looks_are_spent_and_a_rebuild_replays_them(tmp_path):
     decided = study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 1], [1, 2],
-                    decide={"looks": 2, "seeds_per_round": 1})
+                    decide={"looks": 3, "seeds_per_round": 2})  # two rounds left: each comparison could settle
     project = make_dvc_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"s": decided}})
     env = {**os.environ, **project_env(project)}
 
@@ -30,14 +30,14 @@ def test_decide_runs_rounds_until_its_looks_are_spent_and_a_rebuild_replays_them
     details = (project / "reports" / "s" / "details.json").read_bytes()
     record = yaml.safe_load((project / "rounds.yaml").read_text())["decided"]["s"]["rounds"]
     rounds = yaml.safe_load(details)["sst2"]["tiny"]["decided"]["rounds"]
-    assert len(rounds) == 2 and rounds[1]["seeds"] == [3]  # round 1: the grid; round 2: one new seed
-    open_after_1 = [k for k in ("0", "1") if rounds[0]["claims"][k] != "no"]
-    assert rounds[1]["settings"] == open_after_1 and rounds[1]["follows_rule"] is True
-    assert sorted(record) == sorted(f"sst2-tiny-{k}-3" for k in open_after_1)
-    assert all(cell["round"] == 2 for cell in record.values())
+    # round 1: the grid; then two seeds a round to what the rule chose, until the looks are spent
+    assert [r["seeds"] for r in rounds] == [[1, 2], [3, 4], [5, 6]]
+    assert all(r["follows_rule"] for r in rounds[1:]) and rounds[1]["settings"] == ["0", "1"]
+    assert sorted(record) == sorted(f"sst2-tiny-{k}-{seed}" for r in rounds[1:] for k in r["settings"]
+                                    for seed in r["seeds"])
+    assert {cell["round"] for cell in record.values()} == {2, 3}
     trained = sorted(p.name for p in (project / "data" / "04_models" / "s").iterdir())
-    assert trained == sorted([f"sst2-tiny-{k}-{seed}" for k in (0, 1) for seed in (1, 2)]
-                             + [f"sst2-tiny-{k}-3" for k in open_after_1])
+    assert trained == sorted([f"sst2-tiny-{k}-{seed}" for k in (0, 1) for seed in (1, 2)] + list(record))
     assert "### Rounds" in (project / "reports" / "s.md").read_text()
 
     # The record is what a rebuild reads: nothing left to train, and the same report.
