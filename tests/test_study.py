@@ -422,14 +422,16 @@ def test_a_new_study_is_a_section_of_params_yaml_and_nothing_else(params, tmp_pa
     assert {f"{stage}@mine" for stage in ("prepare", "tokenize", "train", "evaluate", "aggregate")} <= resolved
 
 
-def test_kedro_parameters_are_params_yaml_only():
+def test_kedro_parameters_are_params_yaml_and_the_record_of_rounds_only():
+    """What the stages read is what DVC tracks: params.yaml, and rounds.yaml beside it (`read_params`)."""
     from kedro.config import OmegaConfigLoader
 
+    from pipelines.params import read_params
     from pipelines.settings import CONFIG_LOADER_ARGS
 
     assert not list((ROOT / "conf").rglob("parameters*"))
     loaded = OmegaConfigLoader(str(ROOT / "conf"), **CONFIG_LOADER_ARGS)["parameters"]
-    assert loaded == yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert loaded == read_params(ROOT) and set(loaded) == {"download", "studies", "decided"}
 
 
 def test_a_local_model_config_without_a_layer_count_is_named(params, tmp_path):

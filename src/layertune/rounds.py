@@ -98,6 +98,8 @@ def allocate(estimates: Mapping[str, Estimate], claims: Mapping[str, Verdict], o
     the last round) take part: a setting left out of a round stays out, so that every setting's seeds are the first
     of every longer list and pair by their order (`layertune.statistics.paired_difference`). A function of the
     recorded cells alone: a rebuild chooses the same."""
+    if look >= looks.maximum:  # no round left to give seeds to
+        return Allocation((), {})
     pooled = SeedSpread.pooled(list(estimates.values()))
     alive = [name for name in order if claims.get(name, "undecided") != "no"]
     level, rivals = looks.level(looks.maximum), max(len(estimates) - 1, 1)

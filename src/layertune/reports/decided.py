@@ -119,10 +119,11 @@ def decide_question(results: StudyResults, task: str, encoder: str, estimates: M
 
 
 def _same(recorded: Round, chosen: Round | None) -> bool:
-    """A recorded round is the one chosen: the same seeds for the same settings, or both the evaluation examples."""
+    """A recorded round is the one chosen: the same seeds for the same settings (in whatever order: the record keeps
+    the grid's, the rule reads them cheapest first), or both the evaluation examples."""
     if chosen is None or bool(recorded.examples) != bool(chosen.examples):
         return False
-    return bool(recorded.examples) or (recorded.seeds, recorded.settings) == (chosen.seeds, chosen.settings)
+    return bool(recorded.examples) or (recorded.seeds, set(recorded.settings)) == (chosen.seeds, set(chosen.settings))
 
 
 def evaluation_estimates(results: StudyResults, task: str, encoder: str) -> dict[str, Estimate]:
