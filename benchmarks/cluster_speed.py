@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # the project, and machine_speed beside this script
 
 from pipelines.params import read_params, write_params  # noqa: E402
 from pipelines.profiles import apply_overrides, load_profile  # noqa: E402

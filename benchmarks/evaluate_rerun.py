@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+sys.path[:0] = [str(ROOT), str(ROOT / "src"), str(ROOT / "benchmarks")]
 
 from layertune.io import write_json  # noqa: E402
 from pipelines.evaluate.nodes import EVALUATION_CACHE  # noqa: E402

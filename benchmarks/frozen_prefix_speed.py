@@ -27,9 +27,11 @@ import os
 import shutil
 import statistics
 import tempfile
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # machine_speed, beside this script, also when imported
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read once, at import time: set before any Hugging Face import
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -6,9 +6,11 @@ import json
 from collections import Counter
 
 import pytest
+import yaml
 
 from layertune.cell import CellFolder, train_cell
 from layertune.specs import CellSpec, CorpusSpec
+from layertune.study import DecidedWith, StudySpec
 
 
 def texts(dataset, columns) -> set[str]:
@@ -70,8 +72,13 @@ def test_the_evaluate_stage_scores_only_the_cells_it_has_not_scored_on_the_same_
     from tests.projects import make_project, run, study
 
     decided = study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 1], [1, 2], data={"seed": 1, "train_size": 16},
-                    decide={"looks": 3, "evaluation_size": 20, "evaluation_rounds": {"sst2": {"tiny": 2}}})
+                    decide={"looks": 3, "evaluation_size": 20})
     project = make_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"s": decided}})
+    # round 2 gave this question its evaluation examples: recorded in the record of rounds, as --decide writes it
+    spec = StudySpec.model_validate(decided)
+    decided_with = DecidedWith.of(spec.report, spec.decide).model_dump()
+    (project / "rounds.yaml").write_text(yaml.safe_dump({"decided": {"s": {
+        "evaluation_rounds": {"sst2": {"tiny": 2}}, "decided_with": decided_with}}}))
     rows = [f"review number {i} was {'good' if i % 2 else 'bad'}\t{i % 2}" for i in range(80)]  # distinct texts:
     (project / "mirror/glue/SST-2/train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")  # some unused
     for stage in ("plan", "download"):
