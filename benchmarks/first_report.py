@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,7 @@ def main() -> int:
     watcher.join()
     if done.returncode:
         print(log.read_text()[-4000:], file=sys.stderr)
+        print(f"the clone, kept to look into: {clone}", file=sys.stderr)
         return 1
     first = min(landed, key=landed.get)
     report = {"machine": machine, "total_s": total, "landed_s": dict(sorted(landed.items(), key=lambda kv: kv[1])),
@@ -89,6 +91,8 @@ def main() -> int:
         write_json(args.json, report)
     if args.keep:
         print(f"clone: {clone}")
+    else:
+        shutil.rmtree(clone.parent)  # the folder this script made; nothing else in it
     return 0
 
 
