@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.params import read_params, write_params
 from pipelines.profiles import apply_overrides, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,14 +30,14 @@ def example(marker: str) -> str:
 def test_the_pooling_study_of_the_docs_builds_with_dvc(data_mirror, tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
-    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params = read_params(clone)  # params.yaml and the record of rounds, which the ci profile clears
     params["studies"].update(yaml.safe_load(example("params")))
-    (clone / "params.yaml").write_text(yaml.safe_dump(apply_overrides(params, load_profile("ci", ROOT)),
-                                                      sort_keys=False))
+    write_params(clone, apply_overrides(params, load_profile("ci", ROOT)))
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}",
            "LAYERTUNE_MODEL_MIRROR": str(data_mirror.parent / "models")}
-    subprocess.run(["dvc", "repro", "--quiet", "aggregate@pooling"], cwd=clone, env=env, check=True,
-                   capture_output=True)
+    built = subprocess.run(["dvc", "repro", "--quiet", "aggregate@pooling"], cwd=clone, env=env, capture_output=True,
+                           text=True)
+    assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
     metrics = json.loads((clone / "reports" / "pooling.json").read_text())
     assert set(metrics["sst2"]) == {"mean", "cls", "pooler"}
     assert all(set(entry["mean"]) == {"0", "2"} for entry in metrics["sst2"].values())
