@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduction check, against the contract of docs/pipeline.md#reproducibility: build the three studies of the `ci`
-# profile from scratch twice, each time in a fresh clone with an empty DVC cache (so nothing is restored from a run
+# profile from scratch twice, side by side, each in a fresh clone with an empty DVC cache (so nothing is restored from a run
 # cache), then require that
 #   - on this machine, bit for bit: every study's reports/<study>.json, reports/<study>/details.json and its plots'
 #     tables (reports/<study>.scores.csv, .losses.csv) are byte-identical between the two builds;
@@ -63,9 +63,18 @@ PY
   )
 }
 
-build first
-build second
+# The two builds run side by side: each is a chain of short stage processes (most of a ci build is their start-up),
+# so two chains on two cores take little more than one; and neither may disturb the other's numbers.
+build first >"$work/first.log" 2>&1 & first=$!
+build second >"$work/second.log" 2>&1 & second=$!
 status=0
+wait "$first" || status=1
+wait "$second" || status=1
+for name in first second; do grep '^repro-check' "$work/$name.log" || true; done
+if [ "$status" -ne 0 ]; then
+  for name in first second; do echo "--- build $name, its last lines:" >&2; tail -n 60 "$work/$name.log" >&2; done
+  exit 1
+fi
 cd "$work/first/reports"
 for report in *.json */details.json *.scores.csv *.losses.csv; do  # the plots' tables too
   if cmp --quiet "$report" "$work/second/reports/$report"; then
