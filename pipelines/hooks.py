@@ -1,6 +1,7 @@
-"""Kedro hooks of every stage: params.yaml read safely first, its models resolved through the model mirror of
-params.yaml, and its process tied to the `dvc repro` that started it. (Its parameters are checked by `pipelines.param_checks`; a study's MLflow runs
-are its train stage's, `pipelines.tracking.StudyRuns`.)"""
+"""Kedro hooks of every stage: params.yaml read safely first, then its models resolved through the model mirror it
+names. (Its parameters are checked by `pipelines.param_checks`; a stage is tied to the `dvc repro` that started it
+by dvc.yaml's command, `pipelines.processes tied`; a study's MLflow runs are its train stage's,
+`pipelines.tracking.StudyRuns`.)"""
 
 from __future__ import annotations
 

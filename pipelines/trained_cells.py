@@ -14,7 +14,8 @@ A folder whose cell is no longer planned (a seed or setting removed from params.
 moved to ``retired`` (outside every DVC output), and moved back, untrained, when its cell is planned again with the
 same key. A folder at a planned cell's place that claims to be built but does not prove it, or that no build wrote,
 is set aside too, never deleted (it may be someone's): into ``retired/.unverified/<cell>-<n>``, with one warning
-naming it and what did not match (`TrainedCells.settle`). So the stage's output holds exactly the planned cells, as a build from scratch.
+naming it and what did not match (`TrainedCells.settle`). So the stage's output holds exactly the planned cells,
+as a build from scratch.
 """
 
 from __future__ import annotations

@@ -53,9 +53,10 @@ def simulate(accuracies: dict[str, float], looks_at, repetitions: int = 300, spr
     """Per repetition (a fresh dev set, fresh seeds): the claims (setting, verdict, round) of a study that trains
     ``SEEDS_PER_ROUND`` seeds of every setting in round 1, then of the settings ``allocation`` chooses (at most
     ``ROUNDS`` rounds; it stops once every setting is claimed, or nothing is chosen: these settings have no cheapest
-    first to read an answer from), and calls ``looks_at(estimates, look, claims)`` after each. A cell of a setting of true accuracy p draws its own accuracy from a normal around p (``spreads``: each
-    setting's seed-to-seed spread of scores, or one for all) and gets an example right by the example's difficulty
-    (shared by every cell, so differences are paired) with probability ``SHARED``, else by its own coin: its
+    first to read an answer from), and calls ``looks_at(estimates, look, claims)`` after each. A cell of a setting
+    of true accuracy p draws its own accuracy from a normal around p (``spreads``: each setting's seed-to-seed
+    spread of scores, or one for all) and gets an example right by the example's difficulty (shared by every cell,
+    so differences are paired) with probability ``SHARED``, else by its own coin: its
     expected accuracy is exactly p. The cells of one seed share ``correlation`` of their seed effects' variance (the
     default studies' cells of one seed are correlated, 0.5 to 0.7; none: the hardest case for a rule that takes the
     settings' spread for a difference's). A cell is the same whichever rule looks at it (its random numbers are keyed
