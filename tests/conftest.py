@@ -145,10 +145,15 @@ UNGROUPED = pytest.StashKey[set]()
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` each test marked ``xdist_group`` must carry its group in its node id (``…@group``):
+    """The ``xdist_group`` tests first, each group in its order: a group is one unit of minutes on one worker (the Ray
+    cluster's, the scale tests'), and one handed out last keeps that worker busy while the other idles; the other
+    tests follow in the order collected and fill both workers around the groups.
+
+    Under ``--dist loadgroup`` each test marked ``xdist_group`` must carry its group in its node id (``…@group``):
     that is how pytest-xdist keeps a group on one worker. Where this no longer takes (pytest 9.2,
     pytest-xdist#1386) the Ray cluster tests would run on two workers at once, two clusters sharing this machine's
     node folders: those tests fail instead, saying why."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: each group keeps its order
     if getattr(config.option, "loadgroup", False):
         config.stash[UNGROUPED] = {item.nodeid for item in items
                                    if item.get_closest_marker("xdist_group") and "@" not in item.nodeid}
