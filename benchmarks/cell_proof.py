@@ -60,17 +60,19 @@ def tiny_cells(count: int) -> dict:
     from pipelines.trained_cells import TrainedCells, build_record
     from tests.conftest import toy_sentiment_corpus
 
-    work = Path(tempfile.mkdtemp(prefix="cell-proof-"))
-    model = make_tiny_model(work / "tiny", "bert")
-    spec = CellSpec(corpus=CorpusSpec(task="sst2"), encoders=[EncoderSpec(model=str(model), tunable_layers=1)],
-                    training={"epochs": 1, "learning_rate": 1e-3})
-    trained = train_cell(spec, corpus=toy_sentiment_corpus(), progress=False)
-    cells = TrainedCells(work / "models" / "tiny", work / "models" / ".retired" / "tiny")
-    for seed in range(count):
-        cell = StudyCell(study="tiny", task="sst2", encoder="m", tunable_layers=1, seed=seed,
-                         spec=spec.model_copy(update={"training": spec.training.model_copy(update={"seed": seed})}))
-        cells.write(cell.key, TrainedCell(cell.spec, trained.result, trained.model), build_record(cell, "code", "data"))
-    return timed_proofs(sorted(cells.path.iterdir()))
+    with tempfile.TemporaryDirectory(prefix="cell-proof-") as folder:  # ~50 MB for 1,000 cells: removed after
+        work = Path(folder)
+        model = make_tiny_model(work / "tiny", "bert")
+        spec = CellSpec(corpus=CorpusSpec(task="sst2"), encoders=[EncoderSpec(model=str(model), tunable_layers=1)],
+                        training={"epochs": 1, "learning_rate": 1e-3})
+        trained = train_cell(spec, corpus=toy_sentiment_corpus(), progress=False)
+        cells = TrainedCells(work / "models" / "tiny", work / "models" / ".retired" / "tiny")
+        for seed in range(count):
+            cell = StudyCell(study="tiny", task="sst2", encoder="m", tunable_layers=1, seed=seed,
+                             spec=spec.model_copy(update={"training": spec.training.model_copy(update={"seed": seed})}))
+            cells.write(cell.key, TrainedCell(cell.spec, trained.result, trained.model),
+                        build_record(cell, "code", "data"))
+        return timed_proofs(sorted(cells.path.iterdir()))
 
 
 def main() -> int:
