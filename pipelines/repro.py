@@ -23,9 +23,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pipelines import STAGES
 from pipelines.processes import BuildRunning, Children, Interrupted, one_build, tied
 
 PROG = "layertune repro"
+STUDY_STAGES = STAGES[2:]  # each study's own: prepare to aggregate
 
 
 class BuildFailed(RuntimeError):
@@ -66,11 +68,30 @@ def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_pe
             return
         # The same stages as one `dvc repro`, in another order: a plain `dvc repro` runs every study's prepare, then
         # every tokenize, and so on, so the first report lands at the very end. Study by study, the smallest first,
-        # each report lands as soon as its cells are trained. The last call runs whatever else dvc.yaml holds.
+        # each report lands as soon as its cells are trained. --single-item: a study's own stages, in this order,
+        # without the plan again (it runs whenever DVC follows the dependencies, seconds each time: the plan and
+        # download ran just before). Last, whatever else dvc.yaml holds.
         dvc_repro("plan", "download")
+        built = ["plan", "download"]
         for study in smallest_first(studies):
-            dvc_repro(f"aggregate@{study}")
-        dvc_repro()
+            stages = [f"{stage}@{study}" for stage in STUDY_STAGES]
+            dvc_repro("--single-item", *stages)
+            built += stages
+        others = [stage for stage in stage_names(children, env) if stage not in built]
+        if others:
+            dvc_repro(*others)
+
+
+def stage_names(children: Children, env: dict) -> list[str]:
+    """The stages of dvc.yaml, its `foreach` expanded (``train@ablation``), as `dvc stage list` names them."""
+    import subprocess
+
+    done = children.run(["dvc", "stage", "list", "--name-only"], env=env, stdout=subprocess.PIPE, text=True)
+    if done is None:  # stopping: nothing more starts
+        return []
+    if done.returncode:
+        raise BuildFailed(f"dvc stage list failed (exit status {done.returncode}); its output above says why")
+    return done.stdout.split()
 
 
 def smallest_first(studies: Sequence[str]) -> list[str]:

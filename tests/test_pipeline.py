@@ -31,6 +31,10 @@ PARAMS = {
 }
 
 
+# The tests that read the build below: one worker runs them all, so that one builds it (~30 s) while the other goes on.
+reads_the_build = pytest.mark.xdist_group("built_pipeline")
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A project folder with this repository's pipelines and conf, the tiny params above, every stage run."""
@@ -59,6 +63,7 @@ def run_stages(project: Path) -> dict:
     return plans
 
 
+@reads_the_build
 def test_every_cell_of_every_study_has_its_folder(built):
     project, plans = built
     for name, plan in plans.items():
@@ -71,6 +76,7 @@ def test_every_cell_of_every_study_has_its_folder(built):
     assert set(tagging) == {"dev", "test"}  # CoNLL-2003 has a labelled test split
 
 
+@reads_the_build
 def test_one_finished_mlflow_run_per_cell_under_the_builds_with_params_history_and_model(built):
     from mlflow import MlflowClient
 
@@ -99,6 +105,7 @@ def test_one_finished_mlflow_run_per_cell_under_the_builds_with_params_history_a
             assert run.data.tags["mlflow.parentRunId"] == build.info.run_id
 
 
+@reads_the_build
 def test_reports_of_all_four_kinds(built):
     project, _ = built
     layers = json.loads((project / "reports/layers.json").read_text())
@@ -139,6 +146,7 @@ def test_reports_of_all_four_kinds(built):
         "cheapest_by_trainable_parameters", "best_method", "best_score", "mean"}
 
 
+@reads_the_build
 def test_the_plots_tables_of_all_four_kinds(built):
     """dvc.yaml's plots read these: a score per setting (the value each kind varies, the report's mean), a loss per
     cell, epoch and split."""
@@ -161,6 +169,7 @@ def test_the_plots_tables_of_all_four_kinds(built):
     assert set(pd.read_csv(project / "reports/combo.scores.csv")["series"]) == {"sst2 / 1 tunable layers"}
 
 
+@reads_the_build
 def test_a_saved_multi_encoder_predicts_with_attention(built, monkeypatch):
     from layertune.heads import TextClassifier
 
@@ -206,6 +215,7 @@ def test_bad_local_data_stops_the_plan_with_one_error_line(tmp_path):
     assert not (project / "data" / "00_plan").exists()
 
 
+@reads_the_build
 def test_an_unknown_study_is_one_message_naming_the_planned_ones(built):
     """Checked before the stage runs (Kedro's command line prints it as `Error: …`, no traceback)."""
     from click import ClickException

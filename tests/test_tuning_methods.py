@@ -3,6 +3,7 @@ stays exact for the top-K variants, saved adapters reload, merged weights predic
 
 import copy
 import json
+import os
 import re
 
 import pytest
@@ -307,6 +308,27 @@ def test_method_settings_that_do_not_fit_the_model_fail_before_its_weights_load(
     IA3(feedforward_modules=["output.dense"]).check_model(config)
     with pytest.raises(ValueError, match="method.target_modules: 'nonexistent' is not a linear module of the model"):
         Lora(target_modules=["nonexistent"]).check_model(config)
+
+
+def test_a_passed_check_is_remembered_so_the_next_process_builds_nothing(tiny_model_dirs, tmp_path, monkeypatch):
+    """The plan checks a study's methods at every `dvc repro`: once a check passed, the same check in a new process
+    imports neither torch nor the model's code. A check that failed is not remembered, nor one of another rank."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("LAYERTUNE_CACHE", str(tmp_path))
+    config = json.loads((tiny_model_dirs["bert"] / "config.json").read_text())
+    Lora(r=8).check_model(config)
+    assert len(list((tmp_path / "checks").iterdir())) == 1
+    check = ("import json, sys; from layertune.tuning_methods import Lora; "
+             f"Lora(r=8).check_model(json.loads({json.dumps(json.dumps(config))})); print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr  # remembered: nothing built
+    Lora(r=4).check_model(config)  # another setting is checked, and remembered
+    for _ in range(2):  # above the layer's smaller side (32): refused each time
+        with pytest.raises(ValueError, match="method.r: 33 is above the smaller side"):
+            Lora(r=33).check_model(config)
+    assert len(list((tmp_path / "checks").iterdir())) == 2
 
 
 def test_a_model_whose_code_ships_with_it_is_checked_when_it_loads(tiny_model_dirs):

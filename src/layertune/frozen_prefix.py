@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from layertune import cache_costs, timing
 from layertune.batching import BoundaryStates, Examples
-from layertune.io import atomic_directory, check_writable, dataset_digest, file_digest, write_json
+from layertune.io import atomic_directory, cache_root, check_writable, dataset_digest, file_digest, write_json
 from layertune.tokenization import tokenize_corpus
 from layertune.training_config import TrainingConfig, autocast_context, cache_decision
 
@@ -58,10 +58,6 @@ CACHE_DTYPES = ("auto", *DTYPES)  # auto: the dtype the frozen layers hand on (e
 # 5: the run's autocast in the key, rows in the pass's order (starts.npy), the pass's own measurements
 _FORMAT_VERSION = 5
 _DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # no space left; a quota reached
-
-
-def default_cache_root() -> Path:
-    return Path(os.environ.get("LAYERTUNE_CACHE", Path.home() / ".cache" / "layertune"))
 
 
 def prepare_examples(lm: torch.nn.Module, corpus, args: TrainingConfig | None = None, *, cache_dir=None,
@@ -125,7 +121,7 @@ def cache_features(lm: torch.nn.Module, corpus, boundaries: list[int], *, max_le
 
 def _tokenized(lm: torch.nn.Module, corpus, max_length: int | None, cache_dir) -> dict[str, datasets.Dataset]:
     lm.check_max_length(max_length)  # before tokenizing: a too-long max_length fails fast
-    check_writable(Path(cache_dir) if cache_dir else default_cache_root())  # before any work, in one line
+    check_writable(Path(cache_dir) if cache_dir else cache_root())  # before any work, in one line
     return tokenize_corpus(corpus, lm.tokenizer, max_length=max_length,
                            cache_dir=cache_dir and Path(cache_dir) / "tokenized")
 
@@ -179,7 +175,7 @@ class FrozenPrefixCache:
                  batch_size: int = 64, progress: bool = True) -> None:
         if dtype not in CACHE_DTYPES:
             raise ValueError(f"Unknown cache dtype {dtype!r}. Valid choices: {', '.join(CACHE_DTYPES)}.")
-        self.root = Path(root) if root else default_cache_root() / "frozen_prefix"
+        self.root = Path(root) if root else cache_root() / "frozen_prefix"
         self.dtype, self.autocast = dtype, autocast
         self.batch_size = batch_size
         self.progress = progress

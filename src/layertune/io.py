@@ -15,6 +15,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+CACHE_ENV = "LAYERTUNE_CACHE"  # where the library keeps what it can compute again (tokenized data, frozen states)
+
+
+def cache_root() -> Path:
+    """``$LAYERTUNE_CACHE``, else ``~/.cache/layertune``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "layertune").expanduser()
+
+
 _PARTIAL = ".partial-"  # staging folders and files: .<name>.partial-<pid>-<random>[<suffix>]
 # In every folder `output_directory` writes: what proves that replacing the folder loses nothing of the user's.
 MARKER = ".layertune-output"

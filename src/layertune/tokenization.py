@@ -31,11 +31,11 @@ from layertune import timing
 from layertune.batching import IGNORE_INDEX
 from layertune.corpora.registry import TASKS
 from layertune.corpus import Corpus
+from layertune.io import cache_root as library_cache_root
 from layertune.io import dataset_digest, file_digest, remove_stale_partials
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "LAYERTUNE_CACHE"
 CACHE_FORMAT = 2  # bump when the tokenized columns or the folder change (2: checksums), so older ones are not used
 META_FILE = "layertune_tokenized.json"
 FALLBACK_MAX_LENGTH = 512
@@ -69,11 +69,7 @@ def resolve_max_length(corpus: Corpus, tokenizer: PreTrainedTokenizerBase, max_l
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser() / "tokenized"
-    return Path.home() / ".cache" / "layertune" / "tokenized"
+    return Path(cache_dir).expanduser() if cache_dir is not None else library_cache_root() / "tokenized"
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:

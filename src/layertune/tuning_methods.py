@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -118,9 +119,15 @@ class _PeftMethod(_MethodSpec):
 
     def check_model(self, config: PretrainedConfig | dict, layers: str | None = None, name: str = "the model"
                     ) -> None:
-        config = _known_config(config)
-        if config is not None:
-            self.modules(_empty_layer(config, layers), config.model_type, name)
+        # A check that passed is remembered: building the layer imports torch and the model's code (~5 s), and a
+        # study's parameters are checked at every `dvc repro`.
+        passed = _passed_check(self, config, layers)
+        if passed.is_file():
+            return
+        known = _known_config(config)
+        if known is not None:
+            self.modules(_empty_layer(known, layers), known.model_type, name)
+        _remember(passed)
 
     def modules(self, layer: nn.Module, model_type: str, name: str) -> dict[str, list[str]]:
         """The modules this method adapts in ``layer`` (one transformer layer of a model of ``model_type``), by
@@ -348,6 +355,36 @@ def _linear_modules(layer: nn.Module) -> dict[str, nn.Linear]:
     from torch import nn
 
     return {name: module for name, module in layer.named_modules() if isinstance(module, nn.Linear)}
+
+
+def _passed_check(method: _PeftMethod, config: PretrainedConfig | dict, layers: str | None) -> Path:
+    """Where a passed `check_model` is remembered: a file named by everything the check reads (the method, the
+    model's config, the layer stack, this module's code and the versions of the libraries that build the layer)."""
+    import hashlib
+    import importlib.metadata
+    import json
+
+    from layertune.io import cache_root
+
+    code = [Path(__file__), Path(__file__).with_name("layer_stack.py")]  # read, not imported (layer_stack: torch)
+    inputs = {"method": method.model_dump(mode="json"), "layers": layers,
+              "config": config if isinstance(config, dict) else config.to_dict(),
+              "code": [hashlib.sha256(module.read_bytes()).hexdigest() for module in code],
+              "versions": [importlib.metadata.version(package) for package in ("torch", "transformers", "peft")]}
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+    return cache_root() / "checks" / key
+
+
+def _remember(path: Path) -> None:
+    """An empty file at ``path``, created new (never through a link); where the cache cannot be written, nothing:
+    the check runs again next time."""
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    except OSError:
+        pass
 
 
 def _known_config(config: PretrainedConfig | dict) -> PretrainedConfig | None:
