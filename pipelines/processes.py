@@ -225,6 +225,7 @@ def _signal_group(group: int, signum: int) -> None:
 
 
 def _wait_gone(groups: Sequence[int], timeout_s: float) -> bool:
+    # Process groups, not processes: psutil.wait_procs waits for processes it is given, and a group's are not known
     deadline = time.monotonic() + timeout_s
     while any(map(group_alive, groups)):
         if time.monotonic() >= deadline:

@@ -125,7 +125,9 @@ class InProcess:
 class WorkerProcesses:
     """``jobs`` worker processes of this machine (spawned: each imports torch once, and CUDA works in them), taking
     the cells in the plan's order as each becomes free; worker i sees GPU ``gpus[i % len(gpus)]`` alone
-    (``CUDA_VISIBLE_DEVICES``), or every device as the stage does where there are none."""
+    (``CUDA_VISIBLE_DEVICES``), or every device as the stage does where there are none. Not
+    `concurrent.futures.ProcessPoolExecutor`: its workers share one environment (one GPU each needs its own), it
+    reports no cell as it starts, and it cannot stop a cell that runs (SIGTERM here: its staging folder is removed)."""
 
     def __init__(self, jobs: int, gpus: Sequence[str | None] = (None,)) -> None:
         if jobs < 1:

@@ -385,6 +385,7 @@ def settle_abandoned_runs(client, experiment_id: str, cells) -> dict[str, str]:
 
 
 def _all_runs(client, experiment_id: str, condition: str = "") -> list:
+    # MlflowClient.search_runs returns one page; mlflow.search_runs pages for itself, but on the global tracking URI
     runs, token = [], None
     while True:
         page = client.search_runs([experiment_id], condition, max_results=50_000, page_token=token)

@@ -136,8 +136,9 @@ class ReportSpec(Spec):
 
 class RoundCell(Spec):
     """A cell a later round of a decided study trained (`DecideSpec.rounds`): where it sits in the grid and its
-    round. The record names each cell (not only the round's seeds and settings) because DVC's ``foreach`` iterates
-    over it, one train stage per cell."""
+    round. The record names each cell, not only the round's seeds and settings: what each round trained reads off it
+    (rounds.yaml), and a cell's key and round are all the plan needs to add it to the study. A `StudyCell` is the
+    planned cell, with its resolved `CellSpec`: a recorded `RoundCell` becomes one."""
 
     task: str
     encoder: str
