@@ -136,16 +136,18 @@ def connect(address: str):
     return ray
 
 
-def _clean_nodes(ray, timeout_s: float = 30.0) -> None:
+def _clean_nodes(ray) -> None:
     """The work folders that cancelled cells' killed workers left, removed on every live node (a task pinned to
-    each, taking no CPU; a node that does not answer in time keeps them until its next cell)."""
+    each, taking no CPU, waiting up to `CANCEL_TIMEOUT_S` for those workers to exit; a node that does not answer
+    in time keeps them until its next cell)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     clean = ray.remote(remove_work_folders)
     with contextlib.suppress(Exception):
         ray.get([clean.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"],
-                                                                                             soft=False)).remote()
-                 for node in ray.nodes() if node["Alive"]], timeout=timeout_s)
+                                                                                             soft=False)
+                               ).remote(CANCEL_TIMEOUT_S)
+                 for node in ray.nodes() if node["Alive"]], timeout=CANCEL_TIMEOUT_S + 10)
 
 
 def forwarded_environment() -> dict[str, str]:
@@ -166,11 +168,15 @@ def node_folder() -> Path:
     return private_folder(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}")
 
 
-def remove_work_folders() -> None:
-    """The work folders of workers that were killed (a cancel): their processes are gone."""
+def remove_work_folders(wait_s: float = 0.0) -> None:
+    """The work folders of workers that were killed (a cancel): their processes are gone. Those of workers still
+    alive are waited for, up to ``wait_s``: a force-cancelled task settles once the kill is sent, and its worker may
+    still be exiting when the driver cleans (a live cell of another build keeps its folder)."""
     from layertune.io import remove_stale_partials
 
-    remove_stale_partials(node_folder())
+    deadline = time.monotonic() + wait_s
+    while remove_stale_partials(node_folder()) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def train_on_node(job: NodeJob, corpus) -> NodeResult:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import datasets
@@ -64,6 +65,30 @@ def test_the_staging_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_pa
     with atomic_file(tmp_path / "report.md") as staging:
         staging.write_text("whole")
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".report.md.partial-{os.getpid()}-4567ef.md", "report.md"]
+
+
+def test_the_work_folder_of_a_cancelled_cell_is_removed_once_its_exiting_worker_is_gone(tmp_path, monkeypatch):
+    """A force-cancelled Ray task settles when the kill is sent; its worker may exit after the driver cleans."""
+    import tempfile
+
+    from pipelines.ray_cluster import node_folder, remove_work_folders
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    work = node_folder() / f".cell.partial-{exiting.pid}-abc"
+    live = node_folder() / f".cell.partial-{os.getpid()}-def"  # a cell still training: kept
+    work.mkdir(), live.mkdir()
+    try:
+        remove_work_folders()
+        assert work.is_dir() and live.is_dir()  # their processes are alive: not removed without a wait
+        remove_work_folders(wait_s=0.5)  # not long enough: its worker is still exiting
+        assert work.is_dir() and live.is_dir()
+        live.rmdir()  # (a live cell would hold the wait to its end)
+        threading.Thread(target=exiting.wait).start()  # reaped once it exits, as Ray's raylet reaps its workers
+        remove_work_folders(wait_s=30)
+        assert not work.exists()
+    finally:
+        exiting.kill()
 
 
 def foreign_folder(path: Path) -> Path:

@@ -121,12 +121,17 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_stale_partials(folder: Path) -> None:
-    """Remove staging folders in ``folder`` whose writing process no longer exists."""
+def remove_stale_partials(folder: Path) -> list[Path]:
+    """Remove staging folders in ``folder`` whose writing process no longer exists; return those of writers alive."""
+    alive = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
-            if entry.name.startswith(".") and _PARTIAL in entry.name and not process_alive(_pid_of(entry.name)):
-                _remove(Path(entry.path))
+            if entry.name.startswith(".") and _PARTIAL in entry.name:
+                if process_alive(_pid_of(entry.name)):
+                    alive.append(Path(entry.path))
+                else:
+                    _remove(Path(entry.path))
+    return alive
 
 
 def _pid_of(name: str) -> int:

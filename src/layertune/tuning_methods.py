@@ -364,12 +364,12 @@ def _passed_check(method: _PeftMethod, config: PretrainedConfig | dict, layers: 
     import importlib.metadata
     import json
 
-    from layertune.io import cache_root
+    from layertune.io import cache_root, file_digest
 
     code = [Path(__file__), Path(__file__).with_name("layer_stack.py")]  # read, not imported (layer_stack: torch)
     inputs = {"method": method.model_dump(mode="json"), "layers": layers,
               "config": config if isinstance(config, dict) else config.to_dict(),
-              "code": [hashlib.sha256(module.read_bytes()).hexdigest() for module in code],
+              "code": [file_digest(module) for module in code],
               "versions": [importlib.metadata.version(package) for package in ("torch", "transformers", "peft")]}
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
     return cache_root() / "checks" / key
