@@ -3,7 +3,6 @@ stays exact for the top-K variants, saved adapters reload, merged weights predic
 
 import copy
 import json
-import os
 import re
 
 import pytest
