@@ -1,14 +1,7 @@
 """``layertune repro --decide [--budget MINUTES] [STUDY ...]``: build the studies decided in rounds, round after
 round, until each question is answered, its looks are spent, nothing is left that seeds could settle, or the next
-round would pass the budget.
-
-A round is ordinary cells of the study. After each build the driver reads each question's claims and the round the
-rule would run next from the report (``reports/<study>/details.json``, ``decided``: `layertune.reports.decided`),
-records that round in the record of rounds (`pipelines.params.RECORD_FILE`: ``decided.<study>``, written whole;
-params.yaml is never rewritten) and builds again: the plan adds its cells to the study's, and only they train. A
-round that adds the evaluation examples instead is recorded in ``evaluation_rounds``: the evaluate stage scores the
-saved cells on them. The record is what a rebuild replays: `dvc repro` of the same files trains the same cells and
-writes the same reports, byte for byte.
+round would pass the budget. Each round is recorded whole in the record of rounds (`pipelines.params.RECORD_FILE`),
+which a rebuild replays; docs/pipeline.md ("Deciding in rounds") tells the whole story.
 """
 
 from __future__ import annotations

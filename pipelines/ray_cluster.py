@@ -1,18 +1,10 @@
 """``layertune repro --ray [ADDRESS]``: a study's cells as tasks on a Ray cluster, from its one train stage.
 
-The train stage's process is the driver: it connects to the cluster, sends each cell that is not built as a task
-(`train_on_node`: `layertune.cell.train_cell` on Ray's pooled workers, with the cell's prepared corpus sent through
-Ray's object store), and writes each folder that comes back into the study's output, as a cell trained here would
-have written it. Nodes need layertune installed and the models (a model mirror at the same path, a shared file
-system, or the hub): no clone, no DVC, no MLflow on them; the driver records everything. A node checks that its
-copy of each base model has the files the plan fingerprinted, and fails the cell if not.
-
-Faults: a task whose worker or node dies is retried by Ray (`RETRIES`); a cell that fails is not (its error would
-repeat): the build stops, the other tasks are cancelled (their workers killed: a cancelled cell trains no further)
-and the cell's error is raised. Ctrl-C or SIGTERM cancels every task the same way. A node keeps nothing of a cell
-but the frozen-prefix cache (content-keyed, in its private folder or ``$LAYERTUNE_CACHE``): once the killed workers
-have exited, the build removes their work folders on every node (a node that does not answer in time keeps them
-until its next cell).
+The train stage's process is the driver (`RayCluster`): it sends each cell that is not built as a task
+(`train_on_node`) and writes each folder that comes back into the study's output, as a cell trained here would have
+written it; nodes need no clone, DVC or MLflow. A task whose worker or node dies is retried (`RETRIES`); a cell that
+fails stops the build and every other task is cancelled, as on Ctrl-C or SIGTERM. docs/pipeline.md ("Scaling out")
+tells the whole story.
 """
 
 from __future__ import annotations

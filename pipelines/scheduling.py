@@ -1,18 +1,11 @@
-"""Where a study's cells train, all from its one train stage: here, one after another (`InProcess`, the default);
-in N worker processes of this machine, each importing torch once and training cells one after another, one GPU
-each where there are GPUs (`WorkerProcesses`: ``layertune repro --jobs N``, or ``LAYERTUNE_JOBS=N dvc repro``); or
-as tasks on a Ray cluster (`pipelines.ray_cluster`: ``layertune repro --ray ADDRESS``).
+"""Where a study's cells train, all from its one train stage: here, one after another (`InProcess`, the default); in
+N worker processes of this machine (`WorkerProcesses`: ``layertune repro --jobs N``); or as tasks on a Ray cluster
+(`pipelines.ray_cluster`). docs/pipeline.md ("Scaling out") tells the whole story.
 
-A scheduler takes the cells' `CellJob`s in the plan's order and yields what happens, `Started` and `Finished` for
-each cell, as it happens; a cell that fails raises `CellFailed` once the cells still training are stopped. Each
-cell trains exactly as it would alone in a fresh process (every random draw comes from its seed), so where it
-trains changes no result, byte for byte. The scheduler is told nothing of MLflow: the train stage's process owns
-the runs (`pipelines.tracking.StudyRuns`), as it learns of each cell here.
-
-Stopping: a generator of this module is closed (`contextlib.closing`) when the stage stops; closing stops every
-cell still training (the workers get SIGTERM, then SIGKILL after a grace period) before it returns. Workers also
-get SIGTERM if the stage's process dies, even by SIGKILL (`pipelines.processes.die_with_parent`). A cell stopped
-midway leaves no folder: each is written whole, at its end.
+A scheduler takes the cells' `CellJob`s in the plan's order and yields `Started` and `Finished` for each cell as it
+happens; a cell that fails raises `CellFailed` once the cells still training are stopped. It is told nothing of
+MLflow (the train stage's process owns the runs). Closing its generator (`contextlib.closing`, when the stage stops)
+stops every cell still training before it returns: the workers get SIGTERM, then SIGKILL after a grace period.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """MLflow tracking: the cell folder is the record, and MLflow shows it. One experiment per study, one run per cell,
-each the child of its build's run, all owned by the train stage's process (`StudyRuns`); a run ends FINISHED only
-once its cell's folder is saved, and a tracking outage never costs a trained cell: `sync` logs later what MLflow
-could not take. Runs are driven through `mlflow.MlflowClient` with explicit run ids, never mlflow's active-run
-globals: mlflow ends a still-active run FINISHED when the interpreter exits, which would mark an interrupted cell as
-finished. The store is ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` (artifacts in ``mlartifacts/``
-beside it); one that does not answer costs one warning line per process, and HTTP calls give up within seconds
-(`HTTP_RETRY_DEFAULTS`). docs/pipeline.md ("MLflow") tells the whole story.
+each the child of its build's run, all owned by the train stage's process (`StudyRuns`); a tracking outage never
+costs a trained cell: `sync` logs later what MLflow could not take. Runs are driven through
+`mlflow.MlflowClient` with explicit run ids, never mlflow's active-run globals: mlflow ends a still-active run
+FINISHED when the interpreter exits, which would mark an interrupted cell as finished. docs/pipeline.md ("MLflow")
+tells the whole story.
 """
 
 from __future__ import annotations
@@ -122,16 +120,8 @@ class CellRun:
     def start(cls, store: Store, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
               datasets: Iterable = (), start_time: int | None = None) -> CellRun:
         """A new run ``run_name`` with ``params`` and dataset inputs (`corpus_datasets`), owned by this process."""
-        def create(client, experiment_id):
-            created = client.create_run(experiment_id, start_time=start_time, tags={**(tags or {}), **_owner()},
-                                        run_name=run_name)
-            _log_params(client, created.info.run_id, params)
-            if inputs := list(datasets):
-                client.log_inputs(created.info.run_id, inputs)
-            return created
-
         run = cls(store, run_name)
-        run.run = store.call(create)
+        run.run = store.call(_create_run, run_name, params, tags or {}, datasets, start_time)
         return run
 
     def finish(self, saved: SavedCell) -> None:
@@ -302,7 +292,7 @@ class StudyRuns:
             self.store.call(sync, self.cells, self.planned, self.prepared)
 
     def _tags(self, cell) -> dict[str, str]:
-        return {**cell_tags(stage=dvc_stage(cell.study), study=cell.study, spec=cell.spec), BUILD_TAG: self.build,
+        return {**cell_tags(study=cell.study, spec=cell.spec), BUILD_TAG: self.build,
                 **({PARENT_TAG: self.parent.run_id} if self.parent and self.parent.run_id else {}),
                 **({BUILD_KEY_TAG: self.build_keys[cell.key]} if cell.key in self.build_keys else {})}
 
@@ -400,19 +390,22 @@ def _run_from_folder(client, experiment_id: str, saved: SavedCell, cell, prepare
     trained (``cell``, a `StudyCell`, or None)."""
     study = saved.folder.parent.name
     cell = cell if cell is not None and cell.spec == saved.spec else None  # a plan that moved on does not describe it
-    tags = {**cell_tags(stage=dvc_stage(study), study=study, spec=saved.spec), **saved.tags(), **_owner(),
-            LOGGED_FROM_TAG: f"its folder {saved.folder}"}
-    run = client.create_run(experiment_id, tags=tags, run_name=saved.folder.name)
-    _log_params(client, run.info.run_id, cell_params(cell) if cell else {"study": study})
-    if cell and cell.task in prepared and (datasets := corpus_datasets(prepared[cell.task], cell.task)):
-        client.log_inputs(run.info.run_id, datasets)
-    return run
+    tags = {**cell_tags(study=study, spec=saved.spec), **saved.tags(), LOGGED_FROM_TAG: f"its folder {saved.folder}"}
+    datasets = corpus_datasets(prepared[cell.task], cell.task) if cell and cell.task in prepared else []
+    return _create_run(client, experiment_id, saved.folder.name, cell_params(cell) if cell else {"study": study},
+                       tags, datasets)
 
 
-def _log_params(client, run_id: str, params: Mapping[str, Any]) -> None:
+def _create_run(client, experiment_id: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str],
+                datasets: Iterable = (), start_time: int | None = None):
+    """A new run with ``params``, ``tags`` and dataset inputs, owned by this process (`_owner`)."""
     from mlflow.entities import Param
 
-    client.log_batch(run_id, params=[Param(key, _param_text(value)) for key, value in sorted(params.items())])
+    run = client.create_run(experiment_id, start_time=start_time, tags={**tags, **_owner()}, run_name=run_name)
+    client.log_batch(run.info.run_id, params=[Param(key, _param_text(value)) for key, value in sorted(params.items())])
+    if inputs := list(datasets):
+        client.log_inputs(run.info.run_id, inputs)
+    return run
 
 
 def _owner() -> dict[str, str]:
@@ -584,25 +577,22 @@ def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     return metrics
 
 
-def cell_tags(stage: str | None = None, study: str | None = None, spec=None) -> dict[str, str]:
-    """The tags of a run: the commit, the DVC stage and study, and the spec's digest."""
-    tags = {"mlflow.source.type": "JOB"}
+def cell_tags(study: str, spec=None) -> dict[str, str]:
+    """The tags of a run: the commit and the study; for a cell's run (``spec`` given), its DVC stage and the spec's
+    digest."""
+    tags = {"mlflow.source.type": "JOB", "study": study}
     if commit := git_commit():
         tags["mlflow.source.git.commit"] = commit
-    if stage:
-        tags["dvc_stage"] = stage
-    if study:
-        tags["study"] = study
     if spec is not None:
         from pipelines.trained_cells import spec_digest
 
-        tags[SPEC_TAG] = spec_digest(spec)
+        tags |= {"dvc_stage": dvc_stage(study), SPEC_TAG: spec_digest(spec)}
     return tags
 
 
-def git_commit(directory: str | Path = ".") -> str | None:
+def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None

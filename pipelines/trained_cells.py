@@ -1,21 +1,7 @@
-"""A study's trained cells: one folder per cell, below the train stage's output (``data/04_models/<study>``, which
-DVC tracks whole and keeps between builds: ``persist``).
-
-A cell is built when its folder proves it: its build record (`BUILD_FILE`) names the build key the cell is planned
-with (a digest of its spec, the files of its base models, its prepared data and the library code that trains a
-cell), its ``cell.json`` is the spec the record names, and every file the record lists is there with the digest it
-recorded (`proof_problem`). The train stage trains every planned cell whose folder does not prove it, and no other,
-so an unchanged cell is never trained twice, however the last build ended and on whichever machine it ran (DVC's
-remote carries the folders, records included), and a folder that holds something else (another cell's files, a
-copy or pull cut short, an edit) is never taken for the cell. Each folder is written whole, its record last, in one
-atomic step (`layertune.io.atomic_directory`): a stopped build leaves finished cells built and no half-written one.
-
-A folder whose cell is no longer planned (a seed or setting removed from params.yaml) is put aside, not deleted:
-moved to ``retired`` (outside every DVC output), and moved back, untrained, when its cell is planned again with the
-same key. A folder at a planned cell's place that claims to be built but does not prove it, or that no build wrote,
-is set aside too, never deleted (it may be someone's): into ``retired/.unverified/<cell>-<n>``, with one warning
-naming it and what did not match (`TrainedCells.settle`). So the stage's output holds exactly the planned cells,
-as a build from scratch.
+"""A study's trained cells: one folder per cell below the train stage's output, each written whole, its build record
+(`BUILD_FILE`) last, in one atomic step. A cell is built when its folder proves the build key it is planned with
+(`proof_problem`); a folder no longer planned, or at a planned cell's place without proving it, is set aside, never
+deleted (`TrainedCells.settle`). docs/pipeline.md ("Which cells train") tells the whole story.
 """
 
 from __future__ import annotations
