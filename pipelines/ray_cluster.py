@@ -60,6 +60,10 @@ class RayCluster:
         if not jobs:
             return
         ray = connect(self.address)
+        ray_job = ray.get_runtime_context().get_job_id()
+        # Where to clean after the job (`_clean_nodes`): Ray Client's address, else the cluster's own (that
+        # `ray.init` may have found or started)
+        cluster = self.address if self.address.startswith("ray://") else ray.get_runtime_context().gcs_address
         pending: dict = {}  # task -> its job
         try:
             with signals_noted() as signals:  # a signal inside Ray's wait would break it: checked between waits
@@ -88,17 +92,12 @@ class RayCluster:
                             raise CellFailed(job.key, str(error)) from None
                         yield Finished(job.key, result.started_ms)
         finally:
-            cancelled = list(pending)
-            for ref in cancelled:  # kills the worker of a running one: the cell trains no further
+            for ref in pending:  # kills the worker of a running one: the cell trains no further
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
-            if cancelled:
-                # The kill is sent, not done: a worker still alive keeps its work folder from the cleaning. A
-                # cancelled task's result settles once its worker has exited.
-                with contextlib.suppress(Exception):
-                    ray.wait(cancelled, num_returns=len(cancelled), timeout=CANCEL_TIMEOUT_S)
-                _clean_nodes(ray)
-            ray.shutdown()
+            ray.shutdown()  # the job ends: Ray kills its workers still running, one that a cancel missed too
+            if pending:
+                _clean_nodes(cluster, ray_job)
 
     def _resources(self, ray) -> dict:
         """A GPU per cell where the cluster has GPUs; ``cpus_per_cell`` CPUs (default: 1 beside a GPU, else every CPU
@@ -128,18 +127,28 @@ def connect(address: str):
     return ray
 
 
-def _clean_nodes(ray) -> None:
-    """The work folders that cancelled cells' killed workers left, removed on every live node (a task pinned to
-    each, taking no CPU, waiting up to `CANCEL_TIMEOUT_S` for those workers to exit; a node that does not answer
-    in time keeps them until its next cell)."""
+def _clean_nodes(cluster: str, job: str) -> None:
+    """The work folders that the ended ``job``'s cells left on the nodes of ``cluster`` (their workers were killed),
+    removed from a job of its own: none of the ended job's tasks can start any more, not even one that a cancel
+    missed (`ray.cancel` can lose the race with a task being handed to its worker). A task pinned to each live node,
+    taking no CPU, waits up to `CANCEL_TIMEOUT_S` for those workers to exit; a node that does not answer in time keeps
+    them until its next cell. A cluster that ``ray.init`` started for the build stopped with it: this machine was its
+    one node."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    clean = ray.remote(remove_work_folders)
-    with contextlib.suppress(Exception):
-        ray.get([clean.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"],
-                                                                                             soft=False)
-                               ).remote(CANCEL_TIMEOUT_S)
-                 for node in ray.nodes() if node["Alive"]], timeout=CANCEL_TIMEOUT_S + 10)
+    try:
+        ray = connect(cluster)
+    except Exception:  # nothing answers (the build's own cluster, stopped), or Ray cannot connect: this machine's
+        remove_work_folders(job, CANCEL_TIMEOUT_S)
+        return
+    try:
+        clean = ray.remote(num_cpus=0)(remove_work_folders)
+        with contextlib.suppress(Exception):
+            ray.get([clean.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+                                   ).remote(job, CANCEL_TIMEOUT_S)
+                     for node in ray.nodes() if node["Alive"]], timeout=2 * CANCEL_TIMEOUT_S)  # and a worker's start
+    finally:
+        ray.shutdown()
 
 
 def forwarded_environment() -> dict[str, str]:
@@ -160,15 +169,29 @@ def node_folder() -> Path:
     return private_folder(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}")
 
 
-def remove_work_folders(wait_s: float = 0.0) -> None:
-    """The work folders of workers that were killed (a cancel): their processes are gone. Those of workers still
-    alive are waited for, up to ``wait_s``: a force-cancelled task settles once the kill is sent, and its worker may
-    still be exiting when the driver cleans (a live cell of another build keeps its folder)."""
+def remove_work_folders(job: str | None = None, wait_s: float = 0.0) -> None:
+    """The work folders of workers that are gone (killed: a cancel, or their job's end). Those of ``job``'s workers
+    still alive are waited for, up to ``wait_s``: a killed worker may still be exiting when the driver cleans."""
     from layertune.io import remove_stale_partials
 
     deadline = time.monotonic() + wait_s
-    while remove_stale_partials(node_folder()) and time.monotonic() < deadline:
+    while (any(f"-job{job}-" in folder.name for folder in remove_stale_partials(node_folder()))
+           and time.monotonic() < deadline):
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def work_folder() -> Iterator[Path]:
+    """A new folder for one cell in this machine's private folder, named after its worker and job (for
+    `remove_work_folders`), removed after."""
+    import ray
+
+    job = ray.get_runtime_context().get_job_id()
+    work = Path(tempfile.mkdtemp(prefix=f".cell.partial-{os.getpid()}-job{job}-", dir=node_folder()))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def train_on_node(job: NodeJob, corpus) -> NodeResult:
@@ -179,21 +202,19 @@ def train_on_node(job: NodeJob, corpus) -> NodeResult:
     from pipelines.trained_cells import TrainedCells, pack
 
     started = int(time.time() * 1000)
-    private = node_folder()
     remove_work_folders()
-    cache_dir = os.environ.get("LAYERTUNE_CACHE") or private / "cache"
-    work = Path(tempfile.mkdtemp(prefix=f".cell.partial-{os.getpid()}-", dir=private))
+    cache_dir = os.environ.get("LAYERTUNE_CACHE") or node_folder() / "cache"
     here = Path.cwd()
     try:
-        if Path(job.project).is_dir():  # a model given as a path relative to the project resolves as it did there
-            os.chdir(job.project)
-        check_models(job.cell)
-        trained = train_cell(job.cell.spec, corpus=corpus, cache_dir=cache_dir)
-        folder = TrainedCells(work, work / ".retired").write(job.cell.key, trained, job.build)
-        return NodeResult(pack(folder), started, ray.get_runtime_context().get_node_id())
+        with work_folder() as work:
+            if Path(job.project).is_dir():  # a model given as a path relative to the project resolves as it did there
+                os.chdir(job.project)
+            check_models(job.cell)
+            trained = train_cell(job.cell.spec, corpus=corpus, cache_dir=cache_dir)
+            folder = TrainedCells(work, work / ".retired").write(job.cell.key, trained, job.build)
+            return NodeResult(pack(folder), started, ray.get_runtime_context().get_node_id())
     finally:
         os.chdir(here)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def check_models(cell) -> None:

@@ -177,6 +177,32 @@ def test_a_node_lost_mid_build_costs_no_cell(origin, cluster, tmp_path):
     nothing_left_on_the_nodes()
 
 
+def test_the_work_folders_of_killed_cells_are_removed_from_the_nodes(cluster):
+    """A force-cancelled cell's worker is killed at once, its folder left; a cell whose cancel was lost (`ray.cancel`
+    can lose the race with a task being handed to its worker) dies with the build's job, here without a word. Both
+    folders are removed by the clean-up, from a job of its own once the build's has ended."""
+    from pipelines.ray_cluster import _clean_nodes, connect, work_folder
+
+    def a_long_cell():
+        with work_folder():
+            try:
+                time.sleep(600)
+            except BaseException:  # the job's end: exit as a SIGKILL would, leaving the folder
+                os._exit(1)
+
+    ray = connect(cluster.address)
+    cancelled, lost = (ray.remote(a_long_cell).options(num_cpus=2).remote() for _ in range(2))  # one on each node
+    deadline = time.monotonic() + 120
+    while len(work_folders()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    ray.cancel(cancelled, force=True)
+    address, job = ray.get_runtime_context().gcs_address, ray.get_runtime_context().get_job_id()
+    ray.shutdown()
+    _clean_nodes(address, job)
+    assert not work_folders()
+
+
 @pytest.fixture(scope="module")
 def slow_origin(tmp_path_factory):
     """Tiny models, long cells (4,000 epochs of the toy data: a cached head-only cell trains 400 in seconds, so a
