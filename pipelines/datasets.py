@@ -30,13 +30,20 @@ def _class(dotted: str) -> type:
 
 
 class Located:
-    """A dataset at one path, ``path`` (public: what hooks and checks read; `_describe` is Kedro's)."""
+    """A dataset at one path, ``path`` (public: what hooks and checks read); Kedro's `_exists` and `_describe`
+    (for its listing) follow."""
 
     _path: Path
 
     @property
     def path(self) -> Path:
         return self._path
+
+    def _exists(self) -> bool:
+        return self._path.exists()
+
+    def _describe(self) -> dict[str, Any]:
+        return dict(self._init_args)  # the constructor's arguments, as Kedro keeps them
 
 
 class SpecDataset(Located, AbstractDataset[Any, Any]):
@@ -63,12 +70,6 @@ class SpecDataset(Located, AbstractDataset[Any, Any]):
         with atomic_file(self._path) as staging:
             staging.write_text(data.model_dump_json(indent=2) + "\n")
 
-    def _exists(self) -> bool:
-        return self._path.is_file()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"filepath": str(self._path), "spec": self._spec}
-
 
 class SpecTreeDataset(Located, AbstractDataset[dict, dict]):
     """Many pydantic models, ``{key: model}`` saved as ``<path>/<key><suffix>`` (keys may contain '/')."""
@@ -83,12 +84,6 @@ class SpecTreeDataset(Located, AbstractDataset[dict, dict]):
     def save(self, data: dict) -> None:
         for key, value in data.items():
             SpecDataset(str(self._path / f"{key}{self._suffix}"), self._spec).save(value)
-
-    def _exists(self) -> bool:
-        return self._path.is_dir()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path), "suffix": self._suffix, "spec": self._spec}
 
 
 class SplitFilesDataset(Located, AbstractDataset[dict, dict]):
@@ -114,12 +109,6 @@ class SplitFilesDataset(Located, AbstractDataset[dict, dict]):
                 for split, dataset in splits.items():
                     # One row group and no index: the same rows always give the same bytes.
                     dataset.to_parquet(staging / f"{split}.parquet", batch_size=len(dataset) or 1)
-
-    def _exists(self) -> bool:
-        return self._path.is_dir()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path)}
 
 
 @dataclass(frozen=True)
@@ -156,12 +145,6 @@ class CorporaDataset(Located, AbstractDataset[dict, dict]):
             with atomic_directory(self._path / task) as staging:
                 corpus.save_to_disk(staging)
 
-    def _exists(self) -> bool:
-        return self._path.is_dir()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path)}
-
 
 class FolderDataset(Located, AbstractDataset[None, Path]):
     """A folder that `layertune` fills itself (the content-addressed feature cache): loading gives its path.
@@ -177,12 +160,6 @@ class FolderDataset(Located, AbstractDataset[None, Path]):
 
     def save(self, data: None) -> None:
         raise DatasetError(f"{self._path} is filled by layertune itself; nothing is saved through the catalog.")
-
-    def _exists(self) -> bool:
-        return self._path.is_dir()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path)}
 
 
 class TrainedCellsDataset(Located, AbstractDataset[None, Any]):
@@ -201,12 +178,6 @@ class TrainedCellsDataset(Located, AbstractDataset[None, Any]):
 
     def save(self, data: None) -> None:
         raise DatasetError(f"Cells are written one by one as they end (TrainedCells.write), not through {self._path}.")
-
-    def _exists(self) -> bool:
-        return self._path.is_dir()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path), "retired": str(self._retired)}
 
 
 def _read(path: Path) -> Any:
@@ -258,12 +229,6 @@ class FileDataset(Located, AbstractDataset[Any, Any]):
     def save(self, data: Any) -> None:
         _write(self._path, data)
 
-    def _exists(self) -> bool:
-        return self._path.is_file()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"filepath": str(self._path)}
-
 
 class FileTreeDataset(Located, AbstractDataset[dict, dict]):
     """Many files below ``path`` keyed by their path relative to it, less ``suffix``: saving ``{"a/b": df}`` with
@@ -279,9 +244,3 @@ class FileTreeDataset(Located, AbstractDataset[dict, dict]):
     def save(self, data: dict) -> None:
         for key, value in data.items():
             _write(self._path / f"{key}{self._suffix}", value)
-
-    def _exists(self) -> bool:
-        return self._path.is_dir()
-
-    def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._path), "suffix": self._suffix}
