@@ -63,7 +63,8 @@ class RayCluster:
         ray_job = ray.get_runtime_context().get_job_id()
         # Where to clean after the job (`_clean_nodes`): Ray Client's address, else the cluster's own (that
         # `ray.init` may have found or started)
-        cluster = self.address if self.address.startswith("ray://") else ray.get_runtime_context().gcs_address
+        given = self.address or os.environ.get("RAY_ADDRESS", "")
+        cluster = given if given.startswith("ray://") else ray.get_runtime_context().gcs_address
         pending: dict = {}  # task -> its job
         try:
             with signals_noted() as signals:  # a signal inside Ray's wait would break it: checked between waits
