@@ -17,6 +17,7 @@ import socket
 import stat
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +35,13 @@ CANCEL_TIMEOUT_S = 30.0  # for cancelled cells' workers to exit before their wor
 
 @dataclass(frozen=True)
 class NodeJob:
-    """What a node needs for one cell: the cell, its build record, and the project folder (where relative model
-    paths resolve, when the node sees it at the same path)."""
+    """What a node needs for one cell: the cell, its build record, the project folder (where relative model paths
+    resolve, when the node sees it at the same path), and which build sent it."""
 
     cell: object  # a `layertune.study.StudyCell`
     build: dict
     project: str
+    session: str  # the build's, in the name of its work folder (`work_folder`)
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,11 @@ class RayCluster:
         if not jobs:
             return
         ray = connect(self.address)
-        ray_job = ray.get_runtime_context().get_job_id()
-        # Where to clean after the job (`_clean_nodes`): Ray Client's address, else the cluster's own (that
+        session = uuid.uuid4().hex[:12]
+        # Where to clean after the job (`_clean_nodes`): a Ray Client address as given, else the cluster's own (that
         # `ray.init` may have found or started)
-        given = self.address or os.environ.get("RAY_ADDRESS", "")
-        cluster = given if given.startswith("ray://") else ray.get_runtime_context().gcs_address
+        given = os.environ.get("RAY_ADDRESS", "") if self.address in ("", "auto") else self.address
+        cluster = given if "://" in given else ray.get_runtime_context().gcs_address
         pending: dict = {}  # task -> its job
         try:
             with signals_noted() as signals:  # a signal inside Ray's wait would break it: checked between waits
@@ -75,7 +77,7 @@ class RayCluster:
                 for job in jobs:
                     if job.corpus not in corpora:
                         corpora[job.corpus] = ray.put(loaded(job.corpus))
-                    pending[task.remote(NodeJob(job.cell, job.build, str(Path.cwd())),
+                    pending[task.remote(NodeJob(job.cell, job.build, str(Path.cwd()), session),
                                         corpora[job.corpus])] = job
                 while pending:
                     done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
@@ -96,9 +98,10 @@ class RayCluster:
             for ref in pending:  # kills the worker of a running one: the cell trains no further
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
-            ray.shutdown()  # the job ends: Ray kills its workers still running, one that a cancel missed too
+            ray.shutdown()  # the job ends: Ray stops its workers still running, one that a cancel missed too
             if pending:
-                _clean_nodes(cluster, ray_job)
+                with contextlib.suppress(Exception):  # the build's own error is the one to report
+                    _clean_nodes(cluster, session)
 
     def _resources(self, ray) -> dict:
         """A GPU per cell where the cluster has GPUs; ``cpus_per_cell`` CPUs (default: 1 beside a GPU, else every CPU
@@ -128,26 +131,25 @@ def connect(address: str):
     return ray
 
 
-def _clean_nodes(cluster: str, job: str) -> None:
-    """The work folders that the ended ``job``'s cells left on the nodes of ``cluster`` (their workers were killed),
-    removed from a job of its own: none of the ended job's tasks can start any more, not even one that a cancel
-    missed (`ray.cancel` can lose the race with a task being handed to its worker). A task pinned to each live node,
-    taking no CPU, waits up to `CANCEL_TIMEOUT_S` for those workers to exit; a node that does not answer in time keeps
-    them until its next cell. A cluster that ``ray.init`` started for the build stopped with it: this machine was its
-    one node."""
+def _clean_nodes(cluster: str, session: str) -> None:
+    """The work folders that the cells of build ``session`` left on the nodes of ``cluster`` (their workers were
+    killed), removed once the build's Ray job has ended, from a job of its own: none of the ended job's tasks can
+    start any more, not even one that a cancel missed (`ray.cancel` can lose the race with a task being handed to its
+    worker). A task pinned to each live node, taking no CPU, waits up to `CANCEL_TIMEOUT_S` for those workers to exit;
+    a node that does not answer in time keeps them until its next cell. A cluster that ``ray.init`` started for the
+    build stopped with it: this machine was its one node."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     try:
         ray = connect(cluster)
     except Exception:  # nothing answers (the build's own cluster, stopped), or Ray cannot connect: this machine's
-        remove_work_folders(job, CANCEL_TIMEOUT_S)
+        remove_work_folders(session, CANCEL_TIMEOUT_S)
         return
     try:
         clean = ray.remote(num_cpus=0)(remove_work_folders)
-        with contextlib.suppress(Exception):
-            ray.get([clean.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-                                   ).remote(job, CANCEL_TIMEOUT_S)
-                     for node in ray.nodes() if node["Alive"]], timeout=2 * CANCEL_TIMEOUT_S)  # and a worker's start
+        tasks = [clean.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+                               ).remote(session, CANCEL_TIMEOUT_S) for node in ray.nodes() if node["Alive"]]
+        ray.wait(tasks, num_returns=len(tasks), timeout=2 * CANCEL_TIMEOUT_S)  # each node's, whatever another's does
     finally:
         ray.shutdown()
 
@@ -170,25 +172,22 @@ def node_folder() -> Path:
     return private_folder(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}")
 
 
-def remove_work_folders(job: str | None = None, wait_s: float = 0.0) -> None:
-    """The work folders of workers that are gone (killed: a cancel, or their job's end). Those of ``job``'s workers
-    still alive are waited for, up to ``wait_s``: a killed worker may still be exiting when the driver cleans."""
+def remove_work_folders(session: str | None = None, wait_s: float = 0.0) -> None:
+    """The work folders of workers that are gone (killed: a cancel, or their job's end). Those of build
+    ``session``'s workers still alive are waited for, up to ``wait_s``: a killed worker may still be exiting."""
     from layertune.io import remove_stale_partials
 
     deadline = time.monotonic() + wait_s
-    while (any(f"-job{job}-" in folder.name for folder in remove_stale_partials(node_folder()))
+    while (any(f"-{session}-" in folder.name for folder in remove_stale_partials(node_folder()))
            and time.monotonic() < deadline):
         time.sleep(0.2)
 
 
 @contextlib.contextmanager
-def work_folder() -> Iterator[Path]:
-    """A new folder for one cell in this machine's private folder, named after its worker and job (for
-    `remove_work_folders`), removed after."""
-    import ray
-
-    job = ray.get_runtime_context().get_job_id()
-    work = Path(tempfile.mkdtemp(prefix=f".cell.partial-{os.getpid()}-job{job}-", dir=node_folder()))
+def work_folder(session: str) -> Iterator[Path]:
+    """A new folder for one cell of build ``session`` in this machine's private folder, named after its worker and
+    build (for `remove_work_folders`), removed after."""
+    work = Path(tempfile.mkdtemp(prefix=f".cell.partial-{os.getpid()}-{session}-", dir=node_folder()))
     try:
         yield work
     finally:
@@ -207,7 +206,7 @@ def train_on_node(job: NodeJob, corpus) -> NodeResult:
     cache_dir = os.environ.get("LAYERTUNE_CACHE") or node_folder() / "cache"
     here = Path.cwd()
     try:
-        with work_folder() as work:
+        with work_folder(job.session) as work:
             if Path(job.project).is_dir():  # a model given as a path relative to the project resolves as it did there
                 os.chdir(job.project)
             check_models(job.cell)

@@ -69,24 +69,24 @@ def test_the_staging_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_pa
 
 
 def test_the_work_folder_of_a_cancelled_cell_is_removed_once_its_exiting_worker_is_gone(tmp_path, monkeypatch):
-    """A killed Ray worker may still be exiting when the driver cleans: the folders of its job are waited for."""
+    """A killed Ray worker may still be exiting when the driver cleans: the folders of its build are waited for."""
     import tempfile
 
     from pipelines.ray_cluster import node_folder, remove_work_folders
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
-    work = node_folder() / f".cell.partial-{exiting.pid}-job02000000-abc"
-    live = node_folder() / f".cell.partial-{os.getpid()}-job01000000-def"  # another build's cell, training: kept
+    exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    work = node_folder() / f".cell.partial-{exiting.pid}-build2-abc"
+    live = node_folder() / f".cell.partial-{os.getpid()}-build1-def"  # another build's cell, training: kept
     work.mkdir(), live.mkdir()
     try:
         remove_work_folders()
         assert work.is_dir() and live.is_dir()  # their processes are alive: not removed without a wait
-        remove_work_folders("02000000", wait_s=0.5)  # not long enough: its worker is still exiting
+        remove_work_folders("build2", wait_s=0.5)  # not long enough: its worker is still exiting
         assert work.is_dir() and live.is_dir()
         threading.Thread(target=exiting.wait).start()  # reaped once it exits, as Ray's raylet reaps its workers
         started = time.monotonic()
-        remove_work_folders("02000000", wait_s=600)
+        remove_work_folders("build2", wait_s=600)
         assert not work.exists() and live.is_dir()
         assert time.monotonic() - started < 60  # the other build's live cell did not hold the wait to its end
     finally:

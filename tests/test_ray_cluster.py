@@ -184,22 +184,24 @@ def test_the_work_folders_of_killed_cells_are_removed_from_the_nodes(cluster):
     from pipelines.ray_cluster import _clean_nodes, connect, work_folder
 
     def a_long_cell():
-        with work_folder():
+        with work_folder("build1"):
             try:
                 time.sleep(600)
             except BaseException:  # the job's end: exit as a SIGKILL would, leaving the folder
                 os._exit(1)
 
     ray = connect(cluster.address)
-    cancelled, lost = (ray.remote(a_long_cell).options(num_cpus=2).remote() for _ in range(2))  # one on each node
-    deadline = time.monotonic() + 120
-    while len(work_folders()) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    ray.cancel(cancelled, force=True)
-    address, job = ray.get_runtime_context().gcs_address, ray.get_runtime_context().get_job_id()
-    ray.shutdown()
-    _clean_nodes(address, job)
+    try:
+        cancelled, lost = (ray.remote(a_long_cell).options(num_cpus=2).remote() for _ in range(2))  # a node each
+        deadline = time.monotonic() + 120
+        while len(work_folders()) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        ray.cancel(cancelled, force=True)
+        address = ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+    _clean_nodes(address, "build1")
     assert not work_folders()
 
 
