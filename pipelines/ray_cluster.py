@@ -65,7 +65,7 @@ class RayCluster:
         session = uuid.uuid4().hex[:12]
         # Where to clean after the job (`_clean_nodes`): a Ray Client address as given, else the cluster's own (that
         # `ray.init` may have found or started)
-        given = os.environ.get("RAY_ADDRESS", "") if self.address in ("", "auto") else self.address
+        given = ray_address(self.address) or ""
         cluster = given if "://" in given else ray.get_runtime_context().gcs_address
         pending: dict = {}  # task -> its job
         try:
@@ -255,15 +255,21 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0
 SETTINGS_FRAME = 4
 
 
+def ray_address(address: str | None) -> str | None:
+    """The address `ray.init` reads for ``address``: $RAY_ADDRESS, if set, for none or "auto"."""
+    if address in (None, "", "auto") and os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    return address
+
+
 def check_reachable(address: str | None) -> None:
     """A `ValueError` naming ``address`` (None or "auto": $RAY_ADDRESS, if set, as Ray reads it) unless a gRPC server
     answers there within `CONNECT_TIMEOUT_S`: `ray.init` would retry an unreachable address for minutes, printing only
     its own warnings (which name the node's IP for a loopback address). "local", and no address at all: Ray looks on
     this machine, and says so itself when it finds nothing."""
     given = f"--ray {address}"
-    if address in (None, "", "auto") and os.environ.get("RAY_ADDRESS"):
-        address = os.environ["RAY_ADDRESS"]
-        given = f"$RAY_ADDRESS={address}"
+    if (resolved := ray_address(address)) != address:
+        address, given = resolved, f"$RAY_ADDRESS={resolved}"
     if not address or address in ("auto", "local"):
         return
     host, port = cluster_endpoint(address, given)
