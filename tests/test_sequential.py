@@ -208,9 +208,13 @@ def test_where_one_setting_is_ten_times_less_stable_no_claim_about_it_is_wrong_m
     assert edge <= 0.05 and worst <= 0.05
 
 
+# The "yes" rows of the tenfold cases run at 1,000 repetitions, held to 5% outright, in the tests above and below:
+# their first 400 are these rows' cells (a cell's random numbers are keyed by its repetition).
+ROWS = [(case, claim) for case in UNEQUAL for claim in EDGE if claim == "no" or not case.startswith("tenfold")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("claim", EDGE)
-@pytest.mark.parametrize("case", UNEQUAL)
+@pytest.mark.parametrize(("case", "claim"), ROWS)
 def test_no_claim_under_unequal_spreads_is_wrong_more_often_than_alpha(case, claim):
     """Every row of the table of docs/pipeline.md ("Deciding in rounds", which benchmarks/decide_simulation.py
     computes at 1,000 repetitions): under the reports' rule (each pair's own seed spread, shrunk toward the pooled
