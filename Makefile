@@ -15,8 +15,7 @@ export DO_NOT_TRACK := 1
 # The tests' DVC projects are new repositories: without this each dvc command starts an analytics daemon.
 export DVC_NO_ANALYTICS := 1
 # Python keeps the bytecode it compiles (its default), also where the machine sets PYTHONDONTWRITEBYTECODE (this
-# project's do): each module is compiled once, on first import, instead of by every process that imports it (a DVC
-# build starts a dozen stage processes, each importing torch) or all at install time.
+# project's machines do): the install below compiles nothing, so without it every stage process would compile torch.
 unexport PYTHONDONTWRITEBYTECODE
 
 # Real data and a second real model ship beside the repository in ../shared; without it the Hugging Face hub is used.
@@ -33,9 +32,9 @@ endif
 
 setup: $(VENV)/installed
 
-# Installed again only when the dependencies change: a second `make` starts at once. Not compiled (--no-compile:
-# 1:43 against 3:36 here): of the 23,000 modules installed, what the studies and tests import (about 5,000) is
-# compiled as it is first imported, and kept (above).
+# Installed again only when the dependencies change: a second `make` starts at once. --no-compile (1:43 against 3:36
+# here): of the 23,000 modules installed, the studies and tests import about 5,000, each compiled once as it is
+# first imported, and kept (above).
 $(VENV)/installed: pyproject.toml | $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e ".[test]"
 	touch $@
