@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.projects import make_dvc_project, study
-from tests.test_scale import clone, reports, sh
+from tests.test_scale import clone, reports, sh, without_ablation_trained
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]
 STUDIES = ("ablation", "methods")
@@ -152,8 +152,8 @@ def test_a_node_lost_mid_build_costs_no_cell(origin, cluster, tmp_path):
     """One worker node dies while it trains a cell: Ray runs that cell again on the other node; the report is the
     serial build's, each cell has one FINISHED run, nothing RUNNING. (The ablation study alone: its two cells keep
     both nodes busy.)"""
-    repository, serial = origin
-    driver = clone(repository, tmp_path / "driver")
+    _, serial = origin
+    driver = without_ablation_trained(serial, tmp_path / "driver")  # its cells alone left to build
     build = subprocess.Popen(["layertune", "repro", "--ray", cluster.address, "--cpus-per-cell", "2", "ablation"],
                              cwd=driver, env={**os.environ, **ENV, "TQDM_DISABLE": "1",
                                               "MLFLOW_TRACKING_URI": f"sqlite:///{driver / 'mlflow.db'}"},

@@ -86,6 +86,18 @@ def copy_of(built: Path, folder: Path) -> Path:
     return folder
 
 
+def without_ablation_trained(built: Path, folder: Path) -> Path:
+    """A copy of a built clone with the ablation study's cells and report gone (its tokenized data kept): a machine
+    where only that study's training is left to do, without building the stages before it again."""
+    import shutil
+
+    machine = copy_of(built, folder)
+    shutil.rmtree(machine / "data" / "04_models" / "ablation")
+    for report in (machine / "reports").glob("ablation*"):
+        shutil.rmtree(report) if report.is_dir() else report.unlink()
+    return machine
+
+
 def test_two_workers_build_exactly_what_a_serial_build_does(origin, tmp_path):
     repository, serial = origin
     parallel = clone(repository, tmp_path / "parallel")
@@ -153,10 +165,11 @@ def test_a_team_mlflow_server_on_postgresql_records_every_cell(origin, tmp_path)
     parameters and per-epoch metrics answer through the REST API, and the experiment opens on its runs table."""
     from tests.team_server import team_server
 
-    repository, serial = origin
-    machine = clone(repository, tmp_path / "machine")
+    _, serial = origin
+    machine = without_ablation_trained(serial, tmp_path / "machine")
     with team_server() as url:
-        sh(machine, "dvc", "repro", "aggregate@ablation", env={"MLFLOW_TRACKING_URI": url})
+        log = sh(machine, "dvc", "repro", "aggregate@ablation", env={"MLFLOW_TRACKING_URI": url})
+        assert trained(log) == ["sst2-tiny-0-1", "sst2-tiny-0-2", "sst2-tiny-2-1", "sst2-tiny-2-2"]
         experiment = rest(url, "experiments/get-by-name", experiment_name="layertune-ablation")["experiment"]
         assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in experiment["tags"]
         runs = rest(url, "runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
@@ -180,9 +193,8 @@ def test_a_study_trained_by_two_processes_is_one_folder_and_one_run_per_cell(ori
     run each, and DVC sees the stage as built."""
     from tests.test_data_parallel import launch
 
-    repository, _ = origin
-    machine = clone(repository, tmp_path / "machine")
-    sh(machine, "dvc", "repro", "tokenize@ablation")
+    _, serial = origin
+    machine = without_ablation_trained(serial, tmp_path / "machine")
     launch("-m", "kedro", "run", "--pipelines", "train", "--params", "study=ablation", cwd=machine,
            env=env_of(machine))
     sh(machine, "dvc", "commit", "--force", "train@ablation")
