@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.projects import make_dvc_project, study
-from tests.test_scale import clone, reports, sh, without_ablation_trained
+from tests.test_scale import clone, reports, sh, untrained_copy_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]
 STUDIES = ("ablation", "methods")
@@ -153,7 +153,7 @@ def test_a_node_lost_mid_build_costs_no_cell(origin, cluster, tmp_path):
     serial build's, each cell has one FINISHED run, nothing RUNNING. (The ablation study alone: its two cells keep
     both nodes busy.)"""
     _, serial = origin
-    driver = without_ablation_trained(serial, tmp_path / "driver")  # its cells alone left to build
+    driver = untrained_copy_of(serial, tmp_path / "driver", "ablation")  # its cells alone left to build
     build = subprocess.Popen(["layertune", "repro", "--ray", cluster.address, "--cpus-per-cell", "2", "ablation"],
                              cwd=driver, env={**os.environ, **ENV, "TQDM_DISABLE": "1",
                                               "MLFLOW_TRACKING_URI": f"sqlite:///{driver / 'mlflow.db'}"},

@@ -7,6 +7,7 @@ Tiny studies (the repository's own dvc.yaml, tiny models, a toy data mirror) in 
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -79,21 +80,17 @@ def origin(tmp_path_factory):
 def copy_of(built: Path, folder: Path) -> Path:
     """A copy of a built clone (its DVC cache, outputs and MLflow store included): another machine that ran the
     same build, without building it again."""
-    import shutil
-
     shutil.copytree(built, folder, symlinks=True)
     (folder / "mlflow.db").unlink()  # its runs name the original's folders; this machine's store starts empty
     return folder
 
 
-def without_ablation_trained(built: Path, folder: Path) -> Path:
-    """A copy of a built clone with the ablation study's cells and report gone (its tokenized data kept): a machine
-    where only that study's training is left to do, without building the stages before it again."""
-    import shutil
-
+def untrained_copy_of(built: Path, folder: Path, study_name: str) -> Path:
+    """`copy_of` a built clone with ``study_name``'s cells and report gone (its tokenized data kept): a machine where only
+    that study's training is left to do, without building the stages before it again."""
     machine = copy_of(built, folder)
-    shutil.rmtree(machine / "data" / "04_models" / "ablation")
-    for report in (machine / "reports").glob("ablation*"):
+    shutil.rmtree(machine / "data" / "04_models" / study_name)
+    for report in (machine / "reports").glob(f"{study_name}*"):
         shutil.rmtree(report) if report.is_dir() else report.unlink()
     return machine
 
@@ -166,7 +163,7 @@ def test_a_team_mlflow_server_on_postgresql_records_every_cell(origin, tmp_path)
     from tests.team_server import team_server
 
     _, serial = origin
-    machine = without_ablation_trained(serial, tmp_path / "machine")
+    machine = untrained_copy_of(serial, tmp_path / "machine", "ablation")
     with team_server() as url:
         log = sh(machine, "dvc", "repro", "aggregate@ablation", env={"MLFLOW_TRACKING_URI": url})
         assert trained(log) == ["sst2-tiny-0-1", "sst2-tiny-0-2", "sst2-tiny-2-1", "sst2-tiny-2-2"]
@@ -194,7 +191,7 @@ def test_a_study_trained_by_two_processes_is_one_folder_and_one_run_per_cell(ori
     from tests.test_data_parallel import launch
 
     _, serial = origin
-    machine = without_ablation_trained(serial, tmp_path / "machine")
+    machine = untrained_copy_of(serial, tmp_path / "machine", "ablation")
     launch("-m", "kedro", "run", "--pipelines", "train", "--params", "study=ablation", cwd=machine,
            env=env_of(machine))
     sh(machine, "dvc", "commit", "--force", "train@ablation")
@@ -209,8 +206,6 @@ def test_a_folder_that_does_not_prove_its_cell_trains_again_and_the_report_is_a_
     build record, a cell without its weights (a copy or pull cut short), a set-aside folder holding another cell's
     files; then a cell folder deleted. Each is found, set aside whole with a warning naming it, and trained again:
     the reports are the clean build's, byte for byte, and MLflow holds one FINISHED run per cell."""
-    import shutil
-
     _, serial = origin
     b = copy_of(serial, tmp_path / "b")
     models = b / "data" / "04_models" / "ablation"
