@@ -86,8 +86,8 @@ def copy_of(built: Path, folder: Path) -> Path:
 
 
 def untrained_copy_of(built: Path, folder: Path, study_name: str) -> Path:
-    """`copy_of` a built clone with ``study_name``'s cells and report gone (its tokenized data kept): a machine where only
-    that study's training is left to do, without building the stages before it again."""
+    """`copy_of` a built clone with ``study_name``'s cells and report gone (its tokenized data kept): a machine where
+    only that study's training is left to do, without building the stages before it again."""
     machine = copy_of(built, folder)
     shutil.rmtree(machine / "data" / "04_models" / study_name)
     for report in (machine / "reports").glob(f"{study_name}*"):
