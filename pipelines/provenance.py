@@ -64,6 +64,14 @@ def import_closure(roots: Iterable[Path], packages: Mapping[str, Path],
     the imports of those of its classes (and of the rest of the file) are followed."""
     folders = {folder.resolve(): top for top, folder in packages.items()}
     only = {Path(path).resolve(): names for path, names in (classes or {}).items()}
+    files: dict[str, Path | None] = {}  # module name → its resolved file: files import the same modules over and over
+
+    def resolved_file(name: str) -> Path | None:
+        if name not in files:
+            found = module_file(name, packages)
+            files[name] = found and found.resolve()
+        return files[name]
+
     queue, seen = [Path(root).resolve() for root in roots], set()
     while queue:
         path = queue.pop()
@@ -72,10 +80,8 @@ def import_closure(roots: Iterable[Path], packages: Mapping[str, Path],
         seen.add(path)
         for name in _imported_names(path, _module_name(path, folders), only.get(path)):
             parts = name.split(".")
-            for depth in range(1, len(parts) + 1):
-                found = module_file(".".join(parts[:depth]), packages)
-                if found is not None:
-                    queue.append(found.resolve())
+            queue.extend(found for depth in range(1, len(parts) + 1)
+                         if (found := resolved_file(".".join(parts[:depth]))) is not None)
     return sorted(seen)
 
 

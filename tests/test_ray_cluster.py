@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.projects import make_dvc_project, study
-from tests.test_scale import clone, reports, sh, untrained_copy_of
+from tests.test_scale import clone, copy_of, reports, sh, untrained_copy_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]
 STUDIES = ("ablation", "methods")
@@ -125,8 +125,8 @@ def trained(log: str) -> list[str]:
 
 
 def test_a_cluster_build_gives_the_serial_build(origin, cluster, tmp_path):
-    repository, serial = origin
-    driver = clone(repository, tmp_path / "driver")
+    _, serial = origin
+    driver = untrained_copy_of(serial, tmp_path / "driver", *STUDIES)  # what runs on the cluster is training
     started = time.monotonic()
     log = sh(driver, "layertune", "repro", "--ray", cluster.address, "--cpus-per-cell", "2", env=ENV)
     print(f"cluster build: {time.monotonic() - started:.1f} s\n{log}")
@@ -206,15 +206,19 @@ def test_the_work_folders_of_killed_cells_are_removed_from_the_nodes(cluster):
 
 
 @pytest.fixture(scope="module")
-def slow_origin(tmp_path_factory):
+def slow_tokenized(tmp_path_factory):
     """Tiny models, long cells (4,000 epochs of the toy data: a cached head-only cell trains 400 in seconds, so a
     cell could end before the Ctrl-C meant to cancel it); the `diverges` setting's rate makes its loss NaN. Its cells
-    come first in the plan, so that they fail at once, not after a long cell has taken their node for minutes."""
+    come first in the plan, so that they fail at once, not after a long cell has taken their node for minutes.
+    A clone built up to its tokenized data, which each test copies: what they check starts at training."""
     params = {"download": {"mirror": "mirror"}, "studies": {"tuning": {
         **study("methods", ["sst2"], {"tiny": "models/tiny-a"}, None, [1, 2]), "tunable_layers": None,
         "methods": {"diverges": {"tunable_layers": "all", "learning_rate": 1.0e30}, "top_k-0": {"tunable_layers": 0}}}}}
     params["studies"]["tuning"]["training"]["epochs"] = 4000
-    return make_dvc_project(tmp_path_factory.mktemp("slow"), params)
+    origin = make_dvc_project(tmp_path_factory.mktemp("slow"), params)
+    tokenized = clone(origin, tmp_path_factory.mktemp("slow-tokenized") / "repo")
+    sh(tokenized, "dvc", "repro", "tokenize@tuning", env=ENV)
+    return tokenized
 
 
 def start_build(driver: Path, address: str) -> subprocess.Popen:
@@ -223,8 +227,8 @@ def start_build(driver: Path, address: str) -> subprocess.Popen:
                                  "TQDM_DISABLE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_a_failed_cell_stops_the_build_naming_it_and_its_error(slow_origin, cluster, tmp_path):
-    driver = clone(slow_origin, tmp_path / "driver")
+def test_a_failed_cell_stops_the_build_naming_it_and_its_error(slow_tokenized, cluster, tmp_path):
+    driver = copy_of(slow_tokenized, tmp_path / "driver")
     build = start_build(driver, cluster.address)
     out, err = build.communicate(timeout=600)
     assert build.returncode == 1, out + err
@@ -242,8 +246,8 @@ def test_a_failed_cell_stops_the_build_naming_it_and_its_error(slow_origin, clus
     assert not (driver / "reports").exists()
 
 
-def test_ctrl_c_stops_every_cell_on_the_nodes_within_seconds(slow_origin, cluster, tmp_path):
-    driver = clone(slow_origin, tmp_path / "driver")
+def test_ctrl_c_stops_every_cell_on_the_nodes_within_seconds(slow_tokenized, cluster, tmp_path):
+    driver = copy_of(slow_tokenized, tmp_path / "driver")
     (driver / "params.yaml").write_text((driver / "params.yaml").read_text().replace("1.0e+30", "0.001"))
     sh(driver, "git", "commit", "--quiet", "-am", "no diverging cell")
     before = set(training_on_nodes())  # a worker of an earlier test may still be ending (the signal must not come
@@ -263,13 +267,13 @@ def test_ctrl_c_stops_every_cell_on_the_nodes_within_seconds(slow_origin, cluste
     nothing_left_on_the_nodes()
 
 
-def test_a_build_while_the_tracking_server_is_down_loses_no_run(slow_origin, cluster, tmp_path):
+def test_a_build_while_the_tracking_server_is_down_loses_no_run(slow_tokenized, cluster, tmp_path):
     """The team's MLflow server is down for the whole build: the build still ends with its reports. Once the server
     is up, `python -m pipelines.tracking sync` logs each cell there from its folder: one FINISHED run per cell,
     with its stage, parameters and metrics."""
     from tests.team_server import free_port, mlflow_server
 
-    driver = clone(slow_origin, tmp_path / "driver")
+    driver = copy_of(slow_tokenized, tmp_path / "driver")
     params = (driver / "params.yaml").read_text()
     (driver / "params.yaml").write_text(params.replace("1.0e+30", "0.001").replace("epochs: 4000", "epochs: 2"))
     sh(driver, "git", "commit", "--quiet", "-am", "short cells, none diverging")
