@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
 
 from layertune.io import atomic_directory, atomic_file, write_json
@@ -183,8 +184,6 @@ def _read(path: Path) -> Any:
     if path.suffix == ".json":
         return json.loads(path.read_text())
     if path.suffix == ".csv":
-        import pandas as pd  # here: the stages that read no table (plan, download, evaluate) skip its import
-
         return pd.read_csv(path)
     return path.read_text()
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-# Imported as the node runs (the reports import scipy, matplotlib and seaborn; pandas too, which every stage's
-# `kedro run` would import with the registry): see pipelines/evaluate/nodes.py.
-if TYPE_CHECKING:
-    import pandas as pd
+import pandas as pd
 
+# Imported as the node runs (the reports import scipy, matplotlib and seaborn): see pipelines/evaluate/nodes.py.
+if TYPE_CHECKING:
     from layertune.cell import CellFolder
     from layertune.corpus import Corpus
     from layertune.study import StudyPlan
@@ -35,8 +34,6 @@ def score_points(plan: StudyPlan, tables: dict[str, pd.DataFrame]) -> pd.DataFra
     """One row per setting of the report's table: its mean dev score and interval at ``setting``, the value the
     study varies (tunable layers, method, or encoder for a study of encoders), on the line ``series`` (the rest of
     what names the setting)."""
-    import pandas as pd
-
     if "methods" in tables:
         table, axis = tables["methods"], "method"
     else:
@@ -53,8 +50,6 @@ def score_points(plan: StudyPlan, tables: dict[str, pd.DataFrame]) -> pd.DataFra
 def loss_points(plan: StudyPlan, cells: dict[str, CellFolder]) -> pd.DataFrame:
     """One row per cell, epoch and split (train, dev) with a loss in the cell's history: the dev loss only where
     dev was scored (every epoch, or the last with ``eval_strategy: end``)."""
-    import pandas as pd
-
     rows = [{"cell": cell.key, "task": cell.task, "seed": cell.seed, "epoch": record["epoch"], "split": split,
              "loss": record[key]}
             for cell in plan.cells for record in cells[cell.key].history()
