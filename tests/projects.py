@@ -44,7 +44,8 @@ def make_project(folder: Path, params: dict) -> Path:
     ``models/tiny-a`` and ``models/tiny-b`` (another vocabulary)."""
     for name in ("pipelines", "conf"):
         shutil.copytree(ROOT / name, folder / name)
-    shutil.copy(ROOT / "pyproject.toml", folder)
+    for name in ("pyproject.toml", ".telemetry"):
+        shutil.copy(ROOT / name, folder)
     (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (folder / "rounds.yaml").write_text("decided: {}\n")  # no decided study has rounds yet
     write_toy_mirror(folder / "mirror")

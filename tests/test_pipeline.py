@@ -326,3 +326,16 @@ def test_the_committed_dvc_lock_holds_the_stages_of_dvc_yaml_and_no_other():
     listed = subprocess.run(["dvc", "stage", "list", "--name-only"], cwd=ROOT, capture_output=True, text=True)
     assert listed.returncode == 0, listed.stderr
     assert sorted(yaml.safe_load((ROOT / "dvc.lock").read_text())["stages"]) == sorted(listed.stdout.split())
+
+
+def test_kedro_called_by_hand_leaves_pyproject_toml_as_written(tmp_path):
+    """kedro-telemetry, unless told no, writes a project id into pyproject.toml the first time `kedro` runs in a
+    project (and sends usage data): the project's `.telemetry` tells it no, whatever the environment says."""
+    project = make_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {
+        "layers": study("layers", ["sst2"], {"tiny": "models/tiny-a"}, [0], [1])}})
+    written = (project / "pyproject.toml").read_bytes()
+    env = {key: value for key, value in os.environ.items() if key not in ("KEDRO_DISABLE_TELEMETRY", "DO_NOT_TRACK")}
+    done = subprocess.run([sys.executable, "-m", "kedro", "registry", "list"], cwd=project, capture_output=True,
+                          text=True, env={**env, **project_env(project)}, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "train" in done.stdout and (project / "pyproject.toml").read_bytes() == written
