@@ -69,7 +69,7 @@ def import_closure(roots: Iterable[Path], packages: Mapping[str, Path],
     def resolved_file(name: str) -> Path | None:
         if name not in files:
             found = module_file(name, packages)
-            files[name] = found and found.resolve()
+            files[name] = None if found is None else found.resolve()
         return files[name]
 
     queue, seen = [Path(root).resolve() for root in roots], set()

@@ -3,7 +3,8 @@ machine with `ray.cluster_utils.Cluster` (a head that trains nothing and two wor
 cell takes one) and the embedded MLflow store. The studies are a layer study and a study of tuning methods on tiny
 models and a toy data mirror, compared with their serial `dvc repro`.
 
-Slow (a serial build, five cluster builds); one xdist worker runs them all, in order."""
+Slow (a serial build, one up to the long-celled study's tokenized data, five cluster builds from copies of them);
+one xdist worker runs them all, in order."""
 
 import json
 import os
@@ -207,10 +208,11 @@ def test_the_work_folders_of_killed_cells_are_removed_from_the_nodes(cluster):
 
 @pytest.fixture(scope="module")
 def slow_tokenized(tmp_path_factory):
-    """Tiny models, long cells (4,000 epochs of the toy data: a cached head-only cell trains 400 in seconds, so a
-    cell could end before the Ctrl-C meant to cancel it); the `diverges` setting's rate makes its loss NaN. Its cells
-    come first in the plan, so that they fail at once, not after a long cell has taken their node for minutes.
-    A clone built up to its tokenized data, which each test copies: what they check starts at training."""
+    """A clone of a study with long cells built up to its tokenized data, which each test copies: what they check
+    starts at training. Tiny models, long cells (4,000 epochs of the toy data: a cached head-only cell trains 400 in
+    seconds, so a cell could end before the Ctrl-C meant to cancel it); the `diverges` setting's rate makes its loss
+    NaN. Its cells come first in the plan, so that they fail at once, not after a long cell has taken their node for
+    minutes."""
     params = {"download": {"mirror": "mirror"}, "studies": {"tuning": {
         **study("methods", ["sst2"], {"tiny": "models/tiny-a"}, None, [1, 2]), "tunable_layers": None,
         "methods": {"diverges": {"tunable_layers": "all", "learning_rate": 1.0e30}, "top_k-0": {"tunable_layers": 0}}}}}

@@ -78,8 +78,8 @@ def origin(tmp_path_factory):
 
 
 def copy_of(built: Path, folder: Path) -> Path:
-    """A copy of a built clone (its DVC cache, outputs and MLflow store included): another machine that ran the
-    same build, without building it again."""
+    """A copy of a built clone (its DVC cache and outputs; its MLflow store left behind): another machine that ran
+    the same build, without building it again."""
     shutil.copytree(built, folder, symlinks=True)
     (folder / "mlflow.db").unlink(missing_ok=True)  # its runs name the original's folders; this store starts empty
     return folder
@@ -91,8 +91,9 @@ def untrained_copy_of(built: Path, folder: Path, *study_names: str) -> Path:
     machine = copy_of(built, folder)
     for study_name in study_names:
         shutil.rmtree(machine / "data" / "04_models" / study_name)
-        for report in (machine / "reports").glob(f"{study_name}*"):
-            shutil.rmtree(report) if report.is_dir() else report.unlink()
+        shutil.rmtree(machine / "reports" / study_name)  # its details, tables and figures
+        for report in (machine / "reports").glob(f"{study_name}.*"):  # .md, .json and the plots' tables
+            report.unlink()
     return machine
 
 
@@ -104,12 +105,13 @@ def test_two_workers_build_exactly_what_a_serial_build_does(origin, tmp_path):
     assert log.count("cell(s) to train, 2 at a time") == 3 and len(trained(log)) == CELLS
     assert reports(parallel) == reports(serial) and len(reports(parallel)) == 3
     # Without a study named, study by study, the fewest cells first (a tie in params.yaml's order): each report
-    # lands as its study's cells are trained, where a plain `dvc repro` writes them all at its end. (The stages
-    # before train are built already: DVC names each as it skips it, in the same order.)
-    stages = [line.split("'")[1] for line in log.splitlines() if line.startswith(("Running stage", "Stage '"))]
-    assert [stage for stage in stages if stage != "plan"] == ["download"] + [
-        f"{stage}@{name}" for name in ("ablation", "ner", "multi_encoder")
-        for stage in ("prepare", "tokenize", "train", "evaluate", "aggregate")]
+    # lands as its study's cells are trained, where a plain `dvc repro` writes them all at its end. The stages
+    # before train are built already: DVC names each as it skips it ("Stage '<name>' didn't change, skipping").
+    stages = [(line.split("'")[1], line.startswith("Running")) for line in log.splitlines()
+              if line.startswith(("Running stage", "Stage '"))]  # (stage, whether it ran)
+    skipped, ran = ("prepare", "tokenize"), ("train", "evaluate", "aggregate")
+    assert [stage for stage in stages if stage[0] != "plan"] == [("download", False)] + [
+        (f"{stage}@{name}", stage in ran) for name in ("ablation", "ner", "multi_encoder") for stage in skipped + ran]
     assert "none left for multi_encoder" in log and "left for ablation" in log  # each cell's line: the time left
     locked = {path: yaml.safe_load((path / "dvc.lock").read_text())["stages"] for path in (parallel, serial)}
     assert {name: (stage["cmd"], stage.get("params")) for name, stage in locked[parallel].items()} == \
