@@ -12,6 +12,8 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 export KEDRO_DISABLE_TELEMETRY := 1
 export DO_NOT_TRACK := 1
+# MLflow 3 sends usage data unless told no; it reads DO_NOT_TRACK only when set to "true", not "1".
+export MLFLOW_DISABLE_TELEMETRY := true
 # The tests' DVC projects are new repositories: without this each dvc command starts an analytics daemon.
 export DVC_NO_ANALYTICS := 1
 # Python keeps the bytecode it compiles (its default), also where the machine sets PYTHONDONTWRITEBYTECODE (this
