@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.projects import make_dvc_project, study
-from tests.test_scale import clone, copy_of, reports, sh, untrained_copy_of
+from tests.test_scale import clone, copy_of, reports, sh, trained, untrained_copy_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]
 STUDIES = ("ablation", "methods")
@@ -119,10 +119,6 @@ def training_on_nodes() -> list[int]:
     import psutil
 
     return [p.pid for p in psutil.process_iter(["cmdline"]) if "ray::train_on_node" in " ".join(p.info["cmdline"] or [])]
-
-
-def trained(log: str) -> list[str]:
-    return sorted(line.split("] ")[1].split()[0] for line in log.splitlines() if " trained" in line and "] " in line)
 
 
 def test_a_cluster_build_gives_the_serial_build(origin, cluster, tmp_path):
