@@ -35,6 +35,12 @@ def test_training_runs_the_trainer_and_no_report_code():
     assert not {name for name in fingerprints["prepare"] if name.startswith("layertune/reports/")}
 
 
+def test_the_log_configuration_is_in_no_stage_fingerprint():
+    # log levels change no output: editing conf/logging.yml must rerun no stage of a build
+    assert all("conf/logging.yml" not in files for files in code_fingerprints().values())
+    assert all("conf/base/catalog.yml" in files for files in code_fingerprints().values())
+
+
 def test_editing_a_report_changes_only_the_aggregate_fingerprint(tmp_path):
     project = tmp_path / "project"
     shutil.copytree(ROOT / "pipelines", project / "pipelines")

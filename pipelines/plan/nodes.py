@@ -16,11 +16,12 @@ from pipelines.provenance import code_digest, import_closure, stage_fingerprint
 PROJECT = Path(pipelines.__file__).resolve().parent.parent
 LIBRARY = Path(layertune.__file__).resolve().parent
 # What every stage runs besides its own pipeline: hooks, settings and the datasets module, followed into their
-# imports (of the datasets module, into what the stage's own datasets import); the registry and configuration, hashed
-# as they are (the registry imports every stage's pipeline, but runs only one).
+# imports (of the datasets module, into what the stage's own datasets import); the registry and the catalog, hashed
+# as they are (the registry imports every stage's pipeline, but runs only one). conf/logging.yml is not: log levels
+# change no output.
 FOLLOWED = ("pipelines/hooks.py", "pipelines/param_checks.py", "pipelines/datasets.py", "pipelines/settings.py")
 DATASETS = "pipelines/datasets.py"
-HASHED = ("pipelines/pipeline_registry.py", "conf/base/catalog.yml", "conf/logging.yml")
+HASHED = ("pipelines/pipeline_registry.py", "conf/base/catalog.yml")
 
 
 def plan_files(plan: Plan) -> tuple:
