@@ -1,17 +1,14 @@
-"""Kedro datasets for what the stages exchange: typed plans, corpora, the feature cache, trained cells, and plain
-JSON/CSV/text/PNG files (one, or a tree of them). Each write is atomic (`layertune.io.atomic_file`,
+"""Kedro datasets for what the stages exchange: corpora, the feature cache, trained cells, and files (one, or a tree
+of them): JSON, typed plans (pydantic models as JSON), CSV, text, PNG. Each write is atomic (`layertune.io.atomic_file`,
 `atomic_directory`), and sorted where order is free, so equal data gives equal bytes.
 
-Why not kedro-datasets' `json.JSONDataset`, `pandas.CSVDataset`, `matplotlib.MatplotlibDataset` and
-`PartitionedDataset`: they write through fsspec in place (an interrupted stage leaves a half-written file that DVC
-would then cache), they know nothing of pydantic specs, and their JSON/PNG bytes differ from ours, which the
-byte-for-byte reproduction check relies on. What these classes add over them is exactly that: atomic, sorted,
-typed writes.
+Why not kedro-datasets' JSON, CSV, Matplotlib and Partitioned datasets: they write through fsspec in place (an
+interrupted stage leaves a half-written file that DVC would then cache), they know nothing of pydantic specs, and
+their JSON/PNG bytes differ from ours, which the byte-for-byte reproduction check relies on.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,13 +17,9 @@ from typing import Any
 
 import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
+from kedro.utils import load_obj
 
 from layertune.io import atomic_directory, atomic_file, write_json
-
-
-def _class(dotted: str) -> type:
-    module, _, name = dotted.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 class Located:
@@ -44,46 +37,6 @@ class Located:
 
     def _describe(self) -> dict[str, Any]:
         return dict(self._init_args)  # the constructor's arguments, as Kedro keeps them
-
-
-class SpecDataset(Located, AbstractDataset[Any, Any]):
-    """A pydantic model (``spec``, a dotted class name) as one JSON file: the typed plans of `layertune.study`."""
-
-    def __init__(self, filepath: str, spec: str) -> None:
-        self._path = Path(filepath)
-        self._spec = spec
-
-    def load(self) -> Any:
-        if not self._path.is_file():
-            from layertune.errors import choices_hint
-
-            missing = self._path  # the first part of the path that does not exist: the unknown study
-            while not missing.parent.exists() and missing.parent != missing:
-                missing = missing.parent
-            known = sorted(p.stem for p in missing.parent.iterdir()) if missing.parent.is_dir() else []
-            raise DatasetError(f"No plan at {self._path}: check the study given to --params (after editing "
-                               f"params.yaml, run the plan stage first: dvc repro plan)."
-                               f"{choices_hint(missing.stem, known) if known else ''}")
-        return _class(self._spec).model_validate_json(self._path.read_text())
-
-    def save(self, data: Any) -> None:
-        with atomic_file(self._path) as staging:
-            staging.write_text(data.model_dump_json(indent=2) + "\n")
-
-
-class SpecTreeDataset(Located, AbstractDataset[dict, dict]):
-    """Many pydantic models, ``{key: model}`` saved as ``<path>/<key><suffix>`` (keys may contain '/')."""
-
-    def __init__(self, path: str, suffix: str, spec: str) -> None:
-        self._path, self._suffix, self._spec = Path(path), suffix, spec
-
-    def load(self) -> dict:
-        spec = _class(self._spec)
-        return {key: spec.model_validate_json(file.read_text()) for key, file in _files(self._path, self._suffix)}
-
-    def save(self, data: dict) -> None:
-        for key, value in data.items():
-            SpecDataset(str(self._path / f"{key}{self._suffix}"), self._spec).save(value)
 
 
 class SplitFilesDataset(Located, AbstractDataset[dict, dict]):
@@ -180,7 +133,12 @@ class TrainedCellsDataset(Located, AbstractDataset[None, Any]):
         raise DatasetError(f"Cells are written one by one as they end (TrainedCells.write), not through {self._path}.")
 
 
-def _read(path: Path) -> Any:
+def _read(path: Path, spec: str | None = None) -> Any:
+    if spec is not None:  # a plan: the plan stage writes it (a study's plan for every later stage of the study)
+        if not path.is_file():
+            raise DatasetError(f"No plan at {path}: after editing params.yaml, run the plan stage first (dvc repro "
+                               "plan).")
+        return load_obj(spec).model_validate_json(path.read_text())
     if path.suffix == ".json":
         return json.loads(path.read_text())
     if path.suffix == ".csv":
@@ -188,12 +146,14 @@ def _read(path: Path) -> Any:
     return path.read_text()
 
 
-def _write(path: Path, data: Any) -> None:
-    if path.suffix == ".json":
+def _write(path: Path, data: Any, spec: str | None = None) -> None:
+    if path.suffix == ".json" and spec is None:
         write_json(path, data)  # atomic itself, and refuses NaN before writing anything
         return
     with atomic_file(path) as staging:
-        if path.suffix == ".csv":
+        if spec is not None:
+            staging.write_text(data.model_dump_json(indent=2) + "\n")
+        elif path.suffix == ".csv":
             data.to_csv(staging, index=False, lineterminator="\n")
         elif path.suffix == ".png":
             import matplotlib.pyplot as plt
@@ -217,30 +177,30 @@ def _files(root: Path, suffix: str) -> Iterator[tuple[str, Path]]:
 
 
 class FileDataset(Located, AbstractDataset[Any, Any]):
-    """One file whose format follows its suffix: ``.json`` (dict/list, sorted keys), ``.csv`` (DataFrame, no
-    index), ``.png`` (matplotlib figure), anything else text."""
+    """One file whose format follows its suffix: ``.json`` (dict/list, sorted keys; with ``spec``, a dotted class
+    name, that pydantic model: the typed plans), ``.csv`` (DataFrame, no index), ``.png`` (matplotlib figure),
+    anything else text."""
 
-    def __init__(self, filepath: str) -> None:
-        self._path = Path(filepath)
+    def __init__(self, filepath: str, spec: str | None = None) -> None:
+        self._path, self._spec = Path(filepath), spec
 
     def load(self) -> Any:
-        return _read(self._path)
+        return _read(self._path, self._spec)
 
     def save(self, data: Any) -> None:
-        _write(self._path, data)
+        _write(self._path, data, self._spec)
 
 
 class FileTreeDataset(Located, AbstractDataset[dict, dict]):
-    """Many files below ``path`` keyed by their path relative to it, less ``suffix``: saving ``{"a/b": df}`` with
-    ``suffix=".csv"`` writes ``<path>/a/b.csv``. Saving writes (or overwrites) just those files."""
+    """Many files below ``path`` keyed by their path relative to it, less ``suffix`` (each as a `FileDataset`):
+    saving ``{"a/b": df}`` with ``suffix=".csv"`` writes ``<path>/a/b.csv``, and just those files."""
 
-    def __init__(self, path: str, suffix: str) -> None:
-        self._path = Path(path)
-        self._suffix = suffix
+    def __init__(self, path: str, suffix: str, spec: str | None = None) -> None:
+        self._path, self._suffix, self._spec = Path(path), suffix, spec
 
     def load(self) -> dict:
-        return {key: _read(file) for key, file in _files(self._path, self._suffix)}
+        return {key: _read(file, self._spec) for key, file in _files(self._path, self._suffix)}
 
     def save(self, data: dict) -> None:
         for key, value in data.items():
-            _write(self._path / f"{key}{self._suffix}", value)
+            _write(self._path / f"{key}{self._suffix}", value, self._spec)

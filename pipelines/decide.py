@@ -14,18 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from layertune.study import cell_key
-from pipelines.params import RECORD_FILE, RECORD_KEY, read_params
+from pipelines.params import RECORD_FILE, RECORD_KEY, RECORDED, read_params
 
 PROG = "layertune repro --decide"
-
-
-def check_decided(studies: Sequence[str], params: dict) -> None:
-    """Every study of ``studies`` has a ``decide`` section; a `ValueError` naming the key to add, before any work."""
-    missing = [name for name in studies if not isinstance(params["studies"][name].get("decide"), dict)]
-    if missing:
-        raise ValueError(f"--decide: {', '.join(f'studies.{name}' for name in missing)} has no decide section; add "
-                         "one to decide in rounds, e.g. decide: {looks: 4, seeds_per_round: 2} (see "
-                         "docs/pipeline.md, \"Deciding in rounds\")")
 
 
 def next_round(study: str, params: dict) -> tuple[dict[str, dict], dict[str, dict[str, int]]]:
@@ -87,7 +78,7 @@ def decided_with(study: dict) -> dict:
 
     return DecidedWith.of(ReportSpec.model_validate(study["report"]),
                           DecideSpec.model_validate({key: value for key, value in study["decide"].items()
-                                                     if key not in ("rounds", "evaluation_rounds", "decided_with")})
+                                                     if key not in RECORDED})
                           ).model_dump()
 
 
@@ -96,7 +87,6 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
     study has a next round, or the next one would end past ``budget_minutes`` of this call (None: the studies' own
     ``decide.budget_minutes``, else none)."""
     params = read_params()
-    check_decided(studies, params)
     budgets = [params["studies"][s]["decide"].get("budget_minutes") for s in studies]
     budget = budget_minutes if budget_minutes is not None else min((b for b in budgets if b), default=None)
     started = time.monotonic()

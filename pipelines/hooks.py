@@ -1,7 +1,5 @@
-"""Kedro hooks of every stage: params.yaml read safely first, then its models resolved through the model mirror it
-names. (Its parameters are checked by `pipelines.param_checks`; a stage is tied to the `dvc repro` that started it
-by dvc.yaml's command, `pipelines.processes tied`; a study's MLflow runs are its train stage's,
-`pipelines.tracking.StudyRuns`.)"""
+"""The Kedro hook of every stage: params.yaml read safely, then its models resolved through the model mirror it
+names. (Its parameters are checked by `pipelines.param_checks`.)"""
 
 from __future__ import annotations
 
@@ -16,20 +14,6 @@ from pipelines.param_checks import InvalidParams
 from pipelines.params import read_params
 
 
-class ParamsFileHook:
-    """params.yaml and the record of rounds read safely before anything else reads them (`pipelines.params.read_yaml`):
-    a file whose aliases expand it past any real study's size is one error line here, where Kedro's config loader
-    would hang on it.
-    Registered last in settings.HOOKS, so that it runs first (pluggy calls hooks in the reverse order)."""
-
-    @hook_impl
-    def after_context_created(self, context) -> None:
-        try:
-            read_params(Path(context.project_path))
-        except ParamsError as error:
-            raise InvalidParams(str(error)) from None
-
-
 class ModelMirrorHook:
     """Every stage finds the same model files however it was started (`make study`, a plain `dvc repro` or
     `dvc exp run`, `kedro run`): ``$LAYERTUNE_MODEL_MIRROR``, what the library reads, is set to params.yaml's
@@ -41,6 +25,12 @@ class ModelMirrorHook:
 
     @hook_impl
     def after_context_created(self, context) -> None:
+        # params.yaml and the record of rounds read safely first (`pipelines.params.read_yaml`): a file whose
+        # aliases expand it past any real study's size is one error line here, where Kedro's loader would hang
+        try:
+            read_params(Path(context.project_path))
+        except ParamsError as error:
+            raise InvalidParams(str(error)) from None
         download = context.config_loader["parameters"].get("download")
         self.apply(download.get("model_mirror") if isinstance(download, dict) else None, context.project_path)
 
@@ -54,15 +44,9 @@ class ModelMirrorHook:
                 del os.environ[MODEL_MIRROR_ENV]
             self.mirror = None
             return
-        self.mirror = os.environ[MODEL_MIRROR_ENV] = model_mirror_path(configured, project)
-
-
-def model_mirror_path(configured: str, project: str | os.PathLike) -> str:
-    """``download.model_mirror`` as an absolute path (a relative one is relative to the project folder, as
-    `dvc repro` and `kedro run` from any folder of it agree); a folder that does not exist is `InvalidParams`."""
-    path = Path(configured).expanduser()
-    path = path if path.is_absolute() else Path(project) / path
-    if not path.is_dir():
-        raise InvalidParams(f"download.model_mirror: {configured!r} is not a folder ({path} is missing); "
-                            f"point it at a folder of models, set ${MODEL_MIRROR_ENV}, or set it to null")
-    return str(path.resolve())
+        # relative to the project folder, as `dvc repro` and `kedro run` from any folder of it agree
+        path = Path(project) / Path(configured).expanduser()  # an absolute path stays as it is
+        if not path.is_dir():
+            raise InvalidParams(f"download.model_mirror: {configured!r} is not a folder ({path} is missing); "
+                                f"point it at a folder of models, set ${MODEL_MIRROR_ENV}, or set it to null")
+        self.mirror = os.environ[MODEL_MIRROR_ENV] = str(path.resolve())

@@ -193,7 +193,8 @@ class StudyParams(Spec):
                     revision = (single if "revision" in single.model_fields_set else study.encoder).revision
                     limit = model_layers(single.model, where=where, revision=revision)
                     require_safe_weights(single.model, where)
-                    for key, k in _layer_keys(study):
+                    for index, (name, k) in enumerate(study.grid_settings):
+                        key = f"tunable_layers[{index}]" if name is None else f"methods.{name}.tunable_layers"
                         if k != "all" and k > limit:
                             raise ParamsError(
                                 f"studies.{study_name}.{key}: {k} is out of range: encoder "
@@ -242,13 +243,6 @@ def _method_key(study: StudySpec, member: str, method_name: str | None) -> str:
         else "encoder.method"
 
 
-def _layer_keys(study: StudySpec) -> list[tuple[str, int | str]]:
-    """Each number of tunable layers of the study with its key: tunable_layers[i], or methods.<name>.tunable_layers."""
-    if study.methods is None:
-        return [(f"tunable_layers[{i}]", k) for i, k in enumerate(study.tunable_layers)]
-    return [(f"methods.{name}.tunable_layers", setting.tunable_layers) for name, setting in study.methods.items()]
-
-
 # --------------------------------------------------------------------------------------------------- validation
 
 
@@ -257,23 +251,16 @@ def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> S
     naming each bad key by its dotted path."""
     try:
         params = merge_record(params)
+        for name, study in (params.get("studies") or {}).items():
+            if isinstance(study, Mapping) and "seed" in (study.get("training") or {}):
+                raise ParamsError(f"studies.{name}.training.seed: each cell's seed comes from studies.{name}.seeds; "
+                                  "remove this key")
+        return StudyParams.model_validate(params)
+    except ValidationError as error:  # pydantic's: each error by its dotted path (a validator's ParamsError too)
+        lines = describe_validation_error(error, known_keys=_known_keys, union_tags=(*ENCODER_TAGS, *METHODS))
+        raise ParamsError(f"{source} is invalid:\n  " + "\n  ".join(lines)) from None
     except ParamsError as error:
         raise ParamsError(f"{source} is invalid:\n  {error}") from None
-    for name, study in (params.get("studies") or {}).items():
-        if isinstance(study, Mapping) and "seed" in (study.get("training") or {}):
-            raise ParamsError(f"{source} is invalid:\n  studies.{name}.training.seed: each cell's seed comes from "
-                              f"studies.{name}.seeds; remove this key")
-    try:
-        return StudyParams.model_validate(dict(params))
-    except ValidationError as error:
-        raise ParamsError(_describe(error, source)) from None
-    except ParamsError as error:
-        raise ParamsError(f"{source} is invalid:\n  {error}") from None
-
-
-def _describe(error: ValidationError, source: str) -> str:
-    lines = describe_validation_error(error, known_keys=_known_keys, union_tags=(*ENCODER_TAGS, *METHODS))
-    return f"{source} is invalid:\n  " + "\n  ".join(lines)
 
 
 def _known_keys(location: tuple) -> list[str]:

@@ -2,14 +2,10 @@
 `layertune repro`): signal handlers, processes that end with their parent, process groups, and one build of a
 project at a time.
 
-A cell's training must end with the command that started it: `dvc repro` killed with SIGKILL cannot pass anything
-on, and its stage command would be re-parented to init and train on, unseen. So each link of the chain asks the
-kernel for SIGTERM when its parent exits (`die_with_parent`, Linux's PR_SET_PDEATHSIG, kept across exec): a stage's
-process under `dvc`, as its first instruction (dvc.yaml's command starts with `tied`), its worker processes
-(`pipelines.scheduling`), and the `dvc` that `layertune repro` starts (`tied`). SIGTERM ends a build as a Ctrl-C
-does: its runs KILLED.
-
-Only the standard library is imported at module level (and psutil and filelock where used): `tied` starts fast.
+A cell's training must end with the command that started it, even one killed with SIGKILL: each link of the chain
+(a stage under `dvc`, its worker processes, the `dvc` that `layertune repro` starts) asks for SIGTERM when its parent
+exits (`die_with_parent`, `tied`; docs/pipeline.md, "What happens when things go wrong"). Only the standard library
+is imported at module level (psutil and filelock where used): `tied` starts fast.
 """
 
 from __future__ import annotations
@@ -117,15 +113,6 @@ def tied(command: Sequence[str]) -> list[str]:
     if sys.platform != "linux":
         return list(command)
     return [sys.executable, "-m", "pipelines.processes", "tied", str(os.getpid()), "--", *command]
-
-
-def _exec_tied(parent: int, command: Sequence[str]) -> int:
-    die_with_parent(signal.SIGTERM, parent)
-    try:
-        os.execvp(command[0], list(command))
-    except OSError as error:
-        print(f"pipelines.processes: cannot run {command[0]!r}: {error}", file=sys.stderr)
-        return 127
 
 
 # ------------------------------------------------------------------------------------------------ liveness
@@ -255,7 +242,9 @@ def one_build(project: Path) -> Iterator[None]:
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        pid = _read_pid(holder)
+        pid = "?"
+        with contextlib.suppress(OSError):
+            pid = holder.read_text().strip() or "?"
         raise BuildRunning(f"another build of this project is running (PID {pid}); wait for it to end, or stop it: "
                            f"kill {pid}") from None
     try:
@@ -265,14 +254,13 @@ def one_build(project: Path) -> Iterator[None]:
         lock.release()
 
 
-def _read_pid(path: Path) -> str:
-    with contextlib.suppress(OSError):
-        return path.read_text().strip() or "?"
-    return "?"
-
-
 if __name__ == "__main__":  # python -m pipelines.processes tied <parent pid> -- <command...>  (`tied`)
     if len(sys.argv) < 5 or sys.argv[1] != "tied" or sys.argv[3] != "--":
         print("usage: python -m pipelines.processes tied <parent pid> -- <command> [args...]", file=sys.stderr)
         sys.exit(2)
-    sys.exit(_exec_tied(int(sys.argv[2]), sys.argv[4:]))
+    die_with_parent(signal.SIGTERM, int(sys.argv[2]))
+    try:
+        os.execvp(sys.argv[4], sys.argv[4:])
+    except OSError as error:
+        print(f"pipelines.processes: cannot run {sys.argv[4]!r}: {error}", file=sys.stderr)
+        sys.exit(127)

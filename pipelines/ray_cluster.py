@@ -1,17 +1,14 @@
 """``layertune repro --ray [ADDRESS]``: a study's cells as tasks on a Ray cluster, from its one train stage.
 
 The train stage's process is the driver (`RayCluster`): it sends each cell that is not built as a task
-(`train_on_node`) and writes each folder that comes back into the study's output, as a cell trained here would have
-written it; nodes need no clone, DVC or MLflow. A task whose worker or node dies is retried (`RETRIES`); a cell that
-fails stops the build and every other task is cancelled, as on Ctrl-C or SIGTERM. docs/pipeline.md ("Scaling out")
-tells the whole story.
+(`train_on_node`) and writes each folder that comes back as a cell trained here would have written it; nodes need no
+clone, DVC or MLflow. docs/pipeline.md ("Scaling out") covers retries, cancelling and clean-up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import stat
@@ -41,14 +38,13 @@ class NodeJob:
     cell: object  # a `layertune.study.StudyCell`
     build: dict
     project: str
-    session: str  # the build's, in the name of its work folder (`work_folder`)
+    session: str  # the build's, in the name of its work folder (`train_on_node`)
 
 
 @dataclass(frozen=True)
 class NodeResult:
     archive: bytes  # the cell's folder (`pipelines.trained_cells.pack`)
     started_ms: int
-    node: str
 
 
 class RayCluster:
@@ -70,9 +66,9 @@ class RayCluster:
         pending: dict = {}  # task -> its job
         try:
             with signals_noted() as signals:  # a signal inside Ray's wait would break it: checked between waits
+                forwarded = {key: value for key, value in os.environ.items() if key.startswith(FORWARDED_ENV)}
                 task = ray.remote(train_on_node).options(**self._resources(ray), max_retries=RETRIES,
-                                                         retry_exceptions=False,
-                                                         runtime_env={"env_vars": forwarded_environment()})
+                                                         retry_exceptions=False, runtime_env={"env_vars": forwarded})
                 corpora = {}  # each corpus sent once, by reference
                 for job in jobs:
                     if job.corpus not in corpora:
@@ -154,11 +150,6 @@ def _clean_nodes(cluster: str, session: str) -> None:
         ray.shutdown()
 
 
-def forwarded_environment() -> dict[str, str]:
-    """The variables of this process that each cell gets (`FORWARDED_ENV`)."""
-    return {key: value for key, value in os.environ.items() if key.startswith(FORWARDED_ENV)}
-
-
 def _task_error(error: Exception) -> str:
     cause = getattr(error, "cause", None) or error  # a RayTaskError wraps the task's own exception
     return f"{type(cause).__name__}: {cause}"
@@ -168,8 +159,20 @@ def _task_error(error: Exception) -> str:
 
 
 def node_folder() -> Path:
-    """This machine's private folder for cells: their work folders and the frozen-prefix cache."""
-    return private_folder(Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}")
+    """This machine's private folder for cells (their work folders and the frozen-prefix cache), created if missing;
+    a `ValueError` unless it is a real folder (not a symbolic link) of this user that nobody else may enter: in a
+    shared temp folder anyone may have created that name first."""
+    folder = Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}"
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"{folder} is {'a symbolic link' if stat.S_ISLNK(info.st_mode) else 'not a folder'}, not a "
+                         "private folder of this user")
+    if info.st_uid != os.getuid():
+        raise ValueError(f"{folder} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})")
+    if info.st_mode & 0o077:
+        raise ValueError(f"{folder} has mode {info.st_mode & 0o777:04o}; it must be private to its user (0700)")
+    return folder
 
 
 def remove_work_folders(session: str | None = None, wait_s: float = 0.0) -> None:
@@ -183,21 +186,9 @@ def remove_work_folders(session: str | None = None, wait_s: float = 0.0) -> None
         time.sleep(0.2)
 
 
-@contextlib.contextmanager
-def work_folder(session: str) -> Iterator[Path]:
-    """A new folder for one cell of build ``session`` in this machine's private folder, named after its worker and
-    build (for `remove_work_folders`), removed after."""
-    work = Path(tempfile.mkdtemp(prefix=f".cell.partial-{os.getpid()}-{session}-", dir=node_folder()))
-    try:
-        yield work
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
 def train_on_node(job: NodeJob, corpus) -> NodeResult:
-    """The Ray task: the cell trained in a work folder of this machine's private folder, its folder sent back."""
-    import ray
-
+    """The Ray task: the cell trained in a work folder of this machine's private folder (named after its worker and
+    build, for `remove_work_folders`), its folder sent back."""
     from layertune.cell import train_cell
     from pipelines.trained_cells import TrainedCells, pack
 
@@ -206,13 +197,15 @@ def train_on_node(job: NodeJob, corpus) -> NodeResult:
     cache_dir = os.environ.get("LAYERTUNE_CACHE") or node_folder() / "cache"
     here = Path.cwd()
     try:
-        with work_folder(job.session) as work:
+        with tempfile.TemporaryDirectory(prefix=f".cell.partial-{os.getpid()}-{job.session}-", dir=node_folder(),
+                                         ignore_cleanup_errors=True) as name:
+            work = Path(name)
             if Path(job.project).is_dir():  # a model given as a path relative to the project resolves as it did there
                 os.chdir(job.project)
             check_models(job.cell)
             trained = train_cell(job.cell.spec, corpus=corpus, cache_dir=cache_dir)
             folder = TrainedCells(work, work / ".retired").write(job.cell.key, trained, job.build)
-            return NodeResult(pack(folder), started, ray.get_runtime_context().get_node_id())
+            return NodeResult(pack(folder), started)
     finally:
         os.chdir(here)
 
@@ -227,21 +220,6 @@ def check_models(cell) -> None:
             raise ValueError(f"model {spec.model!r} on node {socket.gethostname()} has other files than the plan "
                              "fingerprinted: give every node the same copy (a shared model mirror, "
                              "$LAYERTUNE_MODEL_MIRROR) or the hub")
-
-
-def private_folder(folder: Path) -> Path:
-    """``folder``, created if missing; a `ValueError` unless it is a real folder (not a symbolic link) of this user
-    that nobody else may enter: in a shared temp folder anyone may have created that name first."""
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    info = os.lstat(folder)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise ValueError(f"{folder} is {'a symbolic link' if stat.S_ISLNK(info.st_mode) else 'not a folder'}, not a "
-                         "private folder of this user")
-    if info.st_uid != os.getuid():
-        raise ValueError(f"{folder} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})")
-    if info.st_mode & 0o077:
-        raise ValueError(f"{folder} has mode {info.st_mode & 0o777:04o}; it must be private to its user (0700)")
-    return folder
 
 
 # ------------------------------------------------------------------------------------------- the address

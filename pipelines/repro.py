@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,44 +55,35 @@ def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_pe
             env[CPUS_ENV] = str(cpus_per_cell)
     children = Children()
 
-    def dvc_repro(*targets: str) -> None:
-        command = ["dvc", "repro", *targets]
+    def dvc(*arguments: str, **popen):
+        """`dvc` with ``arguments``, done (None: stopping, nothing more starts); `BuildFailed` if it failed."""
+        command = ["dvc", *arguments]
         # tied: a build killed with SIGKILL takes its `dvc` with it, and `dvc` its stage (`pipelines.processes`)
-        done = children.run(tied(command), env=env)
+        done = children.run(tied(command), env=env, **popen)
         if done is not None and done.returncode:
             raise BuildFailed(f"{' '.join(command)} failed (exit status {done.returncode}); its output above says "
                               "why")
+        return done
 
     with children.stopped_on_signal():
         if not every:
-            dvc_repro(*(f"aggregate@{study}" for study in studies))
+            dvc("repro", *(f"aggregate@{study}" for study in studies))
             return
         # The same stages as one `dvc repro`, in another order: a plain `dvc repro` runs every study's prepare, then
         # every tokenize, and so on, so the first report lands at the very end. Study by study, the smallest first,
         # each report lands as soon as its cells are trained. --single-item: a study's own stages, in this order,
         # without the plan again (it runs whenever DVC follows the dependencies, seconds each time: the plan and
         # download ran just before). Last, whatever else dvc.yaml holds.
-        dvc_repro("plan", "download")
+        dvc("repro", "plan", "download")
         built = ["plan", "download"]
         for study in smallest_first(studies):
             stages = [f"{stage}@{study}" for stage in STUDY_STAGES]
-            dvc_repro("--single-item", *stages)
+            dvc("repro", "--single-item", *stages)
             built += stages
-        others = [stage for stage in stage_names(children, env) if stage not in built]
-        if others:
-            dvc_repro(*others)
-
-
-def stage_names(children: Children, env: dict) -> list[str]:
-    """The stages of dvc.yaml, its `foreach` expanded (``train@ablation``), as `dvc stage list` names them."""
-    import subprocess
-
-    done = children.run(["dvc", "stage", "list", "--name-only"], env=env, stdout=subprocess.PIPE, text=True)
-    if done is None:  # stopping: nothing more starts
-        return []
-    if done.returncode:
-        raise BuildFailed(f"dvc stage list failed (exit status {done.returncode}); its output above says why")
-    return done.stdout.split()
+        # dvc.yaml's stages, its `foreach` expanded (train@ablation)
+        listed = dvc("stage", "list", "--name-only", stdout=subprocess.PIPE, text=True)
+        if others := [stage for stage in (listed.stdout.split() if listed else []) if stage not in built]:
+            dvc("repro", *others)
 
 
 def smallest_first(studies: Sequence[str]) -> list[str]:
@@ -103,14 +95,6 @@ def smallest_first(studies: Sequence[str]) -> list[str]:
         return len(TrainPlan.model_validate_json(catalog_path("train_plan", study).read_text()).cells)
 
     return sorted(studies, key=cells)
-
-
-def jobs_from_environment() -> int:
-    """``$LAYERTUNE_JOBS`` (what ``LAYERTUNE_JOBS=4 dvc repro`` reads too) where set, else 1; a value that is not a
-    whole number of at least 1 is a `ValueError` naming it."""
-    from pipelines.scheduling import JOBS_ENV, positive
-
-    return positive(JOBS_ENV, os.environ[JOBS_ENV]) if os.environ.get(JOBS_ENV) is not None else 1
 
 
 def study_names(chosen: Sequence[str], decided: bool = False) -> list[str]:
@@ -132,7 +116,12 @@ def study_names(chosen: Sequence[str], decided: bool = False) -> list[str]:
         if not studies:
             raise ValueError("--decide: no study of params.yaml has a decide section; add one, e.g. decide: "
                              "{looks: 4, seeds_per_round: 2} (docs/pipeline.md, \"Deciding in rounds\")")
-    return list(chosen) or studies
+    studies = list(chosen) or studies
+    if decided and (missing := [name for name in studies if not isinstance(found[name].get("decide"), dict)]):
+        raise ValueError(f"--decide: {', '.join(f'studies.{name}' for name in missing)} has no decide section; add "
+                         "one to decide in rounds, e.g. decide: {looks: 4, seeds_per_round: 2} (see "
+                         "docs/pipeline.md, \"Deciding in rounds\")")
+    return studies
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -157,20 +146,19 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
 
 
 def run(args: argparse.Namespace) -> int:
-    if not Path("dvc.yaml").is_file():
-        print(f"{PROG}: run it in the project folder (where dvc.yaml is)", file=sys.stderr)
-        return 2
-    if args.cpus_per_cell is not None and args.ray is None:
-        print(f"{PROG}: --cpus-per-cell is an option of --ray", file=sys.stderr)
-        return 2
-    if args.budget is not None and not args.decide:
-        print(f"{PROG}: --budget is an option of --decide", file=sys.stderr)
-        return 2
-    if args.budget is not None and not 0 < args.budget < math.inf:
-        print(f"{PROG}: --budget is minutes, a positive number; got {args.budget:g}", file=sys.stderr)
-        return 2
+    from pipelines.scheduling import JOBS_ENV, positive
+
     try:
-        jobs = args.jobs if args.jobs is not None else jobs_from_environment()
+        if not Path("dvc.yaml").is_file():
+            raise ValueError("run it in the project folder (where dvc.yaml is)")
+        if args.cpus_per_cell is not None and args.ray is None:
+            raise ValueError("--cpus-per-cell is an option of --ray")
+        if args.budget is not None and not args.decide:
+            raise ValueError("--budget is an option of --decide")
+        if args.budget is not None and not 0 < args.budget < math.inf:
+            raise ValueError(f"--budget is minutes, a positive number; got {args.budget:g}")
+        # $LAYERTUNE_JOBS: what `LAYERTUNE_JOBS=4 dvc repro` reads too
+        jobs = args.jobs if args.jobs is not None else positive(JOBS_ENV, os.environ.get(JOBS_ENV) or "1")
         studies = study_names(args.studies, decided=args.decide)
         with one_build(Path.cwd()):
             if args.decide:
@@ -180,12 +168,9 @@ def run(args: argparse.Namespace) -> int:
                               jobs=jobs)
             repro(studies, jobs, args.ray, args.cpus_per_cell, every=not args.studies)
             return 0
-    except (ValueError, BuildRunning) as error:
+    except (ValueError, BuildRunning, BuildFailed) as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2 if isinstance(error, ValueError) else 1
-    except BuildFailed as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return 1
     except Interrupted as error:
         print(f"{PROG}: {error}; the cells it was training were stopped", file=sys.stderr)
         return 128 + error.signum

@@ -3,11 +3,11 @@ stage runs (a bad value is one message, no traceback) and find models through it
 
 from kedro.config import OmegaConfigLoader
 
-from pipelines.hooks import ModelMirrorHook, ParamsFileHook
+from pipelines.hooks import ModelMirrorHook
 from pipelines.param_checks import ParamsCheckHook
 from pipelines.params import RECORD_FILE
 
-HOOKS = (ModelMirrorHook(), ParamsCheckHook(), ParamsFileHook())  # the last runs first
+HOOKS = (ModelMirrorHook(), ParamsCheckHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 # Paths are relative to conf/<env>/. The root params.yaml is the parameter file (conf/ holds none), with the record of

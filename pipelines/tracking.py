@@ -1,9 +1,6 @@
-"""MLflow tracking: the cell folder is the record, and MLflow shows it. One experiment per study, one run per cell,
-each the child of its build's run, all owned by the train stage's process (`StudyRuns`); a tracking outage never
-costs a trained cell: `sync` logs later what MLflow could not take. Runs are driven through
-`mlflow.MlflowClient` with explicit run ids, never mlflow's active-run globals: mlflow ends a still-active run
-FINISHED when the interpreter exits, which would mark an interrupted cell as finished. docs/pipeline.md ("MLflow")
-tells the whole story.
+"""MLflow tracking: the cell folder is the record, and MLflow shows it (docs/pipeline.md, "MLflow"). Runs are driven
+through `mlflow.MlflowClient` with explicit run ids, never mlflow's active-run globals: mlflow ends a still-active
+run FINISHED when the interpreter exits, which would mark an interrupted cell as finished.
 """
 
 from __future__ import annotations
@@ -69,19 +66,21 @@ def end_status(error: BaseException | None) -> str:
 
 class Store:
     """One tracking store and one experiment in it, as this process reaches them: every call goes through `call`,
-    which turns a store's failure into one warning line (`_warn_unreachable`) and no error, and skips the store
-    for a while after one (`RETRY_AFTER_S`)."""
+    which turns a store's failure into one warning line per process and no error, and skips the store for a while
+    after one (`RETRY_AFTER_S`)."""
 
     def __init__(self, experiment: str, uri: str | None = None) -> None:
         self.experiment, self.uri = experiment, uri or tracking_uri()
         self.client = None
         self.experiment_id: str | None = None
-        use_quick_http_retries(self.uri)
+        if self.uri.startswith(("http://", "https://")):
+            for key, value in HTTP_RETRY_DEFAULTS.items():
+                os.environ.setdefault(key, value)
 
     def call(self, function, *args, **kwargs):
         """``function(client, experiment_id, *args, **kwargs)``'s result, or None if the store failed (now, or a
         moment ago)."""
-        if not _reachable(self.uri):
+        if time.monotonic() - _failed.get(self.uri, -RETRY_AFTER_S) < RETRY_AFTER_S:
             return None
         try:
             with signals_deferred(), _quiet_retries():
@@ -91,15 +90,12 @@ class Store:
                     self.client = client
                 return function(self.client, self.experiment_id, *args, **kwargs)
         except Exception as error:  # whatever the store's failure (down, refusing, broken), the cells go on
-            _warn_unreachable(self.uri, error)
+            if self.uri not in _failed:
+                logger.warning("MLflow at %s failed (%s): cells go on, and their folders are logged once it answers "
+                               "(by the next cell of the study, its evaluate stage, or: python -m pipelines.tracking "
+                               "sync)", self.uri, _cause(error))
+            _failed[self.uri] = time.monotonic()
             return None
-
-    def succeeds(self, function, *args) -> bool:
-        """Whether ``function(client, experiment_id, *args)`` ran without the store failing (its result aside)."""
-        return self.call(lambda client, experiment_id: function(client, experiment_id, *args) or True) is not None
-
-    def runs_page(self) -> str | None:
-        return runs_page(self.uri, self.experiment_id) if self.experiment_id else None
 
 
 class CellRun:
@@ -128,15 +124,15 @@ class CellRun:
         """The saved cell logged onto the run (`log_cell`), which ends FINISHED. Without a run (the store did not
         answer as the cell started), nothing: the build's `sync` logs the folder once the store answers."""
         if self.ended is None and self.run is not None and \
-                self.store.succeeds(lambda client, _: log_cell(client, self.run, saved)):
+                self.store.call(lambda client, _: log_cell(client, self.run, saved) or True):
             self.end(FINISHED)
 
     def end(self, status: str) -> None:
         if self.ended is not None:
             return
         self.ended = status
-        if self.run is not None and self.store.succeeds(
-                lambda client, _: client.set_terminated(self.run_id, status=status)):
+        if self.run is not None and self.store.call(
+                lambda client, _: client.set_terminated(self.run_id, status=status) or True):
             logger.debug("MLflow run %s (%s) ended %s", self.run_id, self.run_name, status)
 
 
@@ -182,34 +178,30 @@ class SavedCell:
         return cls(folder, spec, read_json("metrics.json"), read_json("history.json"), read_json("run_info.json", {}),
                    recorded_build_key(folder))
 
-    @property
-    def digest(self) -> str:
+    def tags(self) -> dict[str, str]:
         from pipelines.trained_cells import spec_digest
 
-        return spec_digest(self.spec)
-
-    def tags(self) -> dict[str, str]:
-        return {SPEC_TAG: self.digest, **({BUILD_KEY_TAG: self.build_key} if self.build_key else {})}
+        return {SPEC_TAG: spec_digest(self.spec), **({BUILD_KEY_TAG: self.build_key} if self.build_key else {})}
 
 
 def log_cell(client, run, saved: SavedCell) -> None:
-    """A saved cell projected onto ``run`` (an `mlflow.entities.Run`): per-epoch history (step = epoch) and final
-    metrics (`final_metrics`); the model's path, the folder's build key and the frozen-prefix cache's decision, and
-    why, as tags; the folder's ``metrics.json``, ``history.json`` and ``run_info.json`` as artifacts. Logging it
-    again changes nothing: every value carries the run's start time, and MLflow keeps an equal metric, tag or file
-    once."""
+    """A saved cell projected onto ``run`` (an `mlflow.entities.Run`): its history (step = epoch), final metrics,
+    tags and files. Logging it again changes nothing: every value carries the run's start time, and MLflow keeps an
+    equal metric, tag or file once."""
     from mlflow.entities import Metric, RunTag
 
     run_id, when = run.info.run_id, run.info.start_time
     metrics = [Metric(key, float(value), when, int(record["epoch"])) for record in saved.history
                for key, value in sorted(record.items()) if key != "epoch" and _is_number(value)]
-    metrics += [Metric(key, float(value), when, 0) for key, value in sorted(final_metrics(saved.summary).items())]
+    # The best epoch's scores as best_eval_* (the unprefixed names hold the history); the rest as they are.
+    metrics += [Metric(f"best_{key}" if key.startswith("eval_") else key, float(value), when, 0)
+                for key, value in sorted(saved.summary.items())
+                if _is_number(value) and key not in ("seed", "tunable_layers")]
     tags = {"model_path": str(saved.folder / "model"), **saved.tags()}
     if cache := saved.run_info.get("frozen_prefix_cache"):
         tags |= {"frozen_prefix_cache.used": str(cache["used"]), "frozen_prefix_cache.reason": cache["reason"]}
-    client.log_batch(run_id, tags=[RunTag(key, value) for key, value in sorted(tags.items())])
-    for start in range(0, len(metrics), 1000):  # MLflow takes at most 1,000 metrics a call
-        client.log_batch(run_id, metrics=metrics[start : start + 1000])
+    # MlflowClient.log_batch splits into calls MLflow's limits allow (1,000 metrics, 100 tags)
+    client.log_batch(run_id, metrics=metrics, tags=[RunTag(key, value) for key, value in sorted(tags.items())])
     for name, data in (("metrics.json", saved.summary), ("history.json", saved.history),
                        ("run_info.json", saved.run_info)):
         if data:
@@ -251,10 +243,11 @@ class StudyRuns:
         with signals_deferred():  # a stop signal ends the run it meant to stop, once this process knows it
             self.parent = CellRun.start(self.store, f"build {self.build}", {"commit": git_commit(), **params},
                                         tags={**cell_tags(study=self.study), BUILD_TAG: self.build})
-        if page := self.store.runs_page():
-            local = not self.store.uri.startswith(("http://", "https://"))
-            logger.info("MLflow: the study's runs are at %s%s", page,
-                        f" (mlflow ui --backend-store-uri {self.store.uri})" if local else "")
+        if self.store.experiment_id:  # the MLflow UI's runs table (`mlflow ui`'s address for a local store)
+            remote = self.store.uri.startswith(("http://", "https://"))
+            base = self.store.uri.rstrip("/") if remote else "http://127.0.0.1:5000"
+            logger.info("MLflow: the study's runs are at %s/#/experiments/%s/runs%s", base, self.store.experiment_id,
+                        "" if remote else f" (mlflow ui --backend-store-uri {self.store.uri})")
 
     def started(self, key: str, start_time: int | None = None) -> None:
         """Cell ``key`` started training (``start_time``: when, in ms, if not now)."""
@@ -376,12 +369,10 @@ def settle_abandoned_runs(client, experiment_id: str, cells) -> dict[str, str]:
 
 def _all_runs(client, experiment_id: str, condition: str = "") -> list:
     # MlflowClient.search_runs returns one page; mlflow.search_runs pages for itself, but on the global tracking URI
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], condition, max_results=50_000, page_token=token)
-        runs += page
-        if not (token := page.token):
-            return runs
+    from mlflow.utils import get_results_from_paginated_fn
+
+    return get_results_from_paginated_fn(lambda count, token: client.search_runs(
+        [experiment_id], condition, max_results=count, page_token=token), 50_000)
 
 
 def _run_from_folder(client, experiment_id: str, saved: SavedCell, cell, prepared: Mapping[str, Path]):
@@ -398,26 +389,22 @@ def _run_from_folder(client, experiment_id: str, saved: SavedCell, cell, prepare
 
 def _create_run(client, experiment_id: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str],
                 datasets: Iterable = (), start_time: int | None = None):
-    """A new run with ``params``, ``tags`` and dataset inputs, owned by this process (`_owner`)."""
+    """A new run with ``params``, ``tags`` and dataset inputs, owned by this process (`HOST_TAG`, `PID_TAG`)."""
     from mlflow.entities import Param
 
-    run = client.create_run(experiment_id, start_time=start_time, tags={**tags, **_owner()}, run_name=run_name)
-    client.log_batch(run.info.run_id, params=[Param(key, _param_text(value)) for key, value in sorted(params.items())])
+    owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+    run = client.create_run(experiment_id, start_time=start_time, tags={**tags, **owner}, run_name=run_name)
+    # MLflow takes a parameter value of at most 6,000 characters
+    client.log_batch(run.info.run_id, params=[Param(key, str(value)[:6000]) for key, value in sorted(params.items())])
     if inputs := list(datasets):
         client.log_inputs(run.info.run_id, inputs)
     return run
-
-
-def _owner() -> dict[str, str]:
-    """The tags that name the process owning a run: a run whose owner died on this machine is abandoned."""
-    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
 
 
 def connect(uri: str):
     """A client whose store exists: MLflow creates (and migrates) its database when the client first opens it."""
     from mlflow import MlflowClient
 
-    use_quick_http_retries(uri)
     with _store_lock(uri), _quiet_retries():  # cells starting together: one creates the store, the others wait
         client = MlflowClient(uri)
         client.search_experiments(max_results=1)
@@ -454,28 +441,6 @@ def _store_lock(uri: str) -> Iterator[None]:
 # ------------------------------------------------------------------------------------------- a failing store
 
 
-def use_quick_http_retries(uri: str) -> None:
-    """`HTTP_RETRY_DEFAULTS` for an HTTP store, each only where the environment does not set it already."""
-    if uri.startswith(("http://", "https://")):
-        for key, value in HTTP_RETRY_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-
-
-def _reachable(uri: str) -> bool:
-    """False for a store that failed in this process less than `RETRY_AFTER_S` ago."""
-    return time.monotonic() - _failed.get(uri, -RETRY_AFTER_S) >= RETRY_AFTER_S
-
-
-def _warn_unreachable(uri: str, error: BaseException) -> None:
-    """One line per store and process, naming the cause (not a chain of tracebacks)."""
-    warned = uri in _failed
-    _failed[uri] = time.monotonic()
-    if not warned:
-        logger.warning("MLflow at %s failed (%s): cells go on, and their folders are logged once it answers (by the "
-                       "next cell of the study, its evaluate stage, or: python -m pipelines.tracking sync)",
-                       uri, _cause(error))
-
-
 def _cause(error: BaseException) -> str:
     """The innermost exception of a chain, on one line: 'ConnectionRefusedError: [Errno 111] Connection refused'."""
     seen = {id(error)}
@@ -492,7 +457,7 @@ def _cause(error: BaseException) -> str:
 def _quiet_retries() -> Iterator[None]:
     """Without urllib3's warning for each retry of an MLflow call, nor the traceback MLflow's SQL store logs for a
     database error (a read-only mlflow.db printed ~70 lines of SQLAlchemy): a failure is reported once, in one
-    line, by this module (`_warn_unreachable`)."""
+    line, by this module (`Store.call`)."""
     quieted = {logging.getLogger("urllib3.connectionpool"): logging.ERROR,
                logging.getLogger("mlflow.store.db.utils"): logging.CRITICAL}
     levels = {logger: logger.level for logger in quieted}
@@ -506,12 +471,6 @@ def _quiet_retries() -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------------------- a study's runs
-
-
-def runs_page(uri: str, experiment_id: str) -> str:
-    """The MLflow UI's runs table of an experiment, on the server at ``uri`` (``mlflow ui``'s for a SQLite store)."""
-    base = uri if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
 
 
 def experiment_name(study: str) -> str:
@@ -566,17 +525,6 @@ def corpus_datasets(folder: str | Path, task: str) -> list:
     return inputs
 
 
-def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
-    """A cell's summary as run metrics: the best epoch's scores as ``best_eval_*`` (the unprefixed names hold the
-    per-epoch history), test scores, time, throughput and parameter counts as they are."""
-    metrics = {}
-    for key, value in summary.items():
-        if not _is_number(value) or key in ("seed", "tunable_layers"):
-            continue
-        metrics[f"best_{key}" if key.startswith("eval_") else key] = value
-    return metrics
-
-
 def cell_tags(study: str, spec=None) -> dict[str, str]:
     """The tags of a run: the commit and the study; for a cell's run (``spec`` given), its DVC stage and the spec's
     digest."""
@@ -607,10 +555,6 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
 
 def _database(uri: str) -> Path:
     return Path(uri.removeprefix("sqlite:///")).expanduser().absolute()
-
-
-def _param_text(value: Any) -> str:
-    return "None" if value is None else str(value)[:6000]
 
 
 def _is_number(value: Any) -> bool:

@@ -118,16 +118,20 @@ class TrainedCells(Mapping):
 
     def settle(self, key: str, build_key: str) -> bool:
         """Whether cell ``key`` is built for ``build_key``, once its place is settled: a folder there that proves it
-        stays; one that does not is replaced by a retired folder that does, if any; one that claims to be built for
-        it, or was written by no build, is set aside (into ``retired/.unverified``). An older build's folder stays,
-        for the new build to replace."""
-        folder = self.path / key
-        if folder.exists() or folder.is_symlink():
+        stays; else a retired folder that proves it is taken back. A folder (there or retired) that claims to be
+        built for it without proving it, or was written by no build (a link, no record), is set aside (into
+        ``retired/.unverified``); an older build's folder stays, for the new build to replace."""
+        place = self.path / key
+        for folder in (place, self.retired / key):
+            if not (folder.exists() or folder.is_symlink()):
+                continue
             if (problem := proof_problem(folder, build_key)) is None:
+                if folder != place:
+                    self._move(folder, place)
                 return True
-            if _claims(folder, build_key):
+            if folder.is_symlink() or recorded_build_key(folder) in (None, build_key):
                 self._set_aside(folder, key, problem)
-        return self.take_back(key, build_key)
+        return False
 
     # -- writing
 
@@ -164,19 +168,6 @@ class TrainedCells(Mapping):
             self._retire(key)
         return gone
 
-    def take_back(self, key: str, build_key: str) -> bool:
-        """Cell ``key`` moved back from `retired` if its folder there proves it is built for ``build_key``; whether
-        it was. A retired folder that claims that key but does not prove it is set aside, with a warning."""
-        retired = self.retired / key
-        if not (retired.exists() or retired.is_symlink()):
-            return False
-        if (problem := proof_problem(retired, build_key)) is not None:
-            if _claims(retired, build_key):
-                self._set_aside(retired, key, problem)
-            return False
-        self._move(retired, self.path / key)
-        return True
-
     def _set_aside(self, folder: Path, key: str, problem: str) -> Path:
         """``folder`` (of cell ``key``) moved to ``retired/.unverified/<key>-<n>``, never over another, with one
         warning naming it and ``problem``; where it went."""
@@ -209,15 +200,7 @@ class TrainedCells(Mapping):
 
 class CellDiskFull(OSError):
     """No room for a cell's folder: names it, the bytes it needs and those free (the folder was not written; every
-    other is as it was). Made by `of`; pickled as any OSError (a worker process sends it on)."""
-
-    @classmethod
-    def of(cls, code: int, folder: Path, needed: int) -> CellDiskFull:
-        existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
-        free = shutil.disk_usage(existing).free
-        return cls(code, f"no space left for cell {folder.name}'s folder in {folder.parent}: it needs up to "
-                         f"{needed:,} bytes ({needed / 2**20:,.1f} MiB) and {free:,} bytes are free. Free space there; "
-                         "every cell built so far is kept, and the next build trains only the rest")
+    other is as it was). Pickled as any OSError (a worker process sends it on)."""
 
 
 @contextlib.contextmanager
@@ -229,20 +212,17 @@ def _disk_full_said(folder: Path, needed) -> Iterator[None]:
     except OSError as error:
         if error.errno not in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) or isinstance(error, CellDiskFull):
             raise
-        raise CellDiskFull.of(error.errno, folder, needed()) from None
+        size, free = needed(), shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free
+        raise CellDiskFull(error.errno, f"no space left for cell {folder.name}'s folder in {folder.parent}: it needs "
+                                        f"up to {size:,} bytes ({size / 2**20:,.1f} MiB) and {free:,} bytes are free. "
+                                        "Free space there; every cell built so far is kept, and the next build trains "
+                                        "only the rest") from None
 
 
 def _state_bytes(model) -> int:
     """The bytes of a model's weights (what its folder holds, at most)."""
     return sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values()) \
         if hasattr(model, "state_dict") else 0
-
-
-def _claims(folder: Path, build_key: str) -> bool:
-    """Whether ``folder`` at a cell's place claims to be built for ``build_key``, or is no build's (a link, or
-    without a record): what does not prove it then is set aside. An older build's folder claims nothing: the
-    new build replaces it, as it always did."""
-    return folder.is_symlink() or recorded_build_key(folder) in (None, build_key)
 
 
 def _extract_cell(tar: tarfile.TarFile, target: Path) -> None:

@@ -201,7 +201,7 @@ def test_every_catalog_write_is_atomic_and_a_tree_reads_no_staging_file(tmp_path
     import pandas as pd
     from kedro.io import DatasetError
 
-    from pipelines.datasets import FileDataset, FileTreeDataset, SpecDataset
+    from pipelines.datasets import FileDataset, FileTreeDataset
     from pipelines.plans import DownloadPlan
 
     figures = FileTreeDataset(str(tmp_path / "figures"), ".png")
@@ -236,7 +236,7 @@ def test_every_catalog_write_is_atomic_and_a_tree_reads_no_staging_file(tmp_path
     tables.save({"sst2/scores": pd.DataFrame({"a": [1]})})
     (tmp_path / "tables" / "sst2" / ".other.csv.partial-1-ab.csv").write_text("a\n")  # a live writer's (pid 1)
     assert list(tables.load()) == ["sst2/scores"]
-    plan = SpecDataset(str(tmp_path / "download.json"), "pipelines.plans.DownloadPlan")
+    plan = FileDataset(str(tmp_path / "download.json"), spec="pipelines.plans.DownloadPlan")
     plan.save(DownloadPlan(tasks=["sst2"], mirror=None))
     assert plan.load().tasks == ["sst2"] and [p.name for p in tmp_path.glob(".*")] == []
 
