@@ -1,6 +1,5 @@
-"""The catalog's paths where no Kedro session runs (`layertune repro`, its ``--decide`` rounds, ``python -m
-pipelines.tracking sync``): conf/base/catalog.yml read by Kedro's own config loader with the project's settings, as
-a stage reads it, so that every path is written in the catalog alone."""
+"""The catalog's paths where no Kedro session runs (`layertune repro`, ``python -m pipelines.tracking sync``), read
+as a stage reads them, so that every path is written in the catalog alone."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ def catalog_entries(study: str | None = None, project: Path = Path()) -> dict[st
 
 
 def catalog_path(entry: str, study: str | None = None, project: Path = Path(), key: str | None = None) -> Path:
-    """Where the catalog's dataset ``entry`` lies for ``study`` (its ``${_study}``), under ``project``: its
-    ``path`` or ``filepath``, or another of its paths (``key``: the ``retired`` folder of ``study_cells``)."""
+    """Where the catalog's dataset ``entry`` lies for ``study``, under ``project``: its ``path`` or ``filepath``, or
+    its ``key`` (the ``retired`` folder of ``study_cells``)."""
     dataset = catalog_entries(study, project)[entry]
     return project / dataset[key or ("path" if "path" in dataset else "filepath")]

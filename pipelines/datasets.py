@@ -1,11 +1,6 @@
-"""Kedro datasets for what the stages exchange: corpora, the feature cache, trained cells, and files (one, or a tree
-of them): JSON, typed plans (pydantic models as JSON), CSV, text, PNG. Each write is atomic (`layertune.io.atomic_file`,
-`atomic_directory`), and sorted where order is free, so equal data gives equal bytes.
-
-Why not kedro-datasets' JSON, CSV, Matplotlib and Partitioned datasets: they write through fsspec in place (an
-interrupted stage leaves a half-written file that DVC would then cache), they know nothing of pydantic specs, and
-their JSON/PNG bytes differ from ours, which the byte-for-byte reproduction check relies on.
-"""
+"""Kedro datasets for what the stages exchange. Each write is atomic, and sorted where order is free, so equal data
+gives equal bytes. Not kedro-datasets': they write in place (an interrupted stage leaves a half-written file that DVC
+would cache), know no pydantic specs, and write other JSON and PNG bytes than the byte-for-byte check expects."""
 
 from __future__ import annotations
 
@@ -23,10 +18,10 @@ from layertune.io import atomic_directory, atomic_file, write_json
 
 
 class Located:
-    """A dataset at one path, ``path`` (public: what hooks and checks read); Kedro's `_exists` and `_describe`
-    (for its listing) follow."""
+    """A dataset at one ``path`` (public: hooks and checks read it), with Kedro's `_exists` and `_describe`."""
 
-    _path: Path
+    def __init__(self, path: str) -> None:
+        self._path = Path(path)
 
     @property
     def path(self) -> Path:
@@ -40,14 +35,8 @@ class Located:
 
 
 class SplitFilesDataset(Located, AbstractDataset[dict, dict]):
-    """Downloaded data as it came, ``{name: {split: datasets.Dataset}}`` saved as ``<path>/<name>/<split>.parquet``.
-
-    Loading gives ``{name: {split: path}}``: the files that `layertune.specs.CorpusSpec.load` reads in place of
-    the mirror or the hub (``files=``).
-    """
-
-    def __init__(self, path: str) -> None:
-        self._path = Path(path)
+    """Downloaded data as it came, ``{name: {split: datasets.Dataset}}`` saved as ``<path>/<name>/<split>.parquet``;
+    loads as ``{name: {split: path}}``, the ``files=`` of `layertune.specs.CorpusSpec.load`."""
 
     def load(self) -> dict:
         if not self._path.is_dir():
@@ -66,8 +55,8 @@ class SplitFilesDataset(Located, AbstractDataset[dict, dict]):
 
 @dataclass(frozen=True)
 class SavedCorpus:
-    """A corpus saved by `Corpus.save_to_disk` at ``path``; calling it reads the corpus back
-    (`Corpus.load_from_disk`). Picklable and hashable: what a worker process is sent, and a key for loading it once."""
+    """A corpus saved at ``path``; calling it reads the corpus back. Picklable and hashable: what a worker process is
+    sent, and a key for loading it once."""
 
     path: Path
 
@@ -78,13 +67,8 @@ class SavedCorpus:
 
 
 class CorporaDataset(Located, AbstractDataset[dict, dict]):
-    """``{task: Corpus}``, each saved by `Corpus.save_to_disk` as ``<path>/<task>/`` (split files and corpus.json).
-
-    Loading gives ``{task: SavedCorpus}``: a node reads only the tasks it needs, by calling it.
-    """
-
-    def __init__(self, path: str) -> None:
-        self._path = Path(path)
+    """``{task: Corpus}``, each saved as ``<path>/<task>/``; loads as ``{task: SavedCorpus}``, so that a node reads
+    only the tasks it needs."""
 
     def load(self) -> dict:
         if not self._path.is_dir():
@@ -100,13 +84,7 @@ class CorporaDataset(Located, AbstractDataset[dict, dict]):
 
 
 class FolderDataset(Located, AbstractDataset[None, Path]):
-    """A folder that `layertune` fills itself (the content-addressed feature cache): loading gives its path.
-
-    Its layout belongs to the library; nodes pass the path on and never save through this dataset.
-    """
-
-    def __init__(self, path: str) -> None:
-        self._path = Path(path)
+    """A folder whose layout belongs to `layertune` (the feature cache): loads as its path; saving is refused."""
 
     def load(self) -> Path:
         return self._path
@@ -116,10 +94,9 @@ class FolderDataset(Located, AbstractDataset[None, Path]):
 
 
 class TrainedCellsDataset(Located, AbstractDataset[None, Any]):
-    """A study's cell folders below ``path`` (the train stage's output), and ``retired``, where the folders of cells
-    no longer planned are kept aside: loads as `pipelines.trained_cells.TrainedCells`, through which the train
-    stage writes each cell as it ends (an incremental build cannot wait for a node's return) and later stages read
-    them."""
+    """A study's cell folders below ``path``, and ``retired`` those of cells no longer planned: loads as
+    `pipelines.trained_cells.TrainedCells`, which writes each cell as it ends (a build cannot wait for the node's
+    return); saving is refused."""
 
     def __init__(self, path: str, retired: str) -> None:
         self._path, self._retired = Path(path), Path(retired)
@@ -168,8 +145,8 @@ def _write(path: Path, data: Any, spec: str | None = None) -> None:
 
 
 def _files(root: Path, suffix: str) -> Iterator[tuple[str, Path]]:
-    """``(key, file)`` for every file below ``root`` named ``<key><suffix>``, in order; what an unfinished write
-    stages (dot-named) is not one."""
+    """``(key, file)`` for every file below ``root`` named ``<key><suffix>``, in order, less an unfinished write's
+    (dot-named)."""
     for file in sorted(root.rglob(f"*{suffix}")):
         relative = file.relative_to(root)
         if not any(part.startswith(".") for part in relative.parts):
@@ -192,8 +169,8 @@ class FileDataset(Located, AbstractDataset[Any, Any]):
 
 
 class FileTreeDataset(Located, AbstractDataset[dict, dict]):
-    """Many files below ``path`` keyed by their path relative to it, less ``suffix`` (each as a `FileDataset`):
-    saving ``{"a/b": df}`` with ``suffix=".csv"`` writes ``<path>/a/b.csv``, and just those files."""
+    """Files below ``path`` keyed by their relative path less ``suffix``, each as a `FileDataset`: saving
+    ``{"a/b": df}`` with ``suffix=".csv"`` writes ``<path>/a/b.csv``, and no other file."""
 
     def __init__(self, path: str, suffix: str, spec: str | None = None) -> None:
         self._path, self._suffix, self._spec = Path(path), suffix, spec

@@ -1,8 +1,5 @@
-"""``layertune repro --decide [--budget MINUTES] [STUDY ...]``: build the studies decided in rounds, round after
-round, until each question is answered, its looks are spent, nothing is left that seeds could settle, or the next
-round would pass the budget. Each round is recorded whole in the record of rounds (`pipelines.params.RECORD_FILE`),
-which a rebuild replays; docs/pipeline.md ("Deciding in rounds") tells the whole story.
-"""
+"""``layertune repro --decide``: build the studies decided in rounds, round after round, each recorded whole in the
+record of rounds (`pipelines.params.RECORD_FILE`), which a rebuild replays (docs/pipeline.md, "Deciding in rounds")."""
 
 from __future__ import annotations
 
@@ -20,8 +17,8 @@ PROG = "layertune repro --decide"
 
 
 def next_round(study: str, params: dict) -> tuple[dict[str, dict], dict[str, dict[str, int]]]:
-    """The round the rule runs next for every question still open, from the study's report: the cells to train, by
-    key, and the questions that get the evaluation examples instead (``{task: {encoder: round}}``)."""
+    """The next round of every question still open, from the study's report: the cells to train, by key, and the
+    questions that get the evaluation examples instead (``{task: {encoder: round}}``)."""
     from pipelines.catalog import catalog_path
 
     details = json.loads(catalog_path("report_details", study).read_text())
@@ -46,9 +43,8 @@ def next_round(study: str, params: dict) -> tuple[dict[str, dict], dict[str, dic
 
 
 def record(additions: dict[str, tuple[dict[str, dict], dict[str, dict[str, int]]]]) -> None:
-    """``additions`` ({study: (cells by key, evaluation rounds)}) added to each study's record of rounds
-    (`RECORD_FILE`, ``decided.<study>``: ``rounds``, ``evaluation_rounds``, and ``decided_with``, the values the
-    rounds are decided with, where the record has none yet), the file written whole in one atomic step."""
+    """``additions`` ({study: `next_round`}) added to each study's record of rounds, with ``decided_with`` where the
+    record has none yet; the file written whole in one atomic step."""
     import yaml
 
     from layertune.io import atomic_file
@@ -84,8 +80,8 @@ def decided_with(study: dict) -> dict:
 
 def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], None], jobs: int = 1) -> int:
     """Rounds of ``build`` (a whole build of ``studies``, ``jobs`` cells at a time; it raises if it fails) until no
-    study has a next round, or the next one would end past ``budget_minutes`` of this call (None: the studies' own
-    ``decide.budget_minutes``, else none)."""
+    study has a next round, or the next would end past ``budget_minutes`` (None: the studies' ``decide.budget_minutes``,
+    else none); the exit status."""
     params = read_params()
     budgets = [params["studies"][s]["decide"].get("budget_minutes") for s in studies]
     budget = budget_minutes if budget_minutes is not None else min((b for b in budgets if b), default=None)
@@ -132,8 +128,7 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
 
 
 def built_cells(studies: Sequence[str]) -> dict[str, str | None]:
-    """``{<study>/<cell>: its build key}`` for every cell folder of ``studies`` (the train stages' outputs, where
-    the catalog puts them)."""
+    """``{<study>/<cell>: its build key}`` for every cell folder of ``studies``."""
     from pipelines.catalog import catalog_path
     from pipelines.trained_cells import TrainedCells, recorded_build_key
 
@@ -145,13 +140,12 @@ def built_cells(studies: Sequence[str]) -> dict[str, str | None]:
 
 
 def recorded_training_seconds(additions: dict[str, tuple[dict[str, dict], dict]]) -> float:
-    """The mean training time of the cells already trained of the settings a round trains (each study's
-    ``reports/<study>/cells.csv``); 0 where none is recorded."""
+    """The mean training time recorded in the reports' cell tables for the settings a round trains; 0 if none."""
     import pandas as pd
 
-    times = []
     from pipelines.catalog import catalog_path
 
+    times = []
     for study, (cells, _) in additions.items():
         table = catalog_path("report_tables", study) / "cells.csv"
         if not cells or not table.is_file():

@@ -1,5 +1,4 @@
-"""The Kedro hook of every stage: params.yaml read safely, then its models resolved through the model mirror it
-names. (Its parameters are checked by `pipelines.param_checks`.)"""
+"""The Kedro hook of every stage: params.yaml read safely, then models resolved through the model mirror it names."""
 
 from __future__ import annotations
 
@@ -15,18 +14,16 @@ from pipelines.params import read_params
 
 
 class ModelMirrorHook:
-    """Every stage finds the same model files however it was started (`make study`, a plain `dvc repro` or
-    `dvc exp run`, `kedro run`): ``$LAYERTUNE_MODEL_MIRROR``, what the library reads, is set to params.yaml's
-    ``download.model_mirror`` unless the environment sets it, as the Kedro context is created: before params.yaml
-    is checked (`ParamsCheckHook`, then the plan node) and before any node loads a model."""
+    """Sets ``$LAYERTUNE_MODEL_MIRROR``, which the library reads, to params.yaml's ``download.model_mirror`` unless
+    the environment set it, as the Kedro context is created (before any check or node loads a model): every stage
+    finds the same model files however it was started (`make study`, `dvc repro`, `dvc exp run`, `kedro run`)."""
 
     def __init__(self) -> None:
         self.mirror: str | None = None  # what this hook set, so that a later run in this process may set it again
 
     @hook_impl
     def after_context_created(self, context) -> None:
-        # params.yaml and the record of rounds read safely first (`pipelines.params.read_yaml`): a file whose
-        # aliases expand it past any real study's size is one error line here, where Kedro's loader would hang
+        # read safely first: a file of nested aliases is one error line here, where Kedro's loader would hang
         try:
             read_params(Path(context.project_path))
         except ParamsError as error:

@@ -1,7 +1,5 @@
-"""What a stage is given, checked before it runs anything, so that a bad value ends `kedro run` with one message
-naming it (a command-line error) rather than a failed node or dataset and Kedro's traceback: params.yaml and the
-data it names for the plan stage, ``--params study=…`` against the plan for the stages after it, and the feature
-cache's folder for the stages that write it."""
+"""What a stage is given, checked before any node runs, so that a bad value ends `kedro run` with one message naming
+it (a command-line error) rather than a failed node and Kedro's traceback."""
 
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ FEATURE_CACHE = "feature_cache"  # the catalog's content-keyed cache folder (tok
 
 class InvalidParams(click.ClickException):
     """Printed by Kedro's command line (click) as ``Error: <message>``, without a traceback; exit status 2, as for
-    any other bad command-line input."""
+    any bad command-line input."""
 
     exit_code = 2
 
@@ -35,11 +33,9 @@ class StageStopped(InvalidParams):
 
 
 class ParamsCheckHook:
-    """Plans params.yaml when a run includes the plan node: every check of the plan (the parameters, each study's
-    local data, its hub datasets' revisions) runs here, before any node, so that a bad value ends the run as one
-    ``Error:`` line, not a failed node with Kedro's traceback and its advice to resume. The plan is computed this
-    once: the catalog's ``plan`` holds it for the node that writes its files. For a later stage, checks the study
-    it is given."""
+    """With the plan node, plans params.yaml (every check: parameters, local data, hub revisions) once, into the
+    catalog's ``plan`` for the node that writes its files; for a later stage, checks the study it is given; for a
+    stage that writes the feature cache, its folder."""
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:

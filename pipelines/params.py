@@ -1,6 +1,5 @@
-"""params.yaml: its schema (a ``download`` section and the ``studies``, each a `layertune.study.StudySpec`) and the
-one check of it, which names every bad key by its dotted path and asks no model more than its small config files
-(a study with LoRA or IA3 builds each model's structure from them, without weights, to check the method's modules)."""
+"""params.yaml's schema and its one check (`validate_params`), which names every bad key by its dotted path and reads
+each model's config files only, never its weights (docs/pipeline.md, "Parameters")."""
 
 from __future__ import annotations
 
@@ -18,11 +17,9 @@ from layertune.model_paths import model_config, model_layers, model_max_length, 
 from layertune.study import ENCODER_TAGS, ParamsError, StudySpec
 from layertune.tuning_methods import METHODS
 
-# Names of studies, encoders, tasks and methods name folders and DVC stages, and reach Kedro as `--params
-# study=<name>`, which reads each value as YAML: so a letter first (never a number: `01` would arrive as 1), no dots
-# (DVC reads `${studies.<name>.tasks}` as a path) and none of YAML's words for true, false and null (`yes` would
-# arrive as True). Study, task and method names are lower case; encoder names may name their model
-# (`all-MiniLM-L6-v2`).
+# Study, encoder, task and method names name folders and DVC stages, and reach Kedro as `--params study=<name>`, read
+# as YAML: so a letter first (`01` would arrive as 1), no dots (DVC reads `${studies.<name>.tasks}` as a path), no
+# YAML word for true, false or null (`yes` would arrive as True). Encoder names may name their model (upper case).
 NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 ENCODER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
@@ -48,15 +45,14 @@ def name_problem(name: object, pattern: re.Pattern = NAME) -> str | None:
     return None
 
 
-# params.yaml's values once its aliases (``*name``) are expanded: the default studies' hold about 1,100. YAML's
-# aliases nest, so a few lines can stand for billions of values, and whatever walks them (DVC, Kedro's loader, the
-# plan) would hang: such a file is refused before any of them reads it.
+# Values of params.yaml with its aliases (``*name``) expanded (the default studies: about 1,100). Nested aliases can
+# stand for billions, on which DVC, Kedro's loader and the plan would hang: such a file is refused first.
 MAX_EXPANDED_VALUES = 100_000
 
 
 def read_yaml(path: Path) -> Any:
-    """The YAML file at ``path``, read safely (plain data: no Python objects); a `ParamsError` naming the file if its
-    aliases expand it past `MAX_EXPANDED_VALUES` values, or if it is not YAML."""
+    """The YAML file at ``path`` as plain data (`yaml.safe_load`); `ParamsError` if it is not YAML or expands past
+    `MAX_EXPANDED_VALUES`."""
     import yaml
 
     text = path.read_text()
@@ -74,8 +70,8 @@ def read_yaml(path: Path) -> Any:
 
 
 def _expanded_size(node, sizes: dict) -> float:
-    """How many values ``node`` (a composed YAML node) stands for with every alias expanded (an alias is the very
-    node it names: each is counted once in ``sizes``)."""
+    """How many values the composed ``node`` stands for, aliases expanded (an alias is the node it names: ``sizes``
+    counts each node once)."""
     import yaml
 
     if node is None:  # an empty file
@@ -87,17 +83,15 @@ def _expanded_size(node, sizes: dict) -> float:
     return sizes[id(node)]
 
 
-# The record of the decided studies' rounds, beside params.yaml: written whole by `layertune repro --decide`
-# (`pipelines.decide.record`), read as parameters by DVC (dvc.yaml's plan stage) and Kedro (pipelines.settings),
-# under one key, so that no code ever rewrites the params.yaml a person wrote.
+# The record of the decided studies' rounds, written by `pipelines.decide.record` and read as parameters by DVC and
+# Kedro: a file of its own, so that no code ever rewrites the params.yaml a person wrote.
 RECORD_FILE, RECORD_KEY = "rounds.yaml", "decided"
 RECORDED = ("rounds", "evaluation_rounds", "decided_with")  # what a study's entry there holds: its decide fields
 
 
 def read_params(project: Path = Path()) -> dict:
-    """params.yaml and the record of rounds (`RECORD_FILE`, if there) as one mapping, as the stages see them:
-    ``{download, studies, decided: {study: {rounds, evaluation_rounds, decided_with}}}``; each read safely
-    (`read_yaml`)."""
+    """params.yaml and the record of rounds (if there) as one mapping, as the stages see them: ``{download, studies,
+    decided: {study: {rounds, evaluation_rounds, decided_with}}}``; `ParamsError` as `read_yaml`."""
     params = read_yaml(project / "params.yaml") or {}
     record = project / RECORD_FILE
     if record.is_file():
@@ -106,8 +100,8 @@ def read_params(project: Path = Path()) -> dict:
 
 
 def write_params(project: Path, params: Mapping[str, Any]) -> None:
-    """``params`` (as `read_params` reads them) written into a project of one's own (a benchmark's or a test's copy):
-    params.yaml, and the record of rounds in its file. The tools never write a person's params.yaml."""
+    """``params`` (as `read_params` reads them) written as params.yaml and the record of rounds, into a benchmark's
+    or a test's own project: the tools never write a person's params.yaml."""
     import yaml
 
     (project / "params.yaml").write_text(yaml.safe_dump({k: v for k, v in params.items() if k != RECORD_KEY},
@@ -116,9 +110,8 @@ def write_params(project: Path, params: Mapping[str, Any]) -> None:
 
 
 def merge_record(params: Mapping[str, Any]) -> dict:
-    """``params`` (as `read_params` or Kedro's loader reads them) with each study's recorded rounds (``decided``)
-    moved into its ``decide`` section, where `layertune.study.DecideSpec` reads them. With a record file, rounds in
-    params.yaml would be a second record: a `ParamsError` names them."""
+    """``params`` with each study's recorded rounds moved into its ``decide`` section (`layertune.study.DecideSpec`);
+    `ParamsError` for rounds written in params.yaml too, or recorded for no study with a decide section."""
     params = dict(params)
     if RECORD_KEY not in params:  # params without a record file (the library's own use): as they are
         return params
@@ -143,9 +136,8 @@ def merge_record(params: Mapping[str, Any]) -> dict:
 
 
 def check_names(params: Any) -> None:
-    """Every study, encoder, task and method name of params.yaml (as read) can name folders, DVC stages and Kedro
-    parameters (`name_problem`); else a `ParamsError` naming each bad key. `layertune repro` checks this before DVC
-    reads dvc.yaml, whose stages the study names name (DVC's own error would not name the key)."""
+    """A `ParamsError` naming each study, encoder, task and method name of ``params`` (as read) that `name_problem`
+    refuses."""
     studies = params.get("studies") if isinstance(params, Mapping) else None
     if not isinstance(studies, Mapping):
         return
@@ -211,9 +203,8 @@ class StudyParams(Spec):
 
 
 def _check_methods(study_name: str, study: StudySpec) -> None:
-    """Each tuning method's settings (target modules, rank) against every model it tunes, on the model's structure
-    built from its config (no weights), so that a bad one fails here and not in its train stage, after other cells
-    trained."""
+    """Each tuning method's settings against every model it tunes, on the structure its config builds (no weights):
+    a bad one fails here, not in the train stage after other cells trained."""
     checked = set()
     for encoder in study.encoders:
         for method_name, k in study.grid_settings:
@@ -241,9 +232,6 @@ def _method_key(study: StudySpec, member: str, method_name: str | None) -> str:
     entry = study.encoders[member]
     return f"encoders.{member}.method" if isinstance(entry, EncoderSpec) and "method" in entry.model_fields_set \
         else "encoder.method"
-
-
-# --------------------------------------------------------------------------------------------------- validation
 
 
 def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> StudyParams:

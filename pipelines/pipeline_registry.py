@@ -1,5 +1,5 @@
-"""One pipeline per DVC stage (`pipelines.STAGES`). ``plan`` reads params.yaml; ``download`` every task; the others
-act on one study (``--params study=<name>``)."""
+"""One pipeline per DVC stage (`pipelines.STAGES`); those after ``download`` act on one study (``--params
+study=<name>``)."""
 
 import importlib
 

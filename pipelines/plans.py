@@ -1,11 +1,7 @@
-"""What each pipeline stage reads, derived from params.yaml by the plan stage: one file per slice, so that a stage
-reruns exactly when what it reads changes (download: the built-in tasks and hub datasets; prepare: a study's corpora,
-with a fingerprint of the local files they read; tokenize: its language models and the frozen-prefix boundaries its
-cells train from; train: the study's cells, each a `StudyCell`).
-
-A study's own data is checked here, before any training: local files are loaded as prepare will load them (so a
-missing column or a bad label fails now, naming the key), and a hub dataset is pinned to the commit its revision
-names today, which the plan records and every later stage reads."""
+"""What each stage reads, derived from params.yaml by the plan stage: one file per slice, so that a stage reruns
+exactly when what it reads changes (docs/pipeline.md, "Dependencies that cannot drift"). A study's own data is checked
+here, before any training: local files are loaded as prepare will load them, and a hub dataset is pinned to the
+commit its revision names today."""
 
 from __future__ import annotations
 
@@ -63,9 +59,8 @@ class FeaturePlan(Spec):
 
 class TrainPlan(Spec):
     """What the train stage reads: the study's cells in the order they train (the grid's, then a decided study's
-    later rounds), and the fingerprint of the library code that trains a cell. A cell is built once its folder
-    records the key of its spec, its base models' files, its data and that code (`pipelines.trained_cells`): an
-    edit of the trainer retrains every cell, one of a report or of the pipeline's scheduling none."""
+    later rounds), and ``code``, the fingerprint of the library code that trains a cell (part of each cell's build
+    key: `pipelines.trained_cells`)."""
 
     study: str
     cells: list[StudyCell]
@@ -144,8 +139,8 @@ class Plan(BaseModel):
 
 
 def feature_plan(study: StudySpec, cells: list[StudyCell]) -> FeaturePlan:
-    """Every cache entry the study's cells read: per distinct frozen part (`frozen_prefix.states_spec`), the
-    boundaries its cells train from (`frozen_prefix.cache_boundary`), and per setting which of them it reads."""
+    """Every cache entry the study's cells read: per distinct frozen part (`states_spec`), the boundaries its cells
+    train from (`cache_boundary`), and per setting which of them it reads."""
     models: list[EncoderSpec] = []
     boundaries: list[set[int]] = []
     layout: dict[str, CellFeatures] = {}

@@ -1,11 +1,8 @@
-"""Process plumbing shared by the long-running commands (a stage's `kedro run`, its worker processes,
-`layertune repro`): signal handlers, processes that end with their parent, process groups, and one build of a
-project at a time.
+"""Process plumbing for the long-running commands (a stage's `kedro run`, its workers, `layertune repro`).
 
 A cell's training must end with the command that started it, even one killed with SIGKILL: each link of the chain
-(a stage under `dvc`, its worker processes, the `dvc` that `layertune repro` starts) asks for SIGTERM when its parent
-exits (`die_with_parent`, `tied`; docs/pipeline.md, "What happens when things go wrong"). Only the standard library
-is imported at module level (psutil and filelock where used): `tied` starts fast.
+asks for SIGTERM when its parent exits (`die_with_parent`, `tied`; docs/pipeline.md, "What happens when things go
+wrong"). Only the standard library is imported at module level: `tied` starts fast.
 """
 
 from __future__ import annotations
@@ -32,10 +29,9 @@ _OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_ne
 @contextlib.contextmanager
 def on_signals(handler: Callable[[int, object], None] | signal.Handlers, signums: Iterable[int] = STOP_SIGNALS
                ) -> Iterator[bool]:
-    """Within the block, ``handler(signum, frame)`` (or `signal.SIG_IGN`) handles ``signums``; the previous handlers
-    come back after it. The one place that installs signal handlers: every other way of taking a signal in the
-    pipeline is built on it. Python installs handlers only in the main thread: elsewhere nothing changes (yields
-    False)."""
+    """Within the block, ``handler`` (or `signal.SIG_IGN`) handles ``signums``; the previous handlers come back after
+    it. The one place that installs signal handlers. Python installs them only in the main thread: elsewhere nothing
+    changes (yields False)."""
     if threading.current_thread() is not threading.main_thread():
         yield False
         return
@@ -54,8 +50,7 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def terminated_as_interrupt(signums: Iterable[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[bool]:
-    """Within the block, ``signums`` raise `Terminated` instead of ending the process silently (in the main thread;
-    elsewhere nothing changes)."""
+    """Within the block, ``signums`` raise `Terminated` (main thread only)."""
     def handler(signum: int, frame: object) -> None:
         raise Terminated(f"received signal {signal.Signals(signum).name}")
 
@@ -65,8 +60,8 @@ def terminated_as_interrupt(signums: Iterable[int] = (signal.SIGTERM, signal.SIG
 
 @contextlib.contextmanager
 def signals_noted(signums: Iterable[int] = STOP_SIGNALS) -> Iterator[list[int]]:
-    """Within the block, ``signums`` are only noted, in the list it yields (in the main thread): for a loop that
-    checks between steps that a signal must not cut (Ray's wait)."""
+    """Within the block, ``signums`` are only noted, in the list it yields (main thread only): for a loop that checks
+    between steps a signal must not cut (Ray's wait)."""
     noted: list[int] = []
     with on_signals(lambda signum, frame: noted.append(signum), signums):
         yield noted
@@ -74,10 +69,9 @@ def signals_noted(signums: Iterable[int] = STOP_SIGNALS) -> Iterator[list[int]]:
 
 @contextlib.contextmanager
 def signals_deferred(signums: Iterable[int] = STOP_SIGNALS) -> Iterator[None]:
-    """Within the block, ``signums`` are held: noted, then sent again as it ends, to the handlers installed before
-    it. A step that must not be cut in two runs whole (an MLflow call: a transaction cut short leaves the store's
-    session broken; a run created and its owner told). A handler, not a blocked mask: a signal sent to the process
-    may reach any of its threads. Main thread only."""
+    """Within the block, ``signums`` are held, then sent again as it ends, to the handlers before it: a step that must not be cut in two runs
+    whole (an MLflow call cut short leaves the store's session broken). A handler, not a blocked mask: a signal sent
+    to the process may reach any of its threads. Main thread only."""
     received: list[int] = []
     try:
         with signals_noted(signums) as received:
@@ -119,8 +113,7 @@ def tied(command: Sequence[str]) -> list[str]:
 
 
 def group_alive(group: int) -> bool:
-    """Whether a process of process group ``group`` still runs (zombies do not count: an orphan's reaper may leave
-    them)."""
+    """Whether a process of group ``group`` runs (zombies do not count: an orphan's reaper may leave them)."""
     try:
         os.killpg(group, 0)  # quick, but a group of zombies still answers
     except ProcessLookupError:
@@ -151,9 +144,8 @@ class Interrupted(Exception):
 
 
 class Children:
-    """The commands a process runs (`layertune repro`'s `dvc repro`), each in a process group of its own, which
-    holds the stage commands it starts: signalling the group reaches them too (DVC itself does not pass SIGTERM
-    on)."""
+    """The commands a process runs (`layertune repro`'s `dvc repro`), each in a process group of its own: signalling
+    the group reaches the stage commands it starts too (DVC does not pass SIGTERM on)."""
 
     def __init__(self, grace_s: float = 30.0) -> None:
         self.grace_s = grace_s
@@ -191,9 +183,8 @@ class Children:
 
     @contextlib.contextmanager
     def stopped_on_signal(self) -> Iterator[Children]:
-        """Within the block, SIGTERM, SIGINT and SIGHUP raise `Interrupted` (in the main thread; elsewhere the
-        caller's handlers stay), which stops the children before it leaves the block. Other errors let the running
-        children finish."""
+        """Within the block, SIGTERM, SIGINT and SIGHUP raise `Interrupted` (main thread only), which stops the
+        children before it leaves the block; other errors let them finish."""
         def interrupt(signum: int, frame: object) -> None:
             raise Interrupted(signum)
 
@@ -230,9 +221,8 @@ class BuildRunning(RuntimeError):
 
 @contextlib.contextmanager
 def one_build(project: Path) -> Iterator[None]:
-    """Holds the project's build lock (``.dvc/tmp/layertune-build.lock``) within the block; `BuildRunning` naming
-    the holder's process at once if another command holds it. The kernel releases it when the holder exits,
-    however."""
+    """The project's build lock, held within the block; `BuildRunning`, naming the holder's process, at once if
+    another command holds it. The kernel releases it when the holder exits, however."""
     from filelock import FileLock, Timeout
 
     folder = project / ".dvc" / "tmp"

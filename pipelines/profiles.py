@@ -35,9 +35,8 @@ def load_profile(name_or_path: str | Path, root: str | Path = ".") -> dict[str, 
 
 
 def apply_overrides(params: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` with each ``dotted.key`` set, as `dvc_arguments` makes DVC do it: a value replaces what was there
-    (a mapping too: a profile's ``encoders`` are all the encoders), and missing sections are created. A misspelt
-    key is caught by `validate_params`."""
+    """``params`` with each ``dotted.key`` set, as `dvc_arguments` makes DVC do it: a value (a mapping too: a
+    profile's ``encoders`` are all the encoders) replaces what was there; missing sections are created."""
     merged = copy.deepcopy(dict(params))
     for key, value in overrides.items():
         node, parts = merged, key.split(".")
@@ -50,11 +49,10 @@ def apply_overrides(params: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
 
 
 def dvc_arguments(overrides: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
-    """``dvc exp run`` arguments that apply a profile to ``params`` (`read_params`: the record of rounds included)
-    as `apply_overrides` does, in Hydra's override syntax: ``++key=value`` sets a value (adding the key if needed);
-    a mapping is deleted (``~key``) and added again (``+key=…``), since Hydra would merge it into the old one. A
-    key of the record of rounds (``decided``: a profile that changes a decided study's grid clears its rounds) is
-    set in its file."""
+    """``dvc exp run`` arguments that apply a profile to ``params`` (`read_params`) as `apply_overrides` does, in
+    Hydra's syntax: ``++key=value``; a mapping is deleted (``~key``) and added again (``+key=…``), since Hydra would
+    merge it into the old one. A key under ``decided`` (a profile clearing a decided study's rounds) is set in the
+    record of rounds' file."""
     arguments = []
     for key, value in overrides.items():
         file = f"{RECORD_FILE}:" if key.split(".")[0] == RECORD_KEY else ""
@@ -106,12 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
     try:
-        overrides, params = load_profile(args.profile), read_params(Path(args.params).resolve().parent)
+        project = Path(args.params).resolve().parent
+        overrides, params = load_profile(args.profile), read_params(project)
         if args.check:
             checked = apply_overrides(params, overrides)
             # Models resolved as the stages resolve them (their hook's rule).
-            ModelMirrorHook().apply((checked.get("download") or {}).get("model_mirror"),
-                                    Path(args.params).resolve().parent)
+            ModelMirrorHook().apply((checked.get("download") or {}).get("model_mirror"), project)
             validate_params(checked)
             print(f"{args.profile}: valid")
         else:

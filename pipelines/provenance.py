@@ -1,13 +1,7 @@
-"""Which source files a pipeline stage runs, so that its DVC dependencies are exact and cannot drift.
-
-`import_closure` follows every ``import`` of the given files into the project's own packages, at module level and
-inside functions (layertune imports torch-heavy modules lazily), transitively. `fingerprint` hashes what it found.
-The plan stage writes one fingerprint per stage; each stage depends on its own, so editing a report's code reruns
-the reports and no training, and editing the trainer reruns every cell.
-
-Imports by a computed name (``importlib.import_module(name)``) are invisible to this, so the project's own code
-imports its modules by name only (``layertune/__init__.py``'s lazy exports serve users, not the package itself).
-"""
+"""Which source files a pipeline stage runs, so that its DVC dependencies are exact and cannot drift
+(docs/pipeline.md, "Dependencies that cannot drift"). Imports are followed inside functions too (layertune imports
+torch-heavy modules lazily); imports by a computed name (``importlib.import_module(name)``) are invisible, so the
+project's own code imports its modules by name only (``layertune/__init__.py``'s lazy exports serve users)."""
 
 from __future__ import annotations
 
@@ -31,9 +25,8 @@ def module_file(name: str, packages: Mapping[str, Path]) -> Path | None:
 
 
 def _imported_names(path: Path, module: str, classes: frozenset[str] | None = None) -> frozenset[str]:
-    """Every module name ``path`` imports; ``from a import b`` counts a and a.b (b may be a submodule). With
-    ``classes``, the imports inside any other class of the file do not count: a stage that uses those classes
-    alone does not run them."""
+    """Every module name ``path`` imports (``from a import b``: a and a.b, b may be a submodule); with ``classes``,
+    not those of the file's other classes (a stage using only ``classes`` does not run them)."""
     return _imports_in(path.read_text(), module if path.name == "__init__.py" else module.rpartition(".")[0],
                        classes)
 
@@ -94,10 +87,9 @@ def _module_name(path: Path, folders: Mapping[Path, str]) -> str:
 
 
 def code_digest(path: Path) -> str:
-    """The sha256 of a file as it runs: a Python file's code as Python parses it, without comments, docstrings or
-    layout (`ast.unparse` of its tree, docstrings removed), so that editing a comment or a docstring changes no
-    fingerprint; any other file's bytes. (Another Python version may unparse a file otherwise, and so fingerprint it
-    otherwise: a build moved to it reruns, as for an edit.)"""
+    """The sha256 of a Python file's code without comments, docstrings or layout (`ast.unparse`), so that editing
+    them changes no fingerprint; of any other file's bytes. (Another Python version may unparse a file otherwise: a
+    build moved to it reruns, as for an edit.)"""
     if path.suffix != ".py":
         return hashlib.sha256(path.read_bytes()).hexdigest()
     return _source_digest(path.read_text())

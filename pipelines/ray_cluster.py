@@ -1,8 +1,5 @@
-"""``layertune repro --ray [ADDRESS]``: a study's cells as tasks on a Ray cluster, from its one train stage.
-
-The train stage's process is the driver (`RayCluster`): it sends each cell that is not built as a task
-(`train_on_node`) and writes each folder that comes back as a cell trained here would have written it; nodes need no
-clone, DVC or MLflow. docs/pipeline.md ("Scaling out") covers retries, cancelling and clean-up.
+"""``layertune repro --ray [ADDRESS]``: a study's cells as tasks on a Ray cluster, from its one train stage, whose
+process is the driver (`RayCluster`); nodes need no clone, DVC or MLflow. docs/pipeline.md, "Scaling out".
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ CANCEL_TIMEOUT_S = 30.0  # for cancelled cells' workers to exit before their wor
 
 @dataclass(frozen=True)
 class NodeJob:
-    """What a node needs for one cell: the cell, its build record, the project folder (where relative model paths
-    resolve, when the node sees it at the same path), and which build sent it."""
+    """One cell for a node; ``project`` is where relative model paths resolve (if the node sees that path)."""
 
     cell: object  # a `layertune.study.StudyCell`
     build: dict
@@ -84,7 +80,8 @@ class RayCluster:
                         try:
                             result = ray.get(ref)
                         except Exception as error:  # the task's own error, or a node lost more often than retried
-                            raise CellFailed(job.key, _task_error(error)) from None
+                            cause = getattr(error, "cause", None) or error  # a RayTaskError wraps the task's error
+                            raise CellFailed(job.key, f"{type(cause).__name__}: {cause}") from None
                         try:
                             job.cells.receive(job.key, result.archive, job.build["key"])
                         except ValueError as error:  # not a packed cell, or one that does not prove its build
@@ -128,12 +125,10 @@ def connect(address: str):
 
 
 def _clean_nodes(cluster: str, session: str) -> None:
-    """The work folders that the cells of build ``session`` left on the nodes of ``cluster`` (their workers were
-    killed), removed once the build's Ray job has ended, from a job of its own: none of the ended job's tasks can
-    start any more, not even one that a cancel missed (`ray.cancel` can lose the race with a task being handed to its
-    worker). A task pinned to each live node, taking no CPU, waits up to `CANCEL_TIMEOUT_S` for those workers to exit;
-    a node that does not answer in time keeps them until its next cell. A cluster that ``ray.init`` started for the
-    build stopped with it: this machine was its one node."""
+    """Removes the work folders that build ``session``'s killed workers left on the nodes of ``cluster``, from a job
+    of its own once the build's job has ended: then none of that job's tasks can start any more, not even one a
+    cancel missed (`ray.cancel` can lose the race with a task being handed to its worker). A node that does not
+    answer in time keeps them until its next cell."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     try:
@@ -150,18 +145,12 @@ def _clean_nodes(cluster: str, session: str) -> None:
         ray.shutdown()
 
 
-def _task_error(error: Exception) -> str:
-    cause = getattr(error, "cause", None) or error  # a RayTaskError wraps the task's own exception
-    return f"{type(cause).__name__}: {cause}"
-
-
 # ------------------------------------------------------------------------------------------- on a node
 
 
 def node_folder() -> Path:
-    """This machine's private folder for cells (their work folders and the frozen-prefix cache), created if missing;
-    a `ValueError` unless it is a real folder (not a symbolic link) of this user that nobody else may enter: in a
-    shared temp folder anyone may have created that name first."""
+    """This machine's private folder for cells, created if missing; a `ValueError` unless it is a real folder of this
+    user that nobody else may enter: in a shared temp folder anyone may have created that name first."""
     folder = Path(tempfile.gettempdir()) / f"layertune-ray-{os.getuid()}"
     os.makedirs(folder, mode=0o700, exist_ok=True)
     info = os.lstat(folder)
@@ -241,10 +230,9 @@ def ray_address(address: str | None) -> str | None:
 
 
 def check_reachable(address: str | None) -> None:
-    """A `ValueError` naming ``address`` (None or "auto": $RAY_ADDRESS, if set, as Ray reads it) unless a gRPC server
-    answers there within `CONNECT_TIMEOUT_S`: `ray.init` would retry an unreachable address for minutes, printing only
-    its own warnings (which name the node's IP for a loopback address). "local", and no address at all: Ray looks on
-    this machine, and says so itself when it finds nothing."""
+    """A `ValueError` naming ``address`` unless a gRPC server answers there within `CONNECT_TIMEOUT_S`: `ray.init`
+    would retry for minutes, printing only its own warnings. None or "auto" mean $RAY_ADDRESS; without it, and for
+    "local", nothing is checked: Ray looks on this machine, and says so itself when it finds nothing."""
     given = f"--ray {address}"
     if (resolved := ray_address(address)) != address:
         address, given = resolved, f"$RAY_ADDRESS={resolved}"

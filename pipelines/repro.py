@@ -69,11 +69,9 @@ def repro(studies: Sequence[str], jobs: int = 1, ray: str | None = None, cpus_pe
         if not every:
             dvc("repro", *(f"aggregate@{study}" for study in studies))
             return
-        # The same stages as one `dvc repro`, in another order: a plain `dvc repro` runs every study's prepare, then
-        # every tokenize, and so on, so the first report lands at the very end. Study by study, the smallest first,
-        # each report lands as soon as its cells are trained. --single-item: a study's own stages, in this order,
-        # without the plan again (it runs whenever DVC follows the dependencies, seconds each time: the plan and
-        # download ran just before). Last, whatever else dvc.yaml holds.
+        # The stages of one `dvc repro`, study by study (see the module's docstring). --single-item: a study's own
+        # stages without the plan again (it runs whenever DVC follows the dependencies: seconds each time, for
+        # nothing, as it ran just before). Last, whatever else dvc.yaml holds.
         dvc("repro", "plan", "download")
         built = ["plan", "download"]
         for study in smallest_first(studies):
@@ -98,10 +96,9 @@ def smallest_first(studies: Sequence[str]) -> list[str]:
 
 
 def study_names(chosen: Sequence[str], decided: bool = False) -> list[str]:
-    """``chosen``, or every study of params.yaml (``decided``: every one with a decide section); an unknown name is
-    an error naming the studies there are. params.yaml (and the record of rounds) is checked first as far as DVC
-    reads it (`read_params`, `check_names`): DVC's own errors would not name the key, and a file of nested aliases
-    would hang it."""
+    """``chosen``, or every study of params.yaml (``decided``: every one with a decide section); `ValueError` for an
+    unknown name or, with ``decided``, a study without a decide section. params.yaml is checked first as far as DVC
+    reads it: DVC's own errors would not name the key, and a file of nested aliases would hang it."""
     from pipelines.params import check_names, read_params
 
     params = read_params()

@@ -1,11 +1,9 @@
-"""Where a study's cells train, all from its one train stage: here, one after another (`InProcess`, the default); in
-N worker processes of this machine (`WorkerProcesses`: ``layertune repro --jobs N``); or as tasks on a Ray cluster
-(`pipelines.ray_cluster`). docs/pipeline.md ("Scaling out") tells the whole story.
+"""Where a study's cells train, all from its one train stage: here (`InProcess`), in N worker processes
+(`WorkerProcesses`) or on a Ray cluster (`pipelines.ray_cluster`); docs/pipeline.md, "Scaling out".
 
-A scheduler takes the cells' `CellJob`s in the plan's order and yields `Started` and `Finished` for each cell as it
-happens; a cell that fails raises `CellFailed` once the cells still training are stopped. It is told nothing of
-MLflow (the train stage's process owns the runs). Closing its generator (`contextlib.closing`, when the stage stops)
-stops every cell still training before it returns: the workers get SIGTERM, then SIGKILL after a grace period.
+A scheduler takes `CellJob`s in the plan's order and yields `Started` and `Finished` for each cell; a cell that fails
+raises `CellFailed` once the cells still training are stopped. It knows nothing of MLflow (the stage's process owns
+the runs). Closing its generator stops every cell still training before it returns.
 """
 
 from __future__ import annotations
@@ -60,9 +58,8 @@ class CellFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class CellJob:
-    """One cell to train and where its folder goes: everything picklable, so that a worker process (or a Ray node)
-    can run it. ``corpus`` loads the cell's prepared corpus; ``build`` is the record its folder keeps
-    (`pipelines.trained_cells.build_record`)."""
+    """One cell to train and where its folder goes, picklable for a worker process or a Ray node; ``build`` is the
+    record its folder keeps (`pipelines.trained_cells.build_record`)."""
 
     cell: Any  # a `layertune.study.StudyCell`
     build: dict
@@ -86,10 +83,6 @@ class CellJob:
 def loaded(corpus):
     """A corpus loaded once per process: a study's cells of one task share it (training never changes it)."""
     return corpus()
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # ------------------------------------------------------------------------------------------ in this process
@@ -116,11 +109,9 @@ class InProcess:
 
 
 class WorkerProcesses:
-    """``jobs`` worker processes of this machine (spawned: each imports torch once, and CUDA works in them), taking
-    the cells in the plan's order as each becomes free; worker i sees GPU ``gpus[i % len(gpus)]`` alone
-    (``CUDA_VISIBLE_DEVICES``), or every device as the stage does where there are none. Not
-    `concurrent.futures.ProcessPoolExecutor`: its workers share one environment (one GPU each needs its own), it
-    reports no cell as it starts, and it cannot stop a cell that runs (SIGTERM here: its staging folder is removed)."""
+    """``jobs`` worker processes (spawned: CUDA works in them), taking the cells in the plan's order; worker i sees
+    GPU ``gpus[i % len(gpus)]`` alone (``CUDA_VISIBLE_DEVICES``). Not `concurrent.futures.ProcessPoolExecutor`: its
+    workers share one environment, it reports no cell as it starts, and it cannot stop a cell that runs."""
 
     def __init__(self, jobs: int, gpus: Sequence[str | None] = (None,)) -> None:
         if jobs < 1:
@@ -173,14 +164,14 @@ class WorkerProcesses:
 
 
 def _work(index: int, tasks, events, parent: int) -> None:
-    """A worker: cells from ``tasks`` until a None, each reported to ``events`` as it starts and ends. SIGTERM stops
-    it (as Ctrl-C would: a cell's staging folder is removed), and so does the end of the process that started it."""
+    """A worker: cells from ``tasks`` until a None, each reported to ``events``. SIGTERM stops it as Ctrl-C would (a
+    cell's staging folder is removed), and so does its parent's end."""
     die_with_parent(signal.SIGTERM, parent)
-    # A Ctrl-C reaches the stage, which stops the workers itself (SIGTERM: a cell's staging folder is removed).
+    # SIGINT ignored: a Ctrl-C reaches the stage too, which stops the workers itself (SIGTERM)
     with terminated_as_interrupt(), on_signals(signal.SIG_IGN, [signal.SIGINT]), \
             contextlib.suppress(KeyboardInterrupt):
         while (job := tasks.get()) is not None:
-            events.put(("started", index, job.key, _now_ms()))
+            events.put(("started", index, job.key, int(time.time() * 1000)))
             try:
                 job.run()
             except CellDiskFull as error:

@@ -99,9 +99,8 @@ class Store:
 
 
 class CellRun:
-    """One MLflow run in a `Store`: `start` opens it (without an id when the store did not answer: nothing is kept
-    then, and `sync` logs the cell's folder later); `finish` logs the saved folder onto it and ends it FINISHED;
-    `end` ends it with a status. The first ending wins."""
+    """One MLflow run in a `Store`; none when the store did not answer as it started (`sync` logs the cell's folder
+    later). The first ending wins."""
 
     def __init__(self, store: Store, run_name: str) -> None:
         self.store, self.run_name = store, run_name
@@ -121,8 +120,7 @@ class CellRun:
         return run
 
     def finish(self, saved: SavedCell) -> None:
-        """The saved cell logged onto the run (`log_cell`), which ends FINISHED. Without a run (the store did not
-        answer as the cell started), nothing: the build's `sync` logs the folder once the store answers."""
+        """The saved cell logged onto the run (`log_cell`), which ends FINISHED; nothing without a run."""
         if self.ended is None and self.run is not None and \
                 self.store.call(lambda client, _: log_cell(client, self.run, saved) or True):
             self.end(FINISHED)
@@ -212,12 +210,9 @@ def log_cell(client, run, saved: SavedCell) -> None:
 
 
 class StudyRuns:
-    """The MLflow runs of one build of a study, all owned by this process: the build's parent run (opened once a
-    cell is to train), each cell's run as its child, and the study's folders synced at the end (`sync`).
-
-    As a context manager: entering settles the runs an earlier build of the study left RUNNING as it was killed
-    (`settle_abandoned_runs`); leaving ends every run still open and the parent FINISHED, FAILED or KILLED by how the
-    block ended, and syncs unless the block was interrupted."""
+    """The MLflow runs of one build of a study, all owned by this process: the build's parent run, each cell's run
+    as its child. Entering settles the runs an earlier build left RUNNING (`settle_abandoned_runs`); leaving ends
+    every run still open, the parent by how the block ended, and syncs the study's folders unless interrupted."""
 
     def __init__(self, study: str, cells, planned: Mapping[str, Any], prepared: Mapping[str, Path],
                  build_keys: Mapping[str, str] | None = None, uri: str | None = None, enabled: bool = True) -> None:
@@ -297,13 +292,11 @@ class StudyRuns:
 
 def sync(client, experiment_id: str, cells: Mapping[str, Any], planned: Mapping[str, Any],
          prepared: Mapping[str, Path]) -> dict[str, str]:
-    """Brings the experiment up to date with a study's cell folders (``cells``: {key: its `CellFolder`}): each that
-    proves its build (`pipelines.trained_cells.proof_problem`) has exactly one FINISHED run of its build key,
-    created from the folder where there is none (with the parameters and inputs of its place in ``planned``, {key:
-    `StudyCell`}, where it is planned); every other FINISHED run of the cell (an earlier build's, or a second run of
-    the same build: a cell trained again after its folder was lost) ends KILLED, tagged `SUPERSEDED_TAG`. A folder
-    that does not prove its build is named in a warning and not logged. Returns ``{run id: status}`` for each run
-    it created or ended."""
+    """Brings the experiment up to date with a study's cell folders (``cells``: {key: `CellFolder`}; docs/pipeline.md,
+    "MLflow"): each that proves its build has one FINISHED run of its build key, created from the folder where there
+    is none (with the parameters and inputs of its place in ``planned``, {key: `StudyCell`}); every other FINISHED
+    run of the cell ends KILLED, tagged `SUPERSEDED_TAG`. A folder that does not prove its build is named in a
+    warning, not logged. Returns ``{run id: status}`` for each run it created or ended."""
     from pipelines.trained_cells import proof_problem, recorded_build_key
 
     changed = settle_abandoned_runs(client, experiment_id, cells)
@@ -338,11 +331,9 @@ def sync(client, experiment_id: str, cells: Mapping[str, Any], planned: Mapping[
 
 
 def settle_abandoned_runs(client, experiment_id: str, cells) -> dict[str, str]:
-    """Runs of the experiment left RUNNING by a process of this machine that is gone (a build killed with SIGKILL,
-    or one whose store went down before it could end them): a cell's run whose folder holds the build it was
-    training (the same build key) is completed from it, FINISHED; any other ends KILLED, the build's parent run
-    included. Returns ``{run id: status}``. Runs of another machine's processes, which cannot be checked from here,
-    are left to the next build there."""
+    """Runs left RUNNING by a process of this machine that is gone: a cell's run whose folder holds the build it was
+    training is completed from it, FINISHED; any other ends KILLED, the parent run included. Another machine's runs
+    are left to its next build (its processes cannot be checked from here). Returns ``{run id: status}``."""
     from layertune.io import process_alive
     from pipelines.trained_cells import proof_problem, recorded_build_key
 
@@ -376,9 +367,8 @@ def _all_runs(client, experiment_id: str, condition: str = "") -> list:
 
 
 def _run_from_folder(client, experiment_id: str, saved: SavedCell, cell, prepared: Mapping[str, Path]):
-    """A new run for a folder MLflow never saw (the store did not answer while its cell trained, or DVC pulled it),
-    with the parameters, tags and inputs the cell's own run would have had where the plan has the cell as it was
-    trained (``cell``, a `StudyCell`, or None)."""
+    """A new run for a folder MLflow never saw, with the parameters, tags and inputs of the cell's own run where the
+    plan has the cell as it was trained (``cell``, a `StudyCell`, or None)."""
     study = saved.folder.parent.name
     cell = cell if cell is not None and cell.spec == saved.spec else None  # a plan that moved on does not describe it
     tags = {**cell_tags(study=study, spec=saved.spec), **saved.tags(), LOGGED_FROM_TAG: f"its folder {saved.folder}"}
@@ -455,9 +445,8 @@ def _cause(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def _quiet_retries() -> Iterator[None]:
-    """Without urllib3's warning for each retry of an MLflow call, nor the traceback MLflow's SQL store logs for a
-    database error (a read-only mlflow.db printed ~70 lines of SQLAlchemy): a failure is reported once, in one
-    line, by this module (`Store.call`)."""
+    """Without urllib3's warning for each retry, nor the traceback MLflow's SQL store logs for a database error (~70
+    lines for a read-only mlflow.db): `Store.call` reports a failure once, in one line."""
     quieted = {logging.getLogger("urllib3.connectionpool"): logging.ERROR,
                logging.getLogger("mlflow.store.db.utils"): logging.CRITICAL}
     levels = {logger: logger.level for logger in quieted}
@@ -503,9 +492,7 @@ def cell_params(cell) -> dict[str, Any]:
 
 
 def corpus_datasets(folder: str | Path, task: str) -> list:
-    """A prepared corpus's train and dev splits (``<folder>/<split>.parquet``) as MLflow dataset inputs: name
-    (``<task>-<split>``), MLflow's digest of the data, the file as source, schema and row count; context training
-    or eval."""
+    """A prepared corpus's train and dev splits (``<folder>/<split>.parquet``) as MLflow dataset inputs."""
     import mlflow.data
     import pandas as pd
     from mlflow.entities import Dataset, DatasetInput, InputTag

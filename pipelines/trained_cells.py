@@ -1,7 +1,6 @@
-"""A study's trained cells: one folder per cell below the train stage's output, each written whole, its build record
-(`BUILD_FILE`) last, in one atomic step. A cell is built when its folder proves the build key it is planned with
-(`proof_problem`); a folder no longer planned, or at a planned cell's place without proving it, is set aside, never
-deleted (`TrainedCells.settle`). docs/pipeline.md ("Which cells train") tells the whole story.
+"""A study's trained cells: one folder per cell, written whole in one atomic step, its build record (`BUILD_FILE`)
+last. A cell is built when its folder proves its planned build key (`proof_problem`); a folder no longer planned, or
+at a planned cell's place without proving it, is set aside, never deleted. docs/pipeline.md, "Which cells train".
 """
 
 from __future__ import annotations
@@ -58,10 +57,8 @@ def recorded_build_key(folder: Path) -> str | None:
 
 
 def proof_problem(folder: Path, build_key: str | None = None) -> str | None:
-    """What keeps ``folder`` from proving that it holds the cell its build record describes (None: it proves it):
-    it is a folder, not a link; the record is readable and, with ``build_key``, names that key; ``cell.json`` is the
-    spec the record names; every file the record lists is a plain file with the digest it recorded. Files are read
-    whole, so this costs a read of the folder (the page cache keeps a recent one in memory)."""
+    """What keeps ``folder`` from proving that it holds the cell its build record (with ``build_key``: for that key)
+    describes; None if it proves it. Costs a read of every file (the page cache keeps a recent folder in memory)."""
     from layertune.specs import CellSpec
 
     if folder.is_symlink():
@@ -118,9 +115,8 @@ class TrainedCells(Mapping):
 
     def settle(self, key: str, build_key: str) -> bool:
         """Whether cell ``key`` is built for ``build_key``, once its place is settled: a folder there that proves it
-        stays; else a retired folder that proves it is taken back. A folder (there or retired) that claims to be
-        built for it without proving it, or was written by no build (a link, no record), is set aside (into
-        ``retired/.unverified``); an older build's folder stays, for the new build to replace."""
+        stays, else a retired one that proves it is taken back. Any other folder (there or retired) that claims that
+        build, or that no build wrote, is set aside; an older build's stays, for the new build to replace."""
         place = self.path / key
         for folder in (place, self.retired / key):
             if not (folder.exists() or folder.is_symlink()):
@@ -136,9 +132,8 @@ class TrainedCells(Mapping):
     # -- writing
 
     def write(self, key: str, trained: TrainedCell, build: dict) -> Path:
-        """Cell ``key``'s folder, with its build record (``build`` and the digest of every other file, written last),
-        replacing an earlier one in one atomic step (by the main process only, in a cell trained by several:
-        `layertune.distributed`)."""
+        """Cell ``key``'s folder, its build record (``build`` and every other file's digest) written last, replacing
+        an earlier one in one atomic step; by the main process only (`layertune.distributed`)."""
         from layertune.distributed import is_main_process
 
         if is_main_process():
@@ -148,9 +143,8 @@ class TrainedCells(Mapping):
         return self.path / key
 
     def receive(self, key: str, archive: bytes, build_key: str) -> Path:
-        """Cell ``key``'s folder from a `pack`ed archive (a cell trained on another machine), in one atomic step,
-        once it proves it is built for ``build_key``; else a `ValueError` saying what did not match, and nothing is
-        written."""
+        """Cell ``key``'s folder from a `pack`ed archive, in one atomic step, once it proves it is built for
+        ``build_key``; else a `ValueError` saying what did not match, and nothing is written."""
         with _disk_full_said(self.path / key, lambda: len(archive)), atomic_directory(self.path / key) as staging, \
                 tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             _extract_cell(tar, staging)
@@ -199,8 +193,7 @@ class TrainedCells(Mapping):
 
 
 class CellDiskFull(OSError):
-    """No room for a cell's folder: names it, the bytes it needs and those free (the folder was not written; every
-    other is as it was). Pickled as any OSError (a worker process sends it on)."""
+    """No room for a cell's folder (nothing of it was written). Pickled as any OSError: a worker sends it on."""
 
 
 @contextlib.contextmanager

@@ -32,8 +32,7 @@ def report(plan: StudyPlan, scores: pd.DataFrame, cells: dict[str, CellFolder],
 
 def score_points(plan: StudyPlan, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per setting of the report's table: its mean dev score and interval at ``setting``, the value the
-    study varies (tunable layers, method, or encoder for a study of encoders), on the line ``series`` (the rest of
-    what names the setting)."""
+    study varies, on the line ``series`` (the rest of what names the setting)."""
     if "methods" in tables:
         table, axis = tables["methods"], "method"
     else:

@@ -62,9 +62,8 @@ def score_evaluation_examples(plan: StudyPlan, cells: dict[str, CellFolder],
 
 def evaluation_predictions(cell: CellFolder, corpus: Corpus, examples_digest: str, cache_root: Path) -> dict:
     """A saved cell's predictions and the references on ``corpus``'s dev split (the evaluation examples, whose
-    digest is ``examples_digest``), kept in the feature cache under the cell's build key and that digest: each round
-    of a decided study reruns this stage, and only its new cells are scored again (a cell's build key changes with
-    anything that changes its predictions: spec, base model, data, the library's code)."""
+    digest is ``examples_digest``), kept in the feature cache by that digest and the cell's build key (which changes
+    with anything that changes its predictions): each round reruns this stage, and scores only its new cells."""
     import hashlib
     import json
 

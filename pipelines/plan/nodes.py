@@ -1,9 +1,5 @@
-"""plan: params.yaml checked once and resolved into what each later stage reads (with a fingerprint of the files of
-every base model a cell starts from), plus each stage's code fingerprint. Stages depend on these files, not on
-params.yaml, the source tree or the models, so a stage reruns exactly when what it reads changes.
-
-The plan itself is computed once per build, by the check that runs before any node (`pipelines.param_checks`):
-the node below only splits it into the stages' files."""
+"""plan: what each later stage reads, and each stage's code fingerprint. The plan itself is computed by the check
+before any node (`pipelines.param_checks.ParamsCheckHook`); `plan_files` only splits it into the stages' files."""
 
 import hashlib
 from pathlib import Path
@@ -32,8 +28,8 @@ def plan_files(plan: Plan) -> tuple:
 
 
 def code_fingerprints() -> dict[str, dict]:
-    """Per stage, the digest of every source file it runs (see `pipelines.provenance`): editing a module that a
-    stage does not run (the cells' folders, say, which only train, evaluate and aggregate read) reruns no stage."""
+    """Per stage, the digest of every source file it runs (`pipelines.provenance`): editing a module that a stage
+    does not run reruns no stage."""
     packages = {"layertune": LIBRARY, "pipelines": PROJECT / "pipelines"}
     followed, hashed = [PROJECT / name for name in FOLLOWED], [PROJECT / name for name in HASHED]
     classes = dataset_classes()

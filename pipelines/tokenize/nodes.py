@@ -21,8 +21,7 @@ def build_feature_caches(corpora: dict[str, Callable[..., Corpus]], plan: Featur
 
 def build_features(corpora: Mapping[str, Corpus], plan: FeaturePlan, cache_root: str | Path) -> dict[str, dict]:
     """Tokenize every task once per language model and cache, in one forward pass per split, the states entering
-    every boundary the study's cells train from. Returns per setting (`StudyCell.setting_key`) the cache entries
-    its cells will read."""
+    every boundary the study's cells train from; per setting (`StudyCell.setting_key`), the entries its cells read."""
     import torch
 
     from layertune.frozen_prefix import CacheDiskFull

@@ -72,8 +72,7 @@ def _disk_full_stops_the_stage():
 
 
 def time_left(elapsed_s: float, done: int, total: int, study: str) -> str:
-    """``; about 3.2 min left for <study>``: the cells still to train at the pace of those trained so far (whatever
-    the number trained at a time), for the train stage's line per cell."""
+    """``; about 3.2 min left for <study>``: the cells still to train at the pace of those trained so far."""
     if done >= total:
         return f"; none left for {study}"
     seconds = elapsed_s / done * (total - done)
@@ -82,9 +81,8 @@ def time_left(elapsed_s: float, done: int, total: int, study: str) -> str:
 
 
 def scheduler_from_environment():
-    """Where `layertune repro` asked, through the environment, for the cells to train: on Ray
-    (``LAYERTUNE_RAY``), in N worker processes (``LAYERTUNE_JOBS``), else in this process. A bad value is a
-    `ValueError` naming it."""
+    """Where `layertune repro` asked, through the environment, for the cells to train: on Ray (``LAYERTUNE_RAY``), in
+    N worker processes (``LAYERTUNE_JOBS``), else in this process; `ValueError` naming a bad value."""
     from pipelines.ray_cluster import CPUS_ENV, RAY_ENV, RayCluster
 
     if (address := os.environ.get(RAY_ENV)) is not None:
