@@ -69,9 +69,9 @@ def signals_noted(signums: Iterable[int] = STOP_SIGNALS) -> Iterator[list[int]]:
 
 @contextlib.contextmanager
 def signals_deferred(signums: Iterable[int] = STOP_SIGNALS) -> Iterator[None]:
-    """Within the block, ``signums`` are held, then sent again as it ends, to the handlers before it: a step that must not be cut in two runs
-    whole (an MLflow call cut short leaves the store's session broken). A handler, not a blocked mask: a signal sent
-    to the process may reach any of its threads. Main thread only."""
+    """Within the block, ``signums`` are held, then sent again as it ends, to the handlers before it: a step that
+    must not be cut in two runs whole (an MLflow call cut short leaves the store's session broken). A handler, not a
+    blocked mask: a signal sent to the process may reach any of its threads. Main thread only."""
     received: list[int] = []
     try:
         with signals_noted(signums) as received:
