@@ -113,8 +113,8 @@ class TrainedCellsDataset(Located, AbstractDataset[None, Any]):
 def _read(path: Path, spec: str | None = None) -> Any:
     if spec is not None:  # a plan: the plan stage writes it (a study's plan for every later stage of the study)
         if not path.is_file():
-            raise DatasetError(f"No plan at {path}: after editing params.yaml, run the plan stage first (dvc repro "
-                               "plan).")
+            raise DatasetError(f"No plan at {path}: check the study given to --params (after editing params.yaml, "
+                               "run the plan stage first: dvc repro plan).")
         return load_obj(spec).model_validate_json(path.read_text())
     if path.suffix == ".json":
         return json.loads(path.read_text())

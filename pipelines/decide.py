@@ -81,7 +81,7 @@ def decided_with(study: dict) -> dict:
 def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable[[], None], jobs: int = 1) -> int:
     """Rounds of ``build`` (a whole build of ``studies``, ``jobs`` cells at a time; it raises if it fails) until no
     study has a next round, or the next would end past ``budget_minutes`` (None: the studies' ``decide.budget_minutes``,
-    else none); the exit status."""
+    else none); the exit status. Every study has a decide section (`pipelines.repro.study_names` checks it)."""
     params = read_params()
     budgets = [params["studies"][s]["decide"].get("budget_minutes") for s in studies]
     budget = budget_minutes if budget_minutes is not None else min((b for b in budgets if b), default=None)

@@ -66,8 +66,8 @@ def end_status(error: BaseException | None) -> str:
 
 class Store:
     """One tracking store and one experiment in it, as this process reaches them: every call goes through `call`,
-    which turns a store's failure into one warning line per process and no error, and skips the store for a while
-    after one (`RETRY_AFTER_S`)."""
+    which turns a store's failure into no error and one warning line (per store and process), and skips the store
+    for a while after one (`RETRY_AFTER_S`)."""
 
     def __init__(self, experiment: str, uri: str | None = None) -> None:
         self.experiment, self.uri = experiment, uri or tracking_uri()
@@ -392,7 +392,8 @@ def _create_run(client, experiment_id: str, run_name: str, params: Mapping[str, 
 
 
 def connect(uri: str):
-    """A client whose store exists: MLflow creates (and migrates) its database when the client first opens it."""
+    """A client whose store exists: MLflow creates (and migrates) its database when the client first opens it.
+    (Quick HTTP retries are set by `Store`, the one caller.)"""
     from mlflow import MlflowClient
 
     with _store_lock(uri), _quiet_retries():  # cells starting together: one creates the store, the others wait

@@ -115,8 +115,9 @@ class TrainedCells(Mapping):
 
     def settle(self, key: str, build_key: str) -> bool:
         """Whether cell ``key`` is built for ``build_key``, once its place is settled: a folder there that proves it
-        stays, else a retired one that proves it is taken back. Any other folder (there or retired) that claims that
-        build, or that no build wrote, is set aside; an older build's stays, for the new build to replace."""
+        stays, else a retired one that proves it is taken back. A folder looked at (there, then retired) that claims
+        that build without proving it, or that no build wrote, is set aside; an older build's stays where it is (in
+        place, for the new build to replace)."""
         place = self.path / key
         for folder in (place, self.retired / key):
             if not (folder.exists() or folder.is_symlink()):
