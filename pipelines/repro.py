@@ -143,7 +143,7 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.scheduling import JOBS_ENV, positive
+    from pipelines.scheduling import JOBS_ENV, number_from_environment
 
     try:
         if not Path("dvc.yaml").is_file():
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         if args.budget is not None and not 0 < args.budget < math.inf:
             raise ValueError(f"--budget is minutes, a positive number; got {args.budget:g}")
         # $LAYERTUNE_JOBS: what `LAYERTUNE_JOBS=4 dvc repro` reads too
-        jobs = args.jobs if args.jobs is not None else positive(JOBS_ENV, os.environ.get(JOBS_ENV) or "1")
+        jobs = args.jobs if args.jobs is not None else number_from_environment(JOBS_ENV, 1)
         studies = study_names(args.studies, decided=args.decide)
         with one_build(Path.cwd()):
             if args.decide:

@@ -233,8 +233,11 @@ def devices() -> list[str | None]:
     return [None]
 
 
-def positive(name: str, text: str) -> int:
-    """``text`` (the value of variable ``name``) as a whole number of at least 1; else a `ValueError` naming it."""
+def number_from_environment(name: str, default: int | None) -> int | None:
+    """Variable ``name`` as a whole number of at least 1 (``default`` where it is unset or empty); else a
+    `ValueError` naming it."""
+    if not (text := os.environ.get(name)):
+        return default
     try:
         value = int(text)
     except ValueError:

@@ -86,7 +86,6 @@ def scheduler_from_environment():
     from pipelines.ray_cluster import CPUS_ENV, RAY_ENV, RayCluster
 
     if (address := os.environ.get(RAY_ENV)) is not None:
-        cpus = os.environ.get(CPUS_ENV)
-        return RayCluster(address, scheduling.positive(CPUS_ENV, cpus) if cpus else None)
-    jobs = scheduling.positive(scheduling.JOBS_ENV, os.environ.get(scheduling.JOBS_ENV) or "1")
+        return RayCluster(address, scheduling.number_from_environment(CPUS_ENV, None))
+    jobs = scheduling.number_from_environment(scheduling.JOBS_ENV, 1)
     return scheduling.InProcess() if jobs == 1 else scheduling.WorkerProcesses(jobs, scheduling.devices())
