@@ -34,7 +34,7 @@ class NodeJob:
     cell: object  # a `layertune.study.StudyCell`
     build: dict
     project: str
-    session: str  # the build's, in the name of its work folder (`train_on_node`)
+    session: str  # the build's, in the name of its work folder (`work_folder`)
 
 
 @dataclass(frozen=True)
@@ -175,9 +175,15 @@ def remove_work_folders(session: str | None = None, wait_s: float = 0.0) -> None
         time.sleep(0.2)
 
 
+def work_folder(session: str) -> tempfile.TemporaryDirectory:
+    """A new folder for one cell of build ``session`` in this machine's private folder, named after its worker and
+    build (for `remove_work_folders`), removed after."""
+    return tempfile.TemporaryDirectory(prefix=f".cell.partial-{os.getpid()}-{session}-", dir=node_folder(),
+                                       ignore_cleanup_errors=True)
+
+
 def train_on_node(job: NodeJob, corpus) -> NodeResult:
-    """The Ray task: the cell trained in a work folder of this machine's private folder (named after its worker and
-    build, for `remove_work_folders`), its folder sent back."""
+    """The Ray task: the cell trained in a `work_folder`, its folder sent back."""
     from layertune.cell import train_cell
     from pipelines.trained_cells import TrainedCells, pack
 
@@ -186,8 +192,7 @@ def train_on_node(job: NodeJob, corpus) -> NodeResult:
     cache_dir = os.environ.get("LAYERTUNE_CACHE") or node_folder() / "cache"
     here = Path.cwd()
     try:
-        with tempfile.TemporaryDirectory(prefix=f".cell.partial-{os.getpid()}-{job.session}-", dir=node_folder(),
-                                         ignore_cleanup_errors=True) as name:
+        with work_folder(job.session) as name:
             work = Path(name)
             if Path(job.project).is_dir():  # a model given as a path relative to the project resolves as it did there
                 os.chdir(job.project)
