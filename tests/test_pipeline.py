@@ -215,6 +215,21 @@ def test_bad_local_data_stops_the_plan_with_one_error_line(tmp_path):
     assert not (project / "data" / "00_plan").exists()
 
 
+def test_nested_yaml_aliases_stop_kedro_run_in_one_line_before_its_loader_reads_them(tmp_path):
+    """Kedro's config loader would take hours over a params.yaml of nested aliases (9^8 values here): the stage's
+    hook reads the file safely first, so `kedro run` ends in seconds with one `Error:` line, exit 2."""
+    from tests.test_repro import LAUGHS
+
+    project = make_project(tmp_path, copy.deepcopy(PARAMS))
+    (project / "params.yaml").write_text("a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9]\n" + LAUGHS)
+    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "plan"], cwd=project, text=True,
+                          env={**os.environ, **project_env(project)}, capture_output=True, timeout=120)
+    output = done.stderr + done.stdout
+    assert done.returncode == 2, output
+    assert "params.yaml: its aliases (*name) expand it to more than 100,000 values" in done.stderr
+    assert "Traceback" not in output and not (project / "data").exists()
+
+
 @reads_the_build
 def test_an_unknown_study_is_one_message_naming_the_planned_ones(built):
     """Checked before the stage runs (Kedro's command line prints it as `Error: …`, no traceback)."""
