@@ -130,6 +130,10 @@ def test_bad_numbers_of_cells_at_a_time_are_refused(monkeypatch):
             scheduler_from_environment()
     monkeypatch.setenv(JOBS_ENV, "3")
     assert isinstance(scheduler_from_environment(), WorkerProcesses)
+    monkeypatch.setenv(JOBS_ENV, "")  # empty as unset: one at a time, here as in `layertune repro`
+    assert isinstance(scheduler_from_environment(), InProcess)
+    monkeypatch.delenv(JOBS_ENV)
+    assert isinstance(scheduler_from_environment(), InProcess)
 
 
 @pytest.mark.parametrize("where", [InProcess(), WorkerProcesses(1)], ids=["in-process", "worker"])
