@@ -196,6 +196,9 @@ def log_cell(client, run, saved: SavedCell) -> None:
                 for key, value in sorted(saved.summary.items())
                 if _is_number(value) and key not in ("seed", "tunable_layers")]
     tags = {"model_path": str(saved.folder / "model"), **saved.tags()}
+    # How the cell trained, as words: the precision it computed in, what stopped it, what chose its weights.
+    tags |= {key: str(saved.summary[key]) for key in ("mixed_precision", "stopped_by", "selection_metric")
+             if key in saved.summary}
     if cache := saved.run_info.get("frozen_prefix_cache"):
         tags |= {"frozen_prefix_cache.used": str(cache["used"]), "frozen_prefix_cache.reason": cache["reason"]}
     # MlflowClient.log_batch splits into calls MLflow's limits allow (1,000 metrics, 100 tags)
@@ -499,7 +502,7 @@ def corpus_datasets(folder: str | Path, task: str) -> list:
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     inputs = []
-    for split, context in (("train", "training"), ("dev", "eval")):
+    for split, context in (("train", "training"), ("validation", "validation"), ("dev", "eval")):
         path = Path(folder) / f"{split}.parquet"
         if not path.is_file():
             continue

@@ -14,18 +14,19 @@ if TYPE_CHECKING:
     from layertune.corpus import Corpus
     from layertune.study import StudyPlan
 
-# Per history record: the loss of each split, as dvc.yaml's loss plot names them.
-LOSSES = {"train": "train_loss", "dev": "eval_loss"}
+# Per history record: the loss of each split, as dvc.yaml's loss plot names them (dev: where it picked the epoch, in
+# a study without a validation slice).
+LOSSES = {"train": "train_loss", "validation": "validation_loss", "dev": "eval_loss"}
 
 
 def report(plan: StudyPlan, scores: pd.DataFrame, cells: dict[str, CellFolder],
-           corpora: dict[str, Callable[..., Corpus]], evaluation: dict) -> tuple:
+           corpora: dict[str, Callable[..., Corpus]], evaluation: dict, references: dict) -> tuple:
     """Markdown, headline metrics (for `dvc metrics` and `dvc exp show`), every number (details), tables and
     figures; then the plots' tables: score per setting, loss per epoch."""
     from layertune.reports import build_report
     from layertune.reports.common import StudyResults
 
-    built = build_report(StudyResults(plan, scores, cells, corpora, evaluation))
+    built = build_report(StudyResults(plan, scores, cells, corpora, evaluation, references))
     return (built.markdown, built.metrics, built.details, built.tables, built.figures,
             score_points(plan, built.tables), loss_points(plan, cells))
 
@@ -47,8 +48,8 @@ def score_points(plan: StudyPlan, tables: dict[str, pd.DataFrame]) -> pd.DataFra
 
 
 def loss_points(plan: StudyPlan, cells: dict[str, CellFolder]) -> pd.DataFrame:
-    """One row per cell, epoch and split (train, dev) with a loss in the cell's history: the dev loss only where
-    dev was scored (every epoch, or the last with ``eval_strategy: end``)."""
+    """One row per cell, epoch and split (train, validation or dev) with a loss in the cell's history: the scored
+    split's only where it was scored (every epoch, or the last with ``eval_strategy: end``)."""
     rows = [{"cell": cell.key, "task": cell.task, "seed": cell.seed, "epoch": record["epoch"], "split": split,
              "loss": record[key]}
             for cell in plan.cells for record in cells[cell.key].history()

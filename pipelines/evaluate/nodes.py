@@ -1,5 +1,6 @@
-"""evaluate: every cell of a study scored from the predictions it saved (dev, and test where it has labels); and, for a
-decided study whose rounds added evaluation examples, the saved cells scored on those."""
+"""evaluate: every cell of a study scored from the predictions it saved (dev, and test where it has labels); the
+references beside them (no-model baselines, linear probes, an untrained model's similarity); and, for a decided study
+whose rounds added evaluation examples, the saved cells scored on those."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def evaluate(plan: StudyPlan, cells: dict[str, CellFolder], corpora: dict[str, C
     from layertune.reports.scores import score_cells
 
     return score_cells(plan, cells, {task: corpora[task]() for task in plan.spec.tasks})
+
+
+def reference_scores(plan: StudyPlan, corpora: dict[str, Callable[..., Corpus]], cache_root: Path) -> dict:
+    """The references the report sets beside the cells: no-model baselines, linear probes on the frozen encoders
+    (from the head-only cells' cache entries), an untrained model's cosine (`layertune.probes.study_references`)."""
+    from layertune.probes import study_references
+
+    return study_references(plan, {task: corpora[task]() for task in plan.spec.tasks}, cache_dir=cache_root)
 
 
 def score_evaluation_examples(plan: StudyPlan, cells: dict[str, CellFolder],

@@ -81,7 +81,9 @@ def estimate(lm, splits: dict[str, Examples], boundary: int, args: TrainingConfi
     forward, read, unit = per_token_costs(lm, train, batches, boundary, device=device, autocast=autocast,
                                           built=built, state_dtype=state_dtype, resident=resident)
     pass_s = forward * missing + (missing * state_bytes / WRITE_BYTES_PER_S if unit == "s" else 0.0)
-    scorings = {"dev": args.epochs if args.eval_strategy == "epoch" else 1, "test": 1}
+    # The selection split (the validation slice, else dev) is scored every epoch, at most; dev and test once.
+    selection = "validation" if "validation" in splits else "dev"
+    scorings = {"dev": 1, "test": 1, selection: args.epochs if args.eval_strategy == "epoch" else 1}
     # Training batches are drawn at random (or grouped by length): padded as the probe's; scoring sorts by length.
     per_run = tokens["train"] * padding * args.epochs + sum(tokens.get(s, 0) * n for s, n in scorings.items())
     return CacheCosts(

@@ -20,6 +20,10 @@ class Corpus:
 
     Classification labels are ints in ``range(num_classes)``, regression labels floats; token classification
     corpora have a ``tokens`` column (list of words) and ``tags`` (list of ints into ``label_names``).
+
+    ``validation``, where present, is a slice carved from the training data (``validation_size``): what training
+    picks its best epoch on and stops early by, so that ``dev`` is scored once, after training, by weights it
+    never chose.
     """
 
     name: str
@@ -31,6 +35,7 @@ class Corpus:
     main_metric: str
     label_names: tuple[str, ...] = ()
     test: datasets.Dataset | None = None
+    validation: datasets.Dataset | None = None
     notes: list[str] = field(default_factory=list)
     # Default truncation length for tokenization; None lets the tokenizer decide (see layertune.tokenization).
     max_length: int | None = None
@@ -49,7 +54,7 @@ class Corpus:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
     def splits(self) -> dict[str, datasets.Dataset]:
-        named = {"train": self.train, "dev": self.dev, "test": self.test}
+        named = {"train": self.train, "validation": self.validation, "dev": self.dev, "test": self.test}
         return {k: v for k, v in named.items() if v is not None}
 
     def save_to_disk(self, directory: str | Path) -> None:
@@ -78,8 +83,9 @@ class Corpus:
         directory = Path(directory)
         about = json.loads((directory / CORPUS_FILE).read_text())
         splits = {split: datasets.Dataset(InMemoryTable(pq.read_table(directory / f"{split}.parquet")))
-                  for split in ("train", "dev", "test") if (directory / f"{split}.parquet").is_file()}
+                  for split in ("train", "validation", "dev", "test") if (directory / f"{split}.parquet").is_file()}
         return cls(name=about["name"], train=splits["train"], dev=splits["dev"], test=splits.get("test"),
+                   validation=splits.get("validation"),
                    text_columns=tuple(about["text_columns"]), task_type=about["task_type"],
                    metrics=tuple(about["metrics"]), main_metric=about["main_metric"],
                    label_names=tuple(about["label_names"]), notes=about["notes"], max_length=about["max_length"])

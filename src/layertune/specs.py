@@ -44,6 +44,9 @@ class SampleSpec(Spec):
 
     train_size: PositiveInt | None = Field(None, description="at most this many training examples; null: all")
     dev_size: PositiveInt | None = Field(None, description="at most this many dev examples; null: all")
+    validation_size: PositiveInt | None = Field(
+        None, description="examples carved from the training data (before train_size is drawn) as the validation "
+                          "slice that picks the best epoch and stops training early; never dev; null: none")
     seed: Seed = Field(42, description="seed of the subsample (and of a dev split carved from train)")
     balanced: bool | None = Field(None, description="equal classes; null: the task's default (IMDb: balanced)")
     test: bool = Field(True, description="keep a labelled test split (its predictions are scored with the best "
@@ -199,8 +202,11 @@ class CorpusSpec(DatasetSpec, SampleSpec):
 
         sample = {"seed": self.seed}
         full = DatasetSpec.load(self, data_mirror, files=files, **sample)
+        left = {"train": len(full.train) - (self.validation_size or 0), "dev": len(full.dev)}
         sizes = {f"{split}_size": size for split, size in (("train", self.train_size), ("dev", self.dev_size))
-                 if size is not None and size < len(getattr(full, split))}
+                 if size is not None and size < left[split]}
+        if self.validation_size is not None:
+            sizes["validation_size"] = self.validation_size
         corpus = DatasetSpec.load(self, data_mirror, files=files, **sample, **sizes, balanced=self.balanced) \
             if sizes or self.balanced is not None else full
         return corpus if self.test else dataclasses.replace(corpus, test=None)
@@ -214,7 +220,8 @@ class CorpusSpec(DatasetSpec, SampleSpec):
 
         full = DatasetSpec.load(self, data_mirror, files=files, seed=self.seed)
         used = self.load(data_mirror, files=files)
-        return unused_sample(full.train, [used.train, used.dev], size, seed=self.seed, text_columns=full.text_columns,
+        used_splits = [split for split in (used.train, used.validation, used.dev) if split is not None]
+        return unused_sample(full.train, used_splits, size, seed=self.seed, text_columns=full.text_columns,
                              label_names=full.label_names if full.task_type == "classification" else ())
 
 

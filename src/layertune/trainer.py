@@ -19,7 +19,7 @@ from layertune import distributed, timing
 from layertune.batching import make_loader
 from layertune.corpus import Corpus
 from layertune.drift import parameter_drift
-from layertune.errors import describe_validation_error
+from layertune.errors import choices_hint, describe_validation_error
 from layertune.heads import TaskModel
 from layertune.io import check_output_directory, output_directory, write_json
 from layertune.metrics import compute_metrics
@@ -30,8 +30,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class TrainingResult:
-    """What a training run measured. ``history`` holds one record per epoch; ``predictions`` the best epoch's
-    predictions and references per scored split (``dev``, and ``test`` where the corpus has labelled test data)."""
+    """What a training run measured. ``history`` holds one record per epoch (with the selection split's scores,
+    ``validation_*`` or ``eval_*``, where it was scored); ``best_metrics`` dev's scores (``eval_*``) of the weights
+    kept, from ``best_epoch``; ``predictions`` their predictions and references per scored split (``dev``, and
+    ``test`` where the corpus has labelled test data)."""
 
     history: list[dict]
     best_epoch: int
@@ -46,6 +48,11 @@ class TrainingResult:
     predictions: dict[str, dict[str, list]] = field(repr=False)
     test_metrics: dict[str, float] = field(default_factory=dict)
     drift: pd.DataFrame = field(default=None, repr=False)
+    epochs_trained: int = 0
+    stopped_by: str = "max_epochs"  # or "early_stopping": the selection metric stopped improving
+    selection_split: str = "dev"  # what picked the best epoch: "validation" (carved from train) or "dev"
+    selection_metric: str = ""  # the history's key it picked by, e.g. "validation_accuracy"
+    mixed_precision: str = "no"  # what the run computed in: "bf16", "fp16" or "no" (float32)
 
     @property
     def best_score(self) -> float:
@@ -69,6 +76,46 @@ class TrainingResult:
         write_json(directory / "run_info.json", {"frozen_prefix_cache": self.frozen_prefix_cache})
         self.drift.to_csv(directory / "drift.csv", index=False, lineterminator="\n")
         model.save(directory / "model")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What picks the best epoch and stops early: a split (the validation slice, else dev) and a metric on it."""
+
+    split: str
+    metric: str  # a key of `evaluate`'s scores less "eval_": "accuracy", "loss", ...
+
+    @classmethod
+    def of(cls, args: TrainingConfig, corpus: Corpus) -> Selection:
+        """The selection of a run with ``args`` on ``corpus``; an impossible one is a ValueError naming why."""
+        split = "validation" if corpus.validation is not None else "dev"
+        if args.early_stopping_patience is not None and split == "dev":
+            raise ValueError(f"early_stopping_patience={args.early_stopping_patience} stops on a validation slice "
+                             f"carved from train, and {corpus.name!r} has none: load it with validation_size=N (a "
+                             "study: data.validation_size), or leave early_stopping_patience unset. Dev is never "
+                             "used to stop.")
+        metric = (args.metric_for_best_model or corpus.main_metric).removeprefix("eval_").removeprefix("validation_")
+        if metric != "loss" and metric not in corpus.metrics:
+            valid = ("loss", *corpus.metrics)
+            raise ValueError(f"metric_for_best_model={args.metric_for_best_model!r} is not a metric of "
+                             f"{corpus.name!r}.{choices_hint(metric, valid)}")
+        return cls(split, metric)
+
+    @property
+    def key(self) -> str:
+        """The history's key of the selection score."""
+        return f"{'eval' if self.split == 'dev' else self.split}_{self.metric}"
+
+    def named(self, scores: dict[str, float]) -> dict[str, float]:
+        """`evaluate`'s scores (``eval_*``) under the selection split's prefix."""
+        prefix = "eval" if self.split == "dev" else self.split
+        return {f"{prefix}_{key.removeprefix('eval_')}": value for key, value in scores.items()}
+
+    def improves(self, record: dict, best: dict) -> bool:
+        """Strictly better (transformers' EarlyStoppingCallback with no threshold): loss lower, any metric higher."""
+        if self.metric == "loss":
+            return record[self.key] < best[self.key]
+        return record[self.key] > best[self.key]
 
 
 def training_arguments(args: TrainingConfig | None, arguments: dict) -> TrainingConfig:
@@ -111,7 +158,12 @@ class ModelTrainer:
 
     def train(self, output_dir: str | Path | None = None, *, args: TrainingConfig | None = None,
               progress: bool = True, overwrite: bool = False, **arguments) -> TrainingResult:
-        """Train, evaluate on dev after each epoch, restore the best epoch's weights, score test, and report.
+        """Train, score the selection split after each epoch, stop once it stops improving (with
+        ``early_stopping_patience``), restore the best epoch's weights, then score dev (and test) and report.
+
+        The selection split is the corpus's validation slice (carved from train: ``validation_size``); dev is then
+        scored once, by weights it did not choose. A corpus without one selects on dev, as before validation slices
+        existed (its best score is slightly optimistic), and cannot stop early.
 
         Takes a `TrainingConfig` (``args=``) or its fields as keyword arguments. With ``output_dir``, writes
         the files of `TrainingResult.save` there, all at once at the end (an interrupted run leaves nothing). An
@@ -119,6 +171,7 @@ class ModelTrainer:
         `layertune.io.OutputDirectoryError` comes before training (see `layertune.io.check_output_directory`).
         """
         args = training_arguments(args, arguments)
+        selection = Selection.of(args, self.corpus)  # a bad metric or a missing slice fails before any work
         if output_dir is not None:
             check_output_directory(output_dir, overwrite=overwrite)
         task_model = self.model  # `model` below may be wrapped for data-parallel training; this never is
@@ -128,7 +181,8 @@ class ModelTrainer:
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
         # The new, untrained parts drawn from the seed, whatever the process drew before; before the frozen-prefix
         # cache, as a checkpoint's gaps may lie in the frozen layers.
-        task_model.begin_training(args.seed)
+        task_model.begin_training(args.seed, targets=self.corpus.train["label"]
+                                  if self.corpus.task_type == "regression" else None)
         splits, cache_info = self._examples(args, accelerator)
         train_loader, score_loaders = _loaders(splits, args, accelerator)
 
@@ -139,8 +193,8 @@ class ModelTrainer:
         model, optimizer, train_loader, scheduler = accelerator.prepare(task_model, self.optimizer, train_loader,
                                                                         scheduler)
 
-        history, best, best_weights, best_predictions = [], None, None, None
-        main_key = f"eval_{self.corpus.main_metric}"
+        history, best, kept, kept_weights, kept_predictions = [], None, None, None, None
+        epochs_without_improvement, stopped_by = 0, "max_epochs"
         train_time = 0.0
         for epoch in range(1, args.epochs + 1):
             started = time.perf_counter()
@@ -153,32 +207,47 @@ class ModelTrainer:
                       "train_samples_per_s": len(splits["train"]) / epoch_time,
                       "learning_rate": scheduler.get_last_lr()[0]}
             if args.eval_strategy == "epoch" or epoch == args.epochs:
-                scores, dev_predictions = self.evaluate(score_loaders["dev"], accelerator)
-                record.update(scores)
-                if best is None or record[main_key] > best[main_key]:
-                    best, best_predictions = record, dev_predictions
-                    best_weights = {k: v.detach().clone() for k, v in _trainable_state(task_model).items()}
+                scores, predictions = self.evaluate(score_loaders[selection.split], accelerator)
+                record.update(selection.named(scores))
+                improved = best is None or selection.improves(record, best)
+                best, epochs_without_improvement = (record, 0) if improved else (best, epochs_without_improvement + 1)
+                if improved or not args.load_best_model_at_end:  # the weights the run ends with, and their scores
+                    kept, kept_predictions = record, predictions
+                    if args.load_best_model_at_end:
+                        kept_weights = {k: v.detach().clone() for k, v in _trainable_state(task_model).items()}
             history.append(record)
-            logger.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items()})
+            logger.info("epoch %d: %s", epoch, {k: v if isinstance(v, int) else float(f"{v:.4g}")
+                                                for k, v in record.items()})  # a rate of 5e-05 shows as 5e-05
+            if args.early_stopping_patience and epochs_without_improvement >= args.early_stopping_patience:
+                stopped_by = "early_stopping"
+                break
 
-        model = task_model
-        model.load_state_dict(best_weights, strict=False)
-        predictions, test_metrics = {"dev": best_predictions}, {}
+        # accelerate wrapped the model's own forward in its autocast: the model handed back computes as it was built
+        model = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+        assert model is task_model
+        if args.load_best_model_at_end:
+            model.load_state_dict(kept_weights, strict=False)
+        # Dev is scored once, by the weights kept, unless it did the selecting (a corpus without a validation slice).
+        dev_scores, dev_predictions = (kept, kept_predictions) if selection.split == "dev" \
+            else self.evaluate(score_loaders["dev"], accelerator)
+        predictions, test_metrics = {"dev": dev_predictions}, {}
         if "test" in score_loaders:
             scores, predictions["test"] = self.evaluate(score_loaders["test"], accelerator)
             test_metrics = {f"test_{k.removeprefix('eval_')}": v for k, v in scores.items()}
         result = TrainingResult(
             history=history,
-            best_epoch=best["epoch"],
-            best_metrics={k: v for k, v in best.items() if k.startswith("eval_")},
+            best_epoch=kept["epoch"],
+            best_metrics={k: v for k, v in dev_scores.items() if k.startswith("eval_")},
             main_metric=self.corpus.main_metric,
             train_time_s=train_time,
-            samples_per_s=args.epochs * len(splits["train"]) / train_time,
+            samples_per_s=len(history) * len(splits["train"]) / train_time,
             peak_memory_mb=_peak_memory_mb(accelerator.device),
             trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
             total_parameters=sum(p.numel() for p in model.parameters()),
             frozen_prefix_cache=cache_info, predictions=predictions, test_metrics=test_metrics,
             drift=parameter_drift(model, initial_state),
+            epochs_trained=len(history), stopped_by=stopped_by, selection_split=selection.split,
+            selection_metric=selection.key, mixed_precision=accelerator.mixed_precision,
         )
         if output_dir is not None and accelerator.is_main_process:
             with output_directory(output_dir, overwrite=overwrite, written_by="ModelTrainer.train") as staging:
@@ -196,7 +265,8 @@ class ModelTrainer:
         splits, _ = self._examples(args, accelerator)
         _, score_loaders = _loaders(splits, args, accelerator)
         self.model.to(accelerator.device)
-        return {split: self.evaluate(loader, accelerator)[1] for split, loader in score_loaders.items()}
+        return {split: self.evaluate(loader, accelerator)[1] for split, loader in score_loaders.items()
+                if split != "validation"}
 
     def _examples(self, args: TrainingConfig, accelerator: Accelerator) -> tuple[dict, dict]:
         """Every split tokenized, with the frozen prefix's cached states where the run uses them, on the training

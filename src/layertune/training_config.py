@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 
 class TrainingConfig(BaseModel):
@@ -33,10 +33,23 @@ class TrainingConfig(BaseModel):
     gradient_accumulation_steps: PositiveInt = Field(
         1, description="forward passes per optimizer step: a step sees batch_size x this many examples")
     eval_batch_size: PositiveInt | None = Field(None, description="default: batch_size")
-    epochs: PositiveInt = Field(3, le=100_000, description="passes over the training data (at most 100,000: more is a "
-                                "typo, not a study)")
+    epochs: PositiveInt = Field(3, le=100_000, description="passes over the training data; with "
+                                "early_stopping_patience, the most it may take (at most 100,000: more is a typo, not a "
+                                "study)")
     eval_strategy: Literal["epoch", "end"] = Field(
-        "epoch", description="score dev after every epoch and keep the best, or only after the last (keep the last)")
+        "epoch", description="score the selection split (the corpus's validation slice, else dev) after every epoch, "
+                             "or only after the last")
+    # Stopping and selection under transformers' names (TrainingArguments, EarlyStoppingCallback). They select on the
+    # corpus's validation slice (carved from train), never on dev: dev is scored once, with the weights kept.
+    early_stopping_patience: PositiveInt | None = Field(
+        None, description="stop once the selection metric has not improved for this many epochs in a row (needs a "
+                          "validation slice and eval_strategy: epoch); null: train every epoch")
+    metric_for_best_model: str | None = Field(
+        None, description="the metric that picks the best epoch and stops early: one of the task's metrics, or loss "
+                          "(lower is better); null: the task's main metric")
+    load_best_model_at_end: bool = Field(
+        True, description="end with the weights of the best-scored epoch (the default here, unlike transformers'); "
+                          "false: the last epoch's")
     shuffle_data: bool = Field(True, description="a new order of the training examples each epoch (from the seed)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW's, on every weight but biases and LayerNorms")
     warmup_ratio: float = Field(0.0, ge=0, le=1, description="share of the steps the learning rate warms up over, "
@@ -56,8 +69,9 @@ class TrainingConfig(BaseModel):
         "after the model and its training state (beyond it, states stay in host memory)")
     max_length: PositiveInt | None = Field(None, description="truncation length; default: the task's")
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = Field(
-        "auto", description="autocast on a GPU: auto is bf16 where the GPU has it, else fp16; no: float32; the CPU "
-        "always trains in float32")
+        "auto", description="autocast: auto is bf16 on a GPU that has it (else fp16) and on a CPU that computes it "
+        "natively (AVX-512 BF16 or AMX; else float32); no: float32; bf16 or fp16: asked for (bf16 on a CPU without "
+        "it is an error)")
 
     @property
     def head_rate(self) -> float:
@@ -78,6 +92,18 @@ class TrainingConfig(BaseModel):
                 f"({', '.join(language_models)}): give one rate per language model, in the same order, or a single "
                 "float for all.")
         return LearningRates(tuple(self.learning_rate), self.head_rate)
+
+    @model_validator(mode="after")
+    def _stopping_needs_scores(self) -> TrainingConfig:
+        if self.early_stopping_patience is not None and self.eval_strategy != "epoch":
+            raise ValueError(f"early_stopping_patience={self.early_stopping_patience} needs a score after every epoch:"
+                             f" eval_strategy must be 'epoch', not {self.eval_strategy!r}")
+        return self
+
+    @property
+    def selects_best(self) -> bool:
+        """Whether the run keeps the weights of its best-scored epoch (several epochs scored, the best kept)."""
+        return self.load_best_model_at_end and self.eval_strategy == "epoch"
 
     @field_validator("learning_rate")
     @classmethod
@@ -129,15 +155,30 @@ def cache_decision(frozen_prefix_layers: int | None, frozen_dropout: bool, setti
 
 
 def resolve_mixed_precision(setting: str, device_type: str) -> str:
-    """``mixed_precision`` as accelerate takes it: "auto" is bf16 on a GPU that has it, else fp16 on a GPU, else
-    "no" (autocast on the CPU is slower than float32 there). The cache pass computes under the same."""
-    if setting != "auto":
-        return setting
+    """``mixed_precision`` as accelerate takes it: "auto" is bf16 on a GPU that has it, else fp16 on a GPU; on a CPU
+    bf16 where it computes bfloat16 natively (`cpu_has_native_bf16`: 1.5-2x float32's speed there), else "no"
+    (emulated, autocast is slower than float32). The cache pass computes under the same. bf16 asked for on a CPU
+    without it is an error: it would run, slower than float32, and round like no float32 run."""
     if device_type == "cuda":
         import torch
 
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "no"
+        if setting == "auto":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return setting
+    if setting == "auto":
+        return "bf16" if cpu_has_native_bf16() else "no"
+    if setting == "bf16" and not cpu_has_native_bf16():
+        raise ValueError("mixed_precision='bf16': this CPU has no native bfloat16 (AVX-512 BF16 or AMX), where it "
+                         "would train slower than float32; use 'auto' (float32 here) or 'no'.")
+    return setting
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matrix products natively (AVX-512 BF16 or AMX tiles), as torch reports it."""
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def autocast_dtype(mixed_precision: str):

@@ -104,6 +104,7 @@ def load_corpus(
     metric: str | None = None,
     label_names: tuple[str, ...] | list[str] | None = None,
     dev_fraction: float | None = None,
+    validation_size: int | None = None,
 ) -> Corpus:
     """Load a corpus by registry name (``"cola"``, ``"glue"`` + ``"mrpc"``, ``"imdb"``), hub id, or local files.
 
@@ -128,8 +129,11 @@ def load_corpus(
       ``balanced`` (default: the task's own setting, True for IMDb). Without a dev split one is carved from train
       (``dev_fraction`` of it, default 0.1), stratified by class (a class with a single example is an error naming
       it: it cannot be in both parts).
+    * ``validation_size``: that many examples carved from train (seeded, stratified by class, before the train
+      subsample) as the corpus's validation slice, which `ModelTrainer` selects the best epoch and stops early on.
     """
     _check_size("train_size", train_size)
+    _check_size("validation_size", validation_size)
     _check_size("dev_size", dev_size)
     if dev_fraction is not None and not 0 < dev_fraction < 1:
         raise CorpusArgumentError("dev_fraction", f"dev_fraction must be between 0 and 1 (a share of train), not "
@@ -164,7 +168,7 @@ def load_corpus(
     if metric is not None:
         loaded = _with_metric(loaded, metric)
     return sampling.finish(loaded, train_size=train_size, dev_size=dev_size, seed=seed, balanced=balanced,
-                           dev_fraction=dev_fraction)
+                           dev_fraction=dev_fraction, validation_size=validation_size)
 
 
 # The metrics that fit each task type (see `layertune.metrics`); the first is the default.

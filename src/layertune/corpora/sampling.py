@@ -1,5 +1,6 @@
 """Sampling a corpus's splits to size: a dev split carved from train when the data has none (stratified by class),
-then seeded subsamples of train and dev that keep class proportions or, balanced, equal classes (quotas per class).
+a validation slice carved from train when asked for (stratified, rows in their original order), then seeded
+subsamples of train and dev that keep class proportions or, balanced, equal classes (quotas per class).
 The rows kept stay in their original order, and the same arguments always keep the same rows.
 """
 
@@ -20,9 +21,13 @@ DEV_FRACTION = 0.1  # share of train carved off as dev when a dataset has no val
 
 
 def finish(loaded: Loaded, *, train_size: int | None, dev_size: int | None, seed: int,
-           balanced: bool | None, dev_fraction: float | None = None) -> Corpus:
+           balanced: bool | None, dev_fraction: float | None = None, validation_size: int | None = None) -> Corpus:
     """The `Corpus` of ``loaded``: train of at least two classes (classification), dev carved from train if there
-    is none, then train and dev subsampled to ``train_size`` / ``dev_size`` (balanced or stratified by class)."""
+    is none, a validation slice of ``validation_size`` carved from train, then train and dev subsampled to
+    ``train_size`` / ``dev_size`` (balanced or stratified by class).
+
+    The slice is carved before train is subsampled, so a seed gives the same slice whatever ``train_size``: the
+    points of a learning curve select on the same examples."""
     classify = loaded.task_type == "classification"
     balanced = loaded.balanced if balanced is None else balanced
     if balanced and not classify:
@@ -35,6 +40,10 @@ def finish(loaded: Loaded, *, train_size: int | None, dev_size: int | None, seed
                                                           loaded.label_names if classify else (),
                                                           loaded.where("train"), dev_fraction or DEV_FRACTION)
         notes.append(note)
+    if validation_size is not None:
+        splits["train"], splits["validation"], note = _carve_validation(
+            splits["train"], validation_size, seed, loaded.label_names if classify else (), loaded.where("train"))
+        notes.append(note)
     for split, size in (("train", train_size), ("dev", dev_size)):
         # Only sentence labels can be stratified by; token-classification sentences are sampled at random.
         splits[split], note = _subsample(splits[split], size, seed=seed, balanced=balanced,
@@ -42,13 +51,14 @@ def finish(loaded: Loaded, *, train_size: int | None, dev_size: int | None, seed
         notes += [note] if note else []
     return Corpus(name=loaded.name, train=splits["train"], dev=splits["dev"], text_columns=loaded.text_columns,
                   task_type=loaded.task_type, metrics=loaded.metrics, main_metric=loaded.main_metric,
-                  label_names=loaded.label_names, test=splits.get("test"), notes=notes,
+                  label_names=loaded.label_names, test=splits.get("test"), validation=splits.get("validation"),
+                  notes=notes,
                   max_length=loaded.max_length)
 
 
 def unused_sample(full: datasets.Dataset, used: list[datasets.Dataset], size: int, *, seed: int,
                   text_columns: tuple[str, ...], label_names: tuple[str, ...]) -> datasets.Dataset:
-    """At most ``size`` rows of ``full`` whose text is in none of ``used`` (a study's train and dev samples: no
+    """At most ``size`` rows of ``full`` whose text is in none of ``used`` (a study's train, validation and dev: no
     example scored twice, none trained on), a seeded subsample stratified by class when ``label_names`` are given,
     in their original order: the same arguments always give the same rows."""
     import json
@@ -64,6 +74,29 @@ def unused_sample(full: datasets.Dataset, used: list[datasets.Dataset], size: in
     sample, _ = _subsample(pool, min(size, len(pool)), seed=seed, balanced=False, label_names=label_names,
                            split="evaluation")
     return sample
+
+
+def _carve_validation(train: datasets.Dataset, size: int, seed: int, label_names: tuple[str, ...], where: str):
+    """``size`` rows of train as the validation slice, stratified by class when ``label_names`` are given (every
+    class present keeps at least one row in train), seeded; both parts keep their rows' original order."""
+    if size >= len(train):
+        raise ValueError(f"{where}: validation_size={size:,} leaves nothing to train on: the train split has "
+                         f"{len(train):,} examples.")
+    rng = np.random.default_rng([seed, 1])  # a stream of its own: the train subsample draws from `seed`
+    if label_names:
+        labels = np.asarray(train["label"])
+        counts = np.bincount(labels, minlength=len(label_names))
+        quotas = np.minimum(_proportional_quotas(counts, size), np.maximum(counts - 1, 0))
+        taken = np.concatenate([rng.choice(np.flatnonzero(labels == c), size=q, replace=False)
+                                for c, q in enumerate(quotas)])
+    else:
+        taken = rng.choice(len(train), size=size, replace=False)
+    chosen = np.zeros(len(train), dtype=bool)
+    chosen[taken] = True
+    how = "stratified by label, " if label_names else ""
+    note = (f"validation: {int(chosen.sum()):,} examples carved from train ({how}seed {seed}) to pick the best epoch "
+            f"and stop early; train keeps the other {int((~chosen).sum()):,}.")
+    return train.select(np.flatnonzero(~chosen)), train.select(np.flatnonzero(chosen)), note
 
 
 def _carve_dev(train: datasets.Dataset, dev_size: int | None, seed: int, label_names: tuple[str, ...], where: str,

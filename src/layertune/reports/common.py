@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 DISPLAY_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "rte": "RTE", "stsb": "STS-B", "imdb": "IMDb",
                  "conll2003": "CoNLL-2003"}
 DIGITS = 4  # metrics-file rounding: far below seed-to-seed spread, above float noise
+PRECISIONS = {"no": "float32", "bf16": "bfloat16 (autocast)", "fp16": "float16 (autocast)"}
 
 
 @dataclass
@@ -52,6 +53,8 @@ class StudyResults:
     # task -> the evaluation examples a decided study added (`layertune.reports.decided`): their references, and
     # each scored cell's predictions by key
     evaluation: Mapping[str, dict] = field(default_factory=dict)
+    # task -> the references beside the cells (`layertune.probes.study_references`): no-model baseline, linear probes
+    references: Mapping[str, dict] = field(default_factory=dict)
 
     @property
     def options(self):
@@ -203,32 +206,43 @@ def setup_text(results: StudyResults) -> str:
     """What was trained: data, encoders, training, and how uncertainty is shown."""
     spec, options = results.plan.spec, results.options
     data = spec.data
-    sizes = (f"{data.train_size:,} training examples" if data.train_size else "all training examples") + ", " + (
+    sizes = (f"{data.train_size:,} training examples" if data.train_size else "all training examples") + (
+        f", {data.validation_size:,} more carved from the training data as the validation slice that picks each "
+        "cell's best epoch and stops it" if data.validation_size else "") + ", " + (
         f"{data.dev_size:,} dev examples" if data.dev_size else "the full dev set") + f" (subsample seed {data.seed})"
     encoders = "; ".join(f"`{name}`: " + " + ".join(literal(single.model) for _, single in spec.members(name))
                          + (f" ({entry.combine.method})" if isinstance(entry, CombinedEncoder) else "")
                          for name, entry in spec.encoders.items())
     training = spec.training
     pooling = spec.encoder.pooling or "each model's own (else [CLS])"
+    selects_on = "validation" if data.validation_size else "dev"
+    if training.early_stopping_patience:
+        epochs = (f"at most {training.epochs} epochs, stopped once the validation "
+                  f"{training.metric_for_best_model or 'score'} has not improved for "
+                  f"{training.early_stopping_patience} epoch(s) in a row")
+    else:
+        epochs = f"{training.epochs} epoch(s)"
+    kept = (f"the epoch with the best {selects_on} score is kept" if training.selects_best
+            else "the model after the last epoch is kept")
+    precision = sorted(set(results.scores["mixed_precision"])) if "mixed_precision" in results.scores else ["no"]
+    computed = " and ".join(PRECISIONS.get(p, p) for p in precision)
     return (
         "## Setup\n\n"
         f"- Data: {sizes}.\n" + "".join(dataset_lines(results)) +
         f"- Encoders: {encoders}; pooling {pooling}; a {spec.head.head} head.\n"
-        f"- Training: {training.epochs} epoch(s), batch {training.batch_size}, learning rate "
+        f"- Training: {epochs}, batch {training.batch_size}, learning rate "
         f"{training.learning_rate:g} (head {training.head_rate:g})"
         + ("".join(f"; with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
                    for k, o in spec.per_tunable_layers.items()))
-        + ("; the epoch with the best dev score is kept" if training.eval_strategy == "epoch"
-           else "; the model after the last epoch is kept")
-        + f"; seeds {', '.join(map(str, spec.seeds))}.\n"
+        + f"; {kept}; computed in {computed}; seeds {', '.join(map(str, spec.seeds))}.\n"
         f"- Scores in points (×100): mean ± std over seeds, and in brackets a {options.confidence:.0%} interval that "
         f"covers both the choice of dev examples (bootstrap, {options.resamples:,} resamples, shared by all settings "
         "of a task so that comparisons are paired) and of seeds (Student t, with the seed-to-seed spread pooled over "
         "the settings of a task), added in quadrature."
         + (" With one seed, seed-to-seed variation is not measured: the intervals cover dev examples only."
            if len(spec.seeds) == 1 else "")
-        + (" Dev also picks the best epoch, so scores are slightly optimistic." if training.eval_strategy == "epoch"
-           else " Dev is scored once, after the last epoch.") + "\n"
+        + (" Dev also picks the best epoch, so scores are slightly optimistic." if training.selects_best
+           and selects_on == "dev" else " Dev is scored once, after training, by weights it did not choose.") + "\n"
     )
 
 
@@ -363,7 +377,8 @@ def time_figure(scores: pd.DataFrame):
 
 
 def learning_curves_figure(results: StudyResults, task: str, encoder: str):
-    """Train and dev loss and the dev score per epoch, a panel per tunable-layers value, a line per seed."""
+    """Train loss, and the loss and score of the split that picked the epoch (the validation slice, else dev), per
+    epoch: a panel per tunable-layers value, a line per seed."""
     import seaborn as sns
 
     theme()
@@ -373,8 +388,9 @@ def learning_curves_figure(results: StudyResults, task: str, encoder: str):
             continue
         metric = results.scores.set_index("key").loc[cell.key, "metric"]
         for record in results.cells[cell.key].history():
-            for series, panel in (("train_loss", "loss"), ("eval_loss", "loss"), (f"eval_{metric}", metric)):
-                if series not in record:  # dev scored after the last epoch only (eval_strategy "end")
+            for series, panel in (("train_loss", "loss"), ("validation_loss", "loss"), ("eval_loss", "loss"),
+                                  (f"validation_{metric}", metric), (f"eval_{metric}", metric)):
+                if series not in record:  # scored after the last epoch only (eval_strategy "end"), or not this split
                     continue
                 rows.append({"tunable_layers": str(cell.tunable_layers), "seed": str(cell.seed),
                              "epoch": record["epoch"], "series": series, "panel": panel, "value": record[series]})

@@ -25,6 +25,7 @@ from layertune.reports.common import (
     signed_points,
     theme,
 )
+from layertune.reports import references
 from layertune.statistics import Comparison, SeedSpread, better_or_worse, difference_spread
 from layertune.study import CombinedEncoder
 
@@ -148,8 +149,10 @@ def encoders_report(results: StudyResults) -> Report:
                                         "high": round_metric(c.high), "verdict": VERDICTS[c.verdict]}
                                  for name, c in comparisons.items()}}
     table = settings_table(found)
-    sections += ["## Figures\n", f"![encoders]({results.plan.name}/figures/encoders.png)\n"]
-    return Report("\n".join(sections), headline(details), details, {"settings": table, "cells": results.scores},
+    sections += ["## References and convergence\n", references.section(results, "encoder", found),
+                 "## Figures\n", f"![encoders]({results.plan.name}/figures/encoders.png)\n"]
+    return Report("\n".join(sections), headline(details), details, {"settings": table, "cells": results.scores,
+                                                                     **references.tables(results)},
                   {"encoders": encoders_figure(table)})
 
 

@@ -40,6 +40,7 @@ from layertune.reports.common import (
     signed_points,
     time_figure,
 )
+from layertune.reports import references
 from layertune.reports.decided import Decision, decide_question, rounds_details, rounds_section, versus_header
 from layertune.reports.decided import rule_text as decided_rule
 from layertune.statistics import (
@@ -223,9 +224,11 @@ def layers_report(results: StudyResults) -> Report:
         rule_text(options.tolerance, options.confidence),
         *([decided_rule(results)] if results.plan.spec.decide else []),
         task_section(results, found, chosen),
+        "## References and convergence\n",
+        references.section(results, "tunable layers", found),
         "## Figures\n",
         *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures],
     ])
     details = report_details(found, chosen, options.tolerance)
-    return Report(markdown, headline(details), details, {"settings": settings_table(found), "cells": results.scores},
-                  figures)
+    return Report(markdown, headline(details), details, {"settings": settings_table(found), "cells": results.scores,
+                                                         **references.tables(results)}, figures)

@@ -34,6 +34,7 @@ from layertune.reports.common import (
     signed_points,
     theme,
 )
+from layertune.reports import references
 from layertune.reports.decided import Decision, decide_question, rounds_details, rounds_section, versus_header
 from layertune.reports.decided import rule_text as decided_rule
 from layertune.statistics import (
@@ -249,7 +250,8 @@ def methods_report(results: StudyResults) -> Report:
         raise ValueError(f"report kind 'methods' needs a study with methods (named tuning methods); "
                          f"{results.plan.name} has tunable_layers: use report kind 'layers'")
     options = results.options
-    chosen = answers(results, settings(results))
+    found = settings(results)
+    chosen = answers(results, found)
     figures = {f"score_vs_{cost}": pareto_figure(chosen, cost) for cost in COSTS}
     markdown = "\n".join([
         f"# Tuning methods: {results.plan.name}\n",
@@ -257,6 +259,8 @@ def methods_report(results: StudyResults) -> Report:
         rule_text(options.tolerance, options.confidence),
         *([decided_rule(results)] if results.plan.spec.decide else []),
         task_sections(results, chosen),
+        "## References and convergence\n",
+        references.section(results, "method", found),
         "## Figures\n",
         *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures],
     ])
@@ -266,4 +270,5 @@ def methods_report(results: StudyResults) -> Report:
                            "ci_low": r.setting.interval[0], "ci_high": r.setting.interval[1],
                            "train_time_s": r.train_time_s, "peak_memory_mb": r.peak_memory_mb,
                            "within_tolerance": r.comparison.verdict} for a in chosen for r in a.rows])
-    return Report(markdown, headline(details), details, {"methods": table, "cells": results.scores}, figures)
+    return Report(markdown, headline(details), details, {"methods": table, "cells": results.scores,
+                                                         **references.tables(results)}, figures)

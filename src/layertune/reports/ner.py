@@ -12,6 +12,7 @@ import pandas as pd
 from layertune.corpus import Corpus
 from layertune.drift import layer_drift
 from layertune.metrics import compute_metrics
+from layertune.reports import references
 from layertune.reports.common import (
     Report,
     StudyResults,
@@ -116,9 +117,10 @@ def ner_report(results: StudyResults) -> Report:
             sections += [f"Mean absolute change from the starting weights ({encoder}; frozen tensors stay at 0):\n",
                          markdown_table(["tunable layers", *drift.columns],
                                         [[k, *[f"{v:.2e}" for v in row]] for k, row in drift.iterrows()])]
+    sections += ["## References and convergence\n", references.section(results, "tunable layers", found)]
     figures = layer_figures(results, settings_table(found))
     sections += ["## Figures\n", *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures]]
     metrics = headline({task: {e: entry for e, entry in encoders.items() if e != "baselines"}
                         for task, encoders in details.items()})
-    return Report("\n".join(sections), metrics, details, {"settings": settings_table(found), "cells": results.scores},
-                  figures)
+    return Report("\n".join(sections), metrics, details, {"settings": settings_table(found), "cells": results.scores,
+                                                         **references.tables(results)}, figures)

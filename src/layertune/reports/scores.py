@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 # Training figures of a cell that reports show next to its scores.
 TRAINING_FIGURES = ("best_epoch", "train_time_s", "samples_per_s", "trainable_parameters", "total_parameters",
                     "peak_memory_mb")
+# How it trained (cells saved before early stopping lack them: their defaults), and the rates it trained at.
+CONVERGENCE = {"epochs_trained": None, "stopped_by": "max_epochs", "mixed_precision": "no"}
 
 
 def score_cells(plan: StudyPlan, cells: Mapping[str, CellFolder], corpora: Mapping[str, Corpus]) -> pd.DataFrame:
@@ -49,5 +51,11 @@ def score_cells(plan: StudyPlan, cells: Mapping[str, CellFolder], corpora: Mappi
                              f"inconsistent; retrain cell {cell.key} of study {plan.name}.")
         row["score"] = row[f"dev_{corpus.main_metric}"]
         row.update({name: trained[name] for name in TRAINING_FIGURES})
+        row.update({name: trained.get(name, default) for name, default in CONVERGENCE.items()})
+        if row["epochs_trained"] is None:  # a cell from before early stopping trained every epoch
+            row["epochs_trained"] = len(folder.history())
+        rates = cell.spec.training.learning_rates([e.model for e in cell.spec.encoders])
+        row["learning_rate"] = max(rates.language_models)
+        row["head_learning_rate"] = rates.head
         rows.append(row)
     return pd.DataFrame(rows)

@@ -1,0 +1,112 @@
+"""What every report sets beside its cells: references no one here trained, and how each cell's training ended.
+
+- References (`layertune.probes`): a no-model baseline, a linear probe on each frozen encoder, an untrained model's
+  cosine similarity. The head alone (0 tunable layers) trains a linear head on the probe's very features, so a
+  converged head-only cell reaches its probe (within `PROBE_TOLERANCE`); a setting that tunes layers and stays below
+  the probe has learned less than its frozen features already hold.
+- Convergence: per cell, the epochs it trained, its best validation epoch, and what stopped it (the patience, or
+  the maximum number of epochs: then it may not have converged, and the report names it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from layertune.reports.common import StudyResults, display, markdown_table, points
+
+PROBE_TOLERANCE = 0.01  # a converged head-only cell is within a point of its linear probe
+STOPPED = {"early_stopping": "patience", "max_epochs": "maximum"}
+
+
+def references_table(results: StudyResults) -> pd.DataFrame:
+    """One row per task, encoder (empty for a no-model baseline) and reference: its dev score and what was chosen
+    on the validation slice."""
+    rows = []
+    for task, found in results.references.items():
+        if found.get("no_model"):
+            rows.append(_row(task, "", found["no_model"]))
+        for encoder, mine in found.get("encoders", {}).items():
+            rows += [_row(task, encoder, mine[kind]) for kind in ("linear_probe", "untrained_cosine") if kind in mine]
+    return pd.DataFrame(rows, columns=["task", "encoder", "reference", "metric", "score", "chosen"])
+
+
+def _row(task: str, encoder: str, record: dict) -> dict:
+    chosen = {k: v for k, v in record.get("chosen", {}).items() if k != "validation_scores"}
+    return {"task": task, "encoder": encoder, "reference": record["name"], "metric": record["main_metric"],
+            "score": record["metrics"][f"eval_{record['main_metric']}"],
+            "chosen": ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items())}
+
+
+def convergence_table(results: StudyResults) -> pd.DataFrame:
+    """One row per cell: its setting, seed, epochs trained, best epoch, what stopped it and the maximum it had."""
+    scores = results.scores.set_index("key")
+    rows = [{"key": cell.key, "task": cell.task, "encoder": cell.encoder, "setting": str(cell.setting[2]),
+             "tunable_layers": str(cell.tunable_layers), "seed": cell.seed,
+             "epochs_trained": int(scores.loc[cell.key, "epochs_trained"]),
+             "best_epoch": int(scores.loc[cell.key, "best_epoch"]),
+             "stopped_by": STOPPED.get(scores.loc[cell.key, "stopped_by"], scores.loc[cell.key, "stopped_by"]),
+             "max_epochs": cell.spec.training.epochs,
+             "patience": cell.spec.training.early_stopping_patience}
+            for cell in results.plan.cells]
+    return pd.DataFrame(rows)
+
+
+def section(results: StudyResults, setting_header: str, settings: Sequence) -> str:
+    """Per task: the references beside the settings' means (``settings``: the report's `Setting` objects), the
+    head-only check against each probe, then how the cells' training ended."""
+    references, convergence = references_table(results), convergence_table(results)
+    layers = {cell.setting: cell.tunable_layers for cell in results.plan.cells}
+    lines = []
+    for task in results.plan.spec.tasks:
+        mine = references[references["task"] == task]
+        lines.append(f"### {display(task)}: references and convergence\n")
+        if len(mine):
+            rows = [[r.reference, r.encoder or "–", points(r.score), r.chosen or "–"] for r in mine.itertuples()]
+            lines.append(markdown_table(["reference (no fine-tuning)", "encoder", f"{mine['metric'].iloc[0]} "
+                                         "(points)", "chosen on the validation slice"], rows, "lllr"))
+            lines.append(_probe_check(task, mine, settings, layers))
+        lines.append(_convergence_text(convergence[convergence["task"] == task], setting_header))
+    return "\n".join(lines)
+
+
+def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers: dict) -> str:
+    """The head alone against its probe (within a point, or how far short), and the settings that tune layers
+    and stay below it."""
+    sentences = []
+    for probe in references[references["reference"].str.startswith("linear probe")].itertuples():
+        own = [s for s in settings if (s.task, s.encoder) == (task, probe.encoder)]
+        head = [s for s in own if layers.get((s.task, s.encoder, s.tunable_layers)) == 0]
+        for setting in head:
+            gap = probe.score - setting.mean
+            verdict = ("reaches it (within a point)" if gap <= PROBE_TOLERANCE
+                       else f"is {points(gap)} points short of it: not converged, or held back by its regulariser")
+            sentences.append(f"{probe.encoder}: the head alone ({setting.tunable_layers}) scores "
+                             f"{points(setting.mean)} against its linear probe's {points(probe.score)}, and {verdict}.")
+        below = [f"{s.tunable_layers} ({points(s.mean)})" for s in own
+                 if layers.get((s.task, s.encoder, s.tunable_layers)) != 0 and s.mean < probe.score]
+        sentences.append(f"Settings that tune layers and score below the probe: {', '.join(below)}." if below else
+                         "Every setting that tunes layers scores at or above the probe.")
+    return " ".join(sentences) + "\n" if sentences else ""
+
+
+def _convergence_text(cells: pd.DataFrame, setting_header: str) -> str:
+    """Per setting: each seed's epochs trained (best epoch), and the cells the maximum stopped, named."""
+    rows = []
+    for setting, group in cells.groupby("setting", sort=False):
+        per_seed = ", ".join(f"{r.epochs_trained} ({r.best_epoch})" for r in group.itertuples())
+        stopped = ", ".join(sorted(set(group["stopped_by"])))
+        rows.append([setting, per_seed, stopped, str(group["max_epochs"].max())])
+    text = markdown_table([setting_header, "epochs trained (best), per seed", "stopped by", "at most"], rows, "llll")
+    capped = cells[(cells["stopped_by"] == "maximum") & cells["patience"].notna()]
+    if len(capped):
+        text += (f"\nStopped by the maximum number of epochs before their patience ran out (they may not have "
+                 f"converged): {', '.join(capped['key'])}.\n")
+    return text
+
+
+def tables(results: StudyResults) -> dict[str, pd.DataFrame]:
+    """The report's tables of this module: ``references.csv`` (empty where none were computed) and
+    ``convergence.csv``."""
+    return {"references": references_table(results), "convergence": convergence_table(results)}
