@@ -36,7 +36,10 @@ def write_toy_mirror(root: Path) -> Path:
 def study(kind: str, tasks: list, encoders: dict, layers: list, seeds: list, **extra) -> dict:
     return {"report": {"kind": kind, "resamples": 200, "examples": 2}, "tasks": tasks, "encoders": encoders,
             "tunable_layers": layers, "seeds": seeds, "data": {"seed": 1},
-            "training": {"learning_rate": 1.0e-3, "batch_size": 8, "epochs": 2, "max_length": 32}, **extra}
+            # float32 on every machine: what these projects' tests expect (a round's outcome) must not depend on
+            # whether the CPU computes bfloat16 natively (mixed_precision auto)
+            "training": {"learning_rate": 1.0e-3, "batch_size": 8, "epochs": 2, "max_length": 32,
+                         "mixed_precision": "no"}, **extra}
 
 
 def make_project(folder: Path, params: dict) -> Path:

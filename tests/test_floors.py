@@ -21,7 +21,7 @@ FLOORS = (
     ("task models", ("model_specs", "initialization", "persistence", "heads", "drift")),
     ("the trainer", ("trainer",)),
     ("cells", ("specs", "cell", "cli")),
-    ("studies", ("study", "statistics", "rounds")),
+    ("studies", ("study", "statistics", "rounds", "probes")),
     ("reports", ("reports",)),
     ("the package's face", ("__init__",)),
 )

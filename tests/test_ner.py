@@ -230,6 +230,7 @@ def test_real_conll2003_has_the_official_counts(data_mirror):
 
 def test_dev_loss_is_the_mean_over_labelled_pieces_whatever_the_batches(tiny_bert, tmp_path):
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     from layertune.batching import make_loader
     from layertune.training_config import TrainingConfig
@@ -243,8 +244,10 @@ def test_dev_loss_is_the_mean_over_labelled_pieces_whatever_the_batches(tiny_ber
     with torch.no_grad():
         model.eval()
         expected = model.loss(model(batch), batch["labels"]).item()  # one batch: the mean over every labelled piece
-    for batch_size in (1, 3, 16):  # on the CPU whatever the machine: the expected loss was computed there
-        scores, _ = trainer.evaluate(make_loader(dev, batch_size), Accelerator(cpu=True))
+    AcceleratorState._reset_state(reset_partial_state=False)  # an earlier run's precision (bf16) is not this one's
+    accelerator = Accelerator(cpu=True, mixed_precision="no")  # float32 on the CPU: where the expected loss was computed
+    for batch_size in (1, 3, 16):
+        scores, _ = trainer.evaluate(make_loader(dev, batch_size), accelerator)
         assert scores["eval_loss"] == pytest.approx(expected, rel=1e-5), batch_size
 
 

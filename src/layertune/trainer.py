@@ -94,9 +94,13 @@ class Selection:
                              f"carved from train, and {corpus.name!r} has none: load it with validation_size=N (a "
                              "study: data.validation_size), or leave early_stopping_patience unset. Dev is never "
                              "used to stop.")
+        from layertune.corpora import METRICS_BY_TASK_TYPE
+
         metric = (args.metric_for_best_model or corpus.main_metric).removeprefix("eval_").removeprefix("validation_")
-        if metric != "loss" and metric not in corpus.metrics:
-            valid = ("loss", *corpus.metrics)
+        # The scores `evaluate` names: the corpus's metrics, or what seqeval reports for tagging.
+        valid = ("loss", *(METRICS_BY_TASK_TYPE[corpus.task_type] if corpus.task_type == "token_classification"
+                           else corpus.metrics))
+        if metric not in valid:
             raise ValueError(f"metric_for_best_model={args.metric_for_best_model!r} is not a metric of "
                              f"{corpus.name!r}.{choices_hint(metric, valid)}")
         return cls(split, metric)
