@@ -37,10 +37,12 @@ class TrainedCell:
         function is called with the folder being written once every other file is in it, so that it can record
         them, e.g. their digests: `layertune.io.file_digests`). An existing folder is replaced only if empty, a
         previous output, or with ``overwrite`` (`layertune.io.check_output_directory`)."""
+        from layertune import timing
         from layertune.io import output_directory, write_json
 
         extra = extra or {}
-        with output_directory(directory, overwrite=overwrite, written_by="train_cell") as staging:
+        with timing.compute("saving"), output_directory(directory, overwrite=overwrite,
+                                                        written_by="train_cell") as staging:
             (staging / "cell.json").write_text(self.spec.model_dump_json(indent=2) + "\n")
             self.result.save(staging, self.model)
             for name, data in sorted(extra.items(), key=lambda item: callable(item[1])):  # records of the rest last

@@ -1,4 +1,5 @@
-"""Where a process's time goes: compute (training, scoring, caching frozen states, tokenizing) against the rest.
+"""Where a process's time goes: compute (training, scoring, saving cells, caching frozen states, tokenizing) against
+the rest.
 
 Library code marks its compute with ``with compute("training"): ...``. When ``$LAYERTUNE_TIMINGS`` names a file
 at exit, the process appends one JSON line there: its command line and seconds per kind of compute. The pipeline
