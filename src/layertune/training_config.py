@@ -93,6 +93,12 @@ class TrainingConfig(BaseModel):
                 "float for all.")
         return LearningRates(tuple(self.learning_rate), self.head_rate)
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value):
+        """``mixed_precision: no`` unquoted is YAML 1.1's false (DVC writes it so from ``-S ...='no'``): float32."""
+        return "no" if value is False else value
+
     @model_validator(mode="after")
     def _stopping_needs_scores(self) -> TrainingConfig:
         if self.early_stopping_patience is not None and self.eval_strategy != "epoch":
