@@ -124,8 +124,8 @@ from layertune import LanguageModel, ModelTrainer, TextClassifier, load_corpus
 from layertune.cell import train_cell
 from layertune.specs import CellSpec
 
-model_path, data_mirror, dirty, caches, cell_cache = sys.argv[1], sys.argv[2], sys.argv[3] == "dirty", \
-    json.loads(sys.argv[4]), sys.argv[5]
+model_path, data_mirror, dirty, caches, cell_cache, precision = sys.argv[1], sys.argv[2], sys.argv[3] == "dirty", \
+    json.loads(sys.argv[4]), sys.argv[5], sys.argv[6]
 corpus = load_corpus("sst2", data_mirror=data_mirror, train_size=128, dev_size=64, seed=0)
 steps = []
 train_epoch = ModelTrainer._train_epoch
@@ -133,7 +133,8 @@ def record_steps(self, *args, **kwargs):
     steps.append(train_epoch(self, *args, **kwargs))
     return steps[-1]
 ModelTrainer._train_epoch = record_steps
-recipe = {"epochs": 1, "batch_size": 16, "seed": 3, "learning_rate": 1e-4, "max_length": 48}
+recipe = {"epochs": 1, "batch_size": 16, "seed": 3, "learning_rate": 1e-4, "max_length": 48,
+          "mixed_precision": precision}
 
 def run(cache_dir, cached):
     model = TextClassifier(LanguageModel(model_path, tunable_layers=2, pooling="mean"), 2)
@@ -159,16 +160,25 @@ print(json.dumps(runs))
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_train_reproduces_in_any_process_whatever_the_cache(minilm_l3, data_mirror, tmp_path):
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_train_reproduces_in_any_process_whatever_the_cache(minilm_l3, data_mirror, tmp_path, precision):
     """Two fresh processes and one that trained another model and drew random numbers first: identical step losses
-    and dev predictions, with the frozen-prefix cache cold (an empty folder), warm (filled by another run) and off."""
+    and dev predictions, with the frozen-prefix cache cold (an empty folder), warm (filled by another run) and off;
+    in float32 and in bfloat16 autocast alike (a bf16 rebuild on one machine is the build before it, bit for bit).
+    On a CPU without native bfloat16, bf16 is refused with its one line instead."""
+    from layertune.training_config import cpu_has_native_bf16
 
     def process(state, caches):
         done = subprocess.run([sys.executable, "-c", WORKER, str(minilm_l3), str(data_mirror), state,
-                               json.dumps({k: str(v) for k, v in caches.items()}), str(tmp_path / f"cell-{state}")],
-                              capture_output=True, text=True, timeout=300)
+                               json.dumps({k: str(v) for k, v in caches.items()}), str(tmp_path / f"cell-{state}"),
+                               precision], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
+
+    if precision == "bf16" and not torch.cuda.is_available() and not cpu_has_native_bf16():
+        with pytest.raises(AssertionError, match="this CPU has no native bfloat16"):
+            process("fresh", {"cold": tmp_path / "a"})
+        return
 
     first = process("fresh", {"cold": tmp_path / "a"})
     assert any((tmp_path / "a" / "frozen_prefix").iterdir())  # the next process finds it warm
@@ -179,6 +189,6 @@ def test_train_reproduces_in_any_process_whatever_the_cache(minilm_l3, data_mirr
     assert all(run == cached[0] for run in cached), [run["steps"] for run in cached]
     assert first["off"] == second["off"] == third["off"] and not first["off"]["cached"]
     assert first["cell"] == second["cell"] == third["cell"]
-    # Uncached, the frozen layers run in other batch shapes: the same up to float rounding (see the README).
+    # Uncached, the frozen layers run in other batch shapes: the same up to float rounding (docs/library.md).
     assert first["off"]["dev"] == first["cold"]["dev"]
-    assert first["off"]["steps"] == pytest.approx(first["cold"]["steps"], abs=1e-6)
+    assert first["off"]["steps"] == pytest.approx(first["cold"]["steps"], abs=1e-6 if precision == "no" else 5e-4)

@@ -65,7 +65,7 @@ def section(results: StudyResults, setting_header: str, settings: Sequence) -> s
         if len(mine):
             rows = [[r.reference, r.encoder or "–", points(r.score), r.chosen or "–"] for r in mine.itertuples()]
             lines.append(markdown_table(["reference (no fine-tuning)", "encoder", f"{mine['metric'].iloc[0]} "
-                                         "(points)", "chosen on the validation slice"], rows, "lllr"))
+                                         "(points)", "chosen on the validation slice"], rows, "llrl"))
             lines.append(_probe_check(task, mine, settings, layers))
         lines.append(_convergence_text(convergence[convergence["task"] == task], setting_header))
     return "\n".join(lines)
