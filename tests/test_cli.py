@@ -37,6 +37,22 @@ def test_train_cell_writes_a_complete_cell_folder(tiny_bert, tmp_path, capsys):
     assert spec.encoders[0].tunable_layers == 1 and spec.training.seed == 3 and spec.training.learning_rate == 1e-3
 
 
+def test_the_per_epoch_log_line_shows_learning_rates_as_rates(tiny_bert, tmp_path, capsys, caplog):
+    """At 5e-5 the line said 'learning_rate': 0.0 at every epoch (every value rounded to 4 decimals); it shows 4
+    significant digits, history.json every digit."""
+    with caplog.at_level("INFO", logger="layertune.trainer"):
+        assert main(["train-cell", "--path", data_folder(tmp_path), "--model", str(tiny_bert), "--tunable-layers", "1",
+                     "--seed", "3", "--epochs", "3", "--batch-size", "8", "--learning-rate", "5e-5",
+                     "--output-dir", str(tmp_path / "cell"), "--cache-dir", str(tmp_path / "cache")]) == 0
+    history = json.loads((tmp_path / "cell" / "history.json").read_text())
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("epoch ")]
+    assert len(lines) == 3 and 0 < history[0]["learning_rate"] < 1e-4
+    for line, epoch in zip(lines, history):
+        rate = float(format(epoch["learning_rate"], ".4g"))
+        assert f"'learning_rate': {rate!r}" in line, line
+    assert "'learning_rate': 0.0," not in lines[0] and "e-05" in lines[0]
+
+
 def test_every_library_argument_is_an_option(capsys):
     """The options are generated from the specs: each LanguageModel and training argument has one."""
     with pytest.raises(SystemExit):
