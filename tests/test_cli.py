@@ -148,6 +148,21 @@ def test_the_current_or_home_folder_is_refused_at_once_even_with_overwrite(tmp_p
     assert [p.name for p in work.iterdir()] == ["mine.txt"] and [p.name for p in work.parent.iterdir()] == ["work"]
 
 
+def test_the_root_folder_from_another_folder_is_refused_naming_the_current_folder_and_a_new_one(tmp_path, capsys,
+                                                                                               monkeypatch,
+                                                                                               no_training):
+    """It said "a parent of the current folder (/)", which reads as if / were the current folder, and suggested
+    '/run', a system folder."""
+    work = tmp_path / "work"
+    (work / "run").mkdir(parents=True)  # taken: the suggestion is a folder that nothing holds yet
+    monkeypatch.chdir(work)
+    assert main(["train-cell", "--task", "sst2", "--model", "m", "--output-dir", "/", "--overwrite"]) == 2
+    err = one_line_error(capsys)
+    assert f"Output folder '/' is a parent of the current folder ({work}): writing an output there would replace the " \
+           "folder and delete everything in it. Give a new folder for the output, e.g. 'run-2'." in err, err
+    assert "'/run'" not in err and not (work / "run-2").exists()
+
+
 def test_a_model_with_only_pickled_weights_is_refused_in_one_line_before_any_unpickling(tiny_bert, tmp_path, capsys,
                                                                                           monkeypatch):
     """pytorch_model.bin alone gave train-cell a 42-line traceback; layertune never unpickles: one line, the fix."""

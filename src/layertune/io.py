@@ -39,11 +39,12 @@ def check_output_directory(path: str | Path, *, overwrite: bool = False) -> Path
     given, path = str(path), Path(path).expanduser()  # messages name the folder as the caller wrote it
     resolved, cwd, home = path.resolve(), Path.cwd().resolve(), Path.home().resolve()
     if resolved in (cwd, *cwd.parents, home, *home.parents):
-        what = "the current folder" if resolved == cwd else "the home folder" if resolved == home else (
-            "a parent of the current folder" if resolved in cwd.parents else "a parent of the home folder")
+        what = f"the current folder ({cwd})" if resolved == cwd else f"the home folder ({home})" \
+            if resolved == home else f"a parent of the current folder ({cwd})" if resolved in cwd.parents \
+            else f"a parent of the home folder ({home})"
         raise OutputDirectoryError(
-            f"Output folder {given!r} is {what} ({resolved}): writing an output there would replace the folder "
-            f"and delete everything in it. Give a new folder for the output, e.g. {os.path.join(given, 'run')!r}.")
+            f"Output folder {given!r} is {what}: writing an output there would replace the folder and delete "
+            f"everything in it. Give a new folder for the output, e.g. {_new_folder_name()!r}.")
     if path.is_symlink():
         raise OutputDirectoryError(f"Output folder {given!r} is a symbolic link (to {resolved}): the output would "
                                    "replace the link. Give the folder it points to, or a new folder.")
@@ -57,6 +58,12 @@ def check_output_directory(path: str | Path, *, overwrite: bool = False) -> Path
         f"Output folder {given!r} already exists and holds files layertune did not write (it has no {MARKER} "
         "file): writing the output there would delete them. Choose another folder, or pass overwrite=True "
         "(on the command line --overwrite) to replace it and everything in it.")
+
+
+def _new_folder_name() -> str:
+    """A folder name in the current folder that nothing holds yet (``run``, else ``run-2``, …): what a refused output
+    folder's message suggests. Below the given folder it could be a system one (``/`` gave ``/run``)."""
+    return next(name for name in ("run", *(f"run-{n}" for n in range(2, 1000))) if not os.path.lexists(name))
 
 
 def _empty_or_marked(folder: Path) -> bool:
