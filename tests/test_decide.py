@@ -149,9 +149,10 @@ def test_recording_rounds_writes_the_record_whole_and_never_params_yaml(tmp_path
 @pytest.mark.parametrize("params, record, message", [
     ({"decide": {"looks": 3, "rounds": {"sst2-tiny-1-3": {}}}}, {}, "studies.s.decide.rounds: rounds are recorded in "
      "rounds.yaml (decided.s), which layertune repro --decide writes; remove rounds from params.yaml"),
-    ({}, {"s": {"rounds": {}}}, "rounds.yaml: decided.s: a record of rounds, but params.yaml has no study 's' with "
+    ({}, {"s": {"rounds": {}}}, "rounds.yaml is invalid:\n  decided.s: a record of rounds, but params.yaml has no study 's' with "
      "a decide section"),
-    ({"decide": {"looks": 3}}, {"s": {"seeds": [3]}}, "rounds.yaml: decided.s.seeds: not part of a record of rounds"),
+    ({"decide": {"looks": 3}}, {"s": {"seeds": [3]}}, "rounds.yaml is invalid:\n  decided.s.seeds: not part of a "
+     "record of rounds"),
 ])
 def test_the_record_of_rounds_has_one_place(params, record, message):
     """Rounds in params.yaml beside the record file would be two records of one study; an entry for a study with
@@ -162,6 +163,41 @@ def test_the_record_of_rounds_has_one_place(params, record, message):
     decided = {**study("layers", ["sst2"], {"tiny": "org/tiny"}, [0, 1], [1, 2]), **params}
     with pytest.raises(ParamsError, match=re.escape(message)):
         validate_params({"download": {"mirror": None}, "studies": {"s": decided}, "decided": record})
+
+
+RECORDED_WITH = {"tolerance": 0.01, "confidence": 0.95, "looks": 3, "spending": "obrien-fleming",
+                 "seeds_per_round": 2, "evaluation_size": None}
+
+
+@pytest.mark.parametrize("change, line", [
+    (lambda cell, with_: cell.update(tunable_layers=3),
+     "decided.s.rounds.sst2-tiny-3-3: tunable layer 3 is not on the study's grid"),
+    (lambda cell, with_: cell.update(seed="3"), "decided.s.rounds.sst2-tiny-1-3.seed: Input should be a valid integer"),
+    (lambda cell, with_: with_.update(rule="renamed"),
+     "decided.s.decided_with.rule: the recorded rounds were chosen by rule 'renamed', and today's is"),
+], ids=["a setting off the grid", "a seed typed as text", "a rule renamed"])
+def test_an_error_in_the_record_of_rounds_names_rounds_yaml_and_its_key_there(tmp_path, change, line):
+    """The plan said 'params.yaml is invalid: studies.s.decide.rounds…', a key that is nowhere: the record is
+    rounds.yaml's, and its key there is decided.<study>.…"""
+    from layertune.rounds import RULE
+    from pipelines.param_checks import InvalidParams
+    from tests.projects import make_project, run
+
+    project = make_project(tmp_path, {"download": {"mirror": "mirror"}, "studies": {"s": study(
+        "layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 1], [1, 2], decide={"looks": 3})}})
+    cells = {f"sst2-tiny-{k}-3": {"task": "sst2", "encoder": "tiny", "tunable_layers": k, "seed": 3, "round": 2}
+             for k in (0, 1)}
+    decided_with = {**RECORDED_WITH, "rule": RULE}
+    run(project, "plan")  # as recorded: accepted
+    change(cells["sst2-tiny-1-3"], decided_with)
+    (project / "rounds.yaml").write_text(yaml.safe_dump({"decided": {"s": {
+        "rounds": {f"sst2-tiny-{cell['tunable_layers']}-{cell['seed']}": cell for cell in cells.values()},
+        "decided_with": decided_with}}}))
+    with pytest.raises(InvalidParams) as refused:
+        run(project, "plan")
+    header, said = refused.value.message.split("\n  ")
+    assert header == "rounds.yaml is invalid:" and said.startswith(line), refused.value.message
+    assert "params.yaml" not in refused.value.message and "decide.rounds" not in said
 
 
 class Clock:

@@ -2,6 +2,7 @@
 line (the builds themselves: test_scale.py, test_ray_cluster.py)."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -80,6 +81,30 @@ def test_bad_params_or_environment_are_one_line_before_dvc_starts(project, tmp_p
     assert time.monotonic() - started < 15
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("layertune repro: ") and message in line
+    assert not (copy / "data").exists()
+
+
+def test_a_missing_record_of_rounds_is_one_line_with_the_fix_before_dvc_and_in_the_stages(project, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """It was DVC's "dependency 'rounds.yaml' does not exist", naming no fix; a stage run by hand read the decided
+    studies without their rounds."""
+    import shutil
+
+    from pipelines.param_checks import InvalidParams
+    from tests.projects import run
+
+    copy = tmp_path / "copy"
+    shutil.copytree(project, copy)
+    (copy / "rounds.yaml").unlink()
+    monkeypatch.chdir(copy)
+    assert repro([]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    fix = ("rounds.yaml is missing: it is the record of the decided studies' rounds (layertune repro --decide writes "
+           "it, dvc.yaml's plan stage reads it). Restore it (git checkout rounds.yaml), or write an empty record, "
+           "'decided: {}', to decide every study again from its grid")
+    assert line == f"layertune repro: {fix}"
+    with pytest.raises(InvalidParams, match=re.escape(fix)):
+        run(copy, "plan")
     assert not (copy / "data").exists()
 
 
