@@ -28,9 +28,10 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
         raise InvalidParams(str(error)) from None
     data = {task: scheduling.loaded(corpora[task]).fingerprint for task in {cell.task for cell in plan.cells}}
     builds = {cell.key: build_record(cell, plan.code, data[cell.task]) for cell in plan.cells}
+    build_keys = {key: build["key"] for key, build in builds.items()}
     if is_main_process():  # in a cell trained by several processes, the main one moves folders; the others wait
         cells.set_aside(builds)
-        built = {cell.key for cell in plan.cells if cells.settle(cell.key, builds[cell.key]["key"])}
+        built = {cell.key for cell in plan.cells if cells.settle(cell.key, build_keys[cell.key], build_keys)}
     if launched():
         state().wait_for_everyone()
     if not is_main_process():
@@ -42,7 +43,6 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
     planned = {cell.key: cell for cell in plan.cells}
     prepared = {task: corpus.path for task, corpus in corpora.items()}
     started: dict[str, float] = {}
-    build_keys = {key: build["key"] for key, build in builds.items()}
     with terminated_as_interrupt(), tracking.StudyRuns(plan.study, cells, planned, prepared, build_keys,
                                                         enabled=is_main_process()) as runs:
         if jobs:
