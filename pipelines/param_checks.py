@@ -77,8 +77,15 @@ class ParamsCheckHook:
         self._locks.close()
 
     @hook_impl
-    def on_pipeline_error(self) -> None:
+    def on_pipeline_error(self, error: Exception) -> None:
+        """The study locks let go; a full disk, wherever the stage met it (a cell's model, a cache entry, tokenized
+        data, a report), ends it as one `StageStopped` line naming the folder and the bytes needed, not Kedro's
+        traceback (`layertune.io.disk_full_error`)."""
+        from layertune.io import disk_full_error
+
         self._locks.close()
+        if (full := disk_full_error(error)) is not None:
+            raise StageStopped(full.strerror) from None
 
 
 def check_cache_folder(folder: Path) -> None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layertune.cell import CellFolder, TrainedCell
-from layertune.io import atomic_directory, file_digest, file_digests, remove_stale_partials
+from layertune.io import (DiskFull, atomic_directory, disk_full, file_digest, file_digests, free_bytes,
+                          remove_stale_partials)
 
 logger = logging.getLogger(__name__)
 
@@ -244,24 +245,25 @@ def _unrecorded(folder: Path, files: set[str]) -> list[Path]:
     return sorted(found)
 
 
-class CellDiskFull(OSError):
+class CellDiskFull(DiskFull):
     """No room for a cell's folder (nothing of it was written). Pickled as any OSError: a worker sends it on."""
 
 
 @contextlib.contextmanager
 def _disk_full_said(folder: Path, needed) -> Iterator[None]:
-    """A disk full (or a quota reached) while ``folder`` is written, as one `CellDiskFull` (``needed()``: the bytes
-    it takes); the atomic write has left nothing of it."""
+    """A disk full (or a quota reached) while ``folder`` is written, whatever the writer raised (the atomic write
+    says it as a `DiskFull`), as one `CellDiskFull` (``needed()``: the bytes it takes); the atomic write has left
+    nothing of it."""
     try:
         yield
-    except OSError as error:
-        if error.errno not in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) or isinstance(error, CellDiskFull):
+    except Exception as error:
+        if isinstance(error, CellDiskFull) or not disk_full(error):
             raise
-        size, free = needed(), shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free
-        raise CellDiskFull(error.errno, f"no space left for cell {folder.name}'s folder in {folder.parent}: it needs "
-                                        f"up to {size:,} bytes ({size / 2**20:,.1f} MiB) and {free:,} bytes are free. "
-                                        "Free space there; every cell built so far is kept, and the next build trains "
-                                        "only the rest") from None
+        size, free = needed(), free_bytes(folder)
+        raise CellDiskFull(errno.ENOSPC, f"no space left for cell {folder.name}'s folder in {folder.parent}: it needs "
+                                         f"up to {size:,} bytes ({size / 2**20:,.1f} MiB) and {free:,} bytes are "
+                                         "free. Free space there; every cell built so far is kept, and the next build "
+                                         "trains only the rest") from error
 
 
 def _state_bytes(model) -> int:

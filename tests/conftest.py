@@ -98,6 +98,34 @@ def toy_corpus():
     return toy_sentiment_corpus()
 
 
+@pytest.fixture
+def small_disk():
+    """``small_disk(folder, size, free=None)``: a tmpfs of ``size`` bytes mounted at ``folder`` (made if missing), with
+    ``free`` bytes left free by a filler file (``.filler``, at its root) where given; unmounted after the test. A real
+    full disk, which every writer meets as it would (safetensors', Arrow's and numpy's own errors included). Mounting
+    needs root: CI runs as root, where its absence fails; elsewhere the test is skipped, saying why."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(folder: Path, size: int, free: int | None = None) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            why = f"a small disk is a tmpfs mounted as root; mount said: {done.stderr.strip()}"
+            pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
+        mounted.append(folder)
+        if free is not None:
+            (folder / ".filler").write_bytes(bytes(max(os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
+                                                       - free, 0)))
+        return folder
+
+    yield mount
+    for folder in reversed(mounted):
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
 class FakeHub:
     """`huggingface_hub.hf_hub_download` served from ``root/<hub id>/<file>`` (tests/hub: the real config.json of
     the hub models that profiles name), recording each (hub id, file, revision) asked for."""

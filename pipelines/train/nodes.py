@@ -14,7 +14,7 @@ from pipelines.datasets import SavedCorpus
 from pipelines.plans import TrainPlan
 from pipelines.processes import terminated_as_interrupt
 from pipelines.scheduling import CellJob, Started
-from pipelines.trained_cells import CellDiskFull, TrainedCells, build_record
+from pipelines.trained_cells import TrainedCells, build_record
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
         if jobs:
             runs.open_build({"cells": len(jobs), "where": scheduler.description})
         training_since = time.monotonic()
-        with contextlib.closing(scheduler.cells(jobs)) as events, _disk_full_stops_the_stage():
+        with contextlib.closing(scheduler.cells(jobs)) as events:
             for event in events:
                 if isinstance(event, Started):
                     started[event.key] = time.monotonic()
@@ -58,17 +58,6 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                 took = f" in {time.monotonic() - started[event.key]:.1f} s" if event.key in started else ""
                 logger.info("[%d/%d] %s trained%s%s", len(runs.done), len(jobs), event.key, took,
                             time_left(time.monotonic() - training_since, len(runs.done), len(jobs), plan.study))
-
-
-@contextlib.contextmanager
-def _disk_full_stops_the_stage():
-    """A full disk under the study's cells ends the stage with its one line (`CellDiskFull`), no traceback."""
-    from pipelines.param_checks import StageStopped
-
-    try:
-        yield
-    except CellDiskFull as full:
-        raise StageStopped(full.strerror) from None
 
 
 def time_left(elapsed_s: float, done: int, total: int, study: str) -> str:
