@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layertune.cell import CellFolder, TrainedCell
-from layertune.io import (DiskFull, atomic_directory, disk_full, file_digest, file_digests, free_bytes,
+from layertune.io import (DiskFull, atomic_directory, disk_full, file_digest, file_digests, free_bytes, in_bytes,
                           remove_stale_partials)
 
 logger = logging.getLogger(__name__)
@@ -259,11 +259,10 @@ def _disk_full_said(folder: Path, needed) -> Iterator[None]:
     except Exception as error:
         if isinstance(error, CellDiskFull) or not disk_full(error):
             raise
-        size, free = needed(), free_bytes(folder)
         raise CellDiskFull(errno.ENOSPC, f"no space left for cell {folder.name}'s folder in {folder.parent}: it needs "
-                                         f"up to {size:,} bytes ({size / 2**20:,.1f} MiB) and {free:,} bytes are "
-                                         "free. Free space there; every cell built so far is kept, and the next build "
-                                         "trains only the rest") from error
+                                         f"up to {in_bytes(needed())} and {in_bytes(free_bytes(folder))} are free. "
+                                         "Free space there; every cell built so far is kept, and the next build trains "
+                                         "only the rest") from error
 
 
 def _state_bytes(model) -> int:

@@ -256,7 +256,7 @@ def test_a_full_disk_while_a_cell_is_saved_names_the_folder_and_the_bytes_and_lo
     monkeypatch.setattr(SavedModel, "save", full)
     key = cell(2).key
     with pytest.raises(CellDiskFull, match=rf"^no space left for cell {key}'s folder in "
-                                           rf"{re.escape(str(study.path))}: it needs up to 0 bytes .* bytes are free. "
+                                           rf"{re.escape(str(study.path))}: it needs up to 0 bytes and .* are free. "
                                            "Free space there; every cell built so far is kept") as raised:
         write(study, 2)
     assert sorted(p.name for p in study.path.iterdir()) == [built]  # nothing half-written, the built cell kept

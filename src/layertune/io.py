@@ -286,10 +286,8 @@ class DiskFull(OSError):
     def of(cls, code: int, path: Path, needed: int, at_least: bool = False, advice: str = ADVICE) -> DiskFull:
         """The error for ``path`` (a file or folder being written) that needs ``needed`` bytes (``at_least``: what
         was written when the disk filled, the whole being unknown)."""
-        free = free_bytes(path.parent)
-        full = cls(code, f"no space left in {path.parent} for {path.name}: it needs "
-                         f"{'at least' if at_least else 'about'} {needed:,} bytes ({needed / 2**20:,.1f} MiB) and "
-                         f"{free:,} bytes are free. {advice}")
+        full = cls(code, f"no space left in {path.parent} for {path.name}: it needs {'at least' if at_least else 'about'}"
+                         f" {in_bytes(needed)} and {in_bytes(free_bytes(path.parent))} are free. {advice}")
         full.needed = needed
         return full
 
@@ -311,6 +309,16 @@ def disk_full_error(error: BaseException) -> DiskFull | None:
     where = f" ({error.filename})" if isinstance(error, OSError) and error.filename else ""
     said = " ".join(str(error).split())
     return DiskFull(errno.ENOSPC, f"no space left on a disk{where}: {said}. Free space there, and run it again")
+
+
+def in_bytes(size: int) -> str:
+    """``size`` as a message says it: ``173,704 bytes (169.6 KiB)``; the unit that keeps it under 1,024."""
+    shown, unit = float(size), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if shown < 1024:
+            break
+        shown, unit = shown / 1024, bigger
+    return f"{size:,} bytes" + (f" ({shown:,.1f} {unit})" if unit != "bytes" else "")
 
 
 def free_bytes(folder: Path) -> int:
