@@ -49,7 +49,7 @@ class ParamsCheckHook:
             try:
                 plan = plan_studies(catalog.load("parameters"))
             except ParamsError as error:
-                raise InvalidParams(str(error)) from None
+                raise InvalidParams(f"{error}{_experiment_note()}") from None
             catalog.save(PLAN, plan)
             studies = list(plan.studies)
         elif any(name in pipeline.inputs() for name in STUDY_INPUTS):
@@ -86,6 +86,18 @@ class ParamsCheckHook:
         self._locks.close()
         if (full := disk_full_error(error)) is not None:
             raise StageStopped(full.strerror) from None
+
+
+def _experiment_note() -> str:
+    """Under `dvc exp run` (DVC names the experiment in ``DVC_EXP_NAME``), what DVC has done to the parameter files
+    before this refusal: it applies ``-S`` values to them before any stage runs, and leaves them so when one fails."""
+    import os
+
+    if not (name := os.environ.get("DVC_EXP_NAME")):
+        return ""
+    return (f"\n  (dvc exp run {name}: DVC wrote any -S values into params.yaml and rounds.yaml before this check, "
+            "and leaves them there: git diff params.yaml rounds.yaml shows them; undo them, or git checkout the two "
+            "files if they held no edits of yours)")
 
 
 def check_cache_folder(folder: Path) -> None:

@@ -200,6 +200,32 @@ def test_an_error_in_the_record_of_rounds_names_rounds_yaml_and_its_key_there(tm
     assert "params.yaml" not in refused.value.message and "decide.rounds" not in said
 
 
+def test_dvc_exp_run_of_a_value_the_rounds_were_decided_with_is_refused_saying_what_dvc_wrote(tmp_path):
+    """Decided (issue 57): DVC applies -S to params.yaml before the plan can refuse it, and leaves it there, as it does
+    for any experiment a stage fails. The refusal says so, and how to see and undo it; nothing else is touched."""
+    from layertune.rounds import RULE
+
+    project = make_dvc_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"s": study(
+        "layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 1], [1, 2], decide={"looks": 3})}})
+    cells = {f"sst2-tiny-{k}-3": {"task": "sst2", "encoder": "tiny", "tunable_layers": k, "seed": 3, "round": 2}
+             for k in (0, 1)}
+    (project / "rounds.yaml").write_text(yaml.safe_dump({"decided": {"s": {
+        "rounds": cells, "decided_with": {**RECORDED_WITH, "tolerance": 0.01, "rule": RULE}}}}))
+    env = {**os.environ, **project_env(project)}
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "--quiet", "-am",
+                    "a round"], cwd=project, check=True)
+    done = subprocess.run(["dvc", "exp", "run", "-S", "++studies.s.report.tolerance=0.05"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "Traceback" not in output, output[-3000:]
+    assert "studies.s: report.tolerance: 0.05, but the recorded rounds were decided with 0.01" in output
+    assert re.search(r"\(dvc exp run [\w-]+: DVC wrote any -S values into params.yaml and rounds.yaml before this "
+                     r"check, and leaves them there: git diff params.yaml rounds.yaml shows them; undo them, or git "
+                     r"checkout the two files if they held no edits of yours\)", output), output[-3000:]
+    assert yaml.safe_load((project / "params.yaml").read_text())["studies"]["s"]["report"]["tolerance"] == 0.05
+    assert not (project / "data" / "00_plan").exists()
+
+
 class Clock:
     """A build that takes ``build_s`` seconds of a clock of its own."""
 
