@@ -127,7 +127,7 @@ class TrainedCells(Mapping):
         for folder in (place, self.retired / key):
             if not (folder.exists() or folder.is_symlink()):
                 continue
-            if (problem := proof_problem(folder, build_key)) is None:
+            if proof_problem(folder, build_key) is None:
                 if folder != place:
                     self._move(folder, place)
                 self._unrecorded_aside(place, key)

@@ -149,8 +149,8 @@ def test_recording_rounds_writes_the_record_whole_and_never_params_yaml(tmp_path
 @pytest.mark.parametrize("params, record, message", [
     ({"decide": {"looks": 3, "rounds": {"sst2-tiny-1-3": {}}}}, {}, "studies.s.decide.rounds: rounds are recorded in "
      "rounds.yaml (decided.s), which layertune repro --decide writes; remove rounds from params.yaml"),
-    ({}, {"s": {"rounds": {}}}, "rounds.yaml is invalid:\n  decided.s: a record of rounds, but params.yaml has no study 's' with "
-     "a decide section"),
+    ({}, {"s": {"rounds": {}}}, "rounds.yaml is invalid:\n  decided.s: a record of rounds, but params.yaml has no "
+     "study 's' with a decide section"),
     ({"decide": {"looks": 3}}, {"s": {"seeds": [3]}}, "rounds.yaml is invalid:\n  decided.s.seeds: not part of a "
      "record of rounds"),
 ])

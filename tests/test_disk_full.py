@@ -52,8 +52,8 @@ def test_a_model_that_does_not_fit_is_one_line_naming_the_folder_and_its_bytes(t
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("error") == 1, err
     said = re.fullmatch(rf"layertune: error: no space left in {re.escape(str(disk))} for cell: it needs at least "
-                        r"([\d,]+) bytes \([\d.]+ KiB\) and ([\d,]+) bytes \([\d.]+ KiB\) are free\. Free space there, or "
-                        r"write it to another disk; nothing of it was written, and what was there is kept\.",
+                        r"([\d,]+) bytes \([\d.]+ KiB\) and ([\d,]+) bytes \([\d.]+ KiB\) are free\. Free space "
+                        r"there, or write it to another disk; nothing of it was written, and what was there is kept\.",
                         err.splitlines()[-1])  # (above it, the progress bar of loading the model)
     assert said and int(said[1].replace(",", "")) >= model * 0.9 > int(said[2].replace(",", "")), err
     assert list(disk.iterdir()) == []  # no half-written cell, no staging folder
@@ -135,7 +135,8 @@ def test_a_prepared_corpus_that_does_not_fit_names_the_task_and_its_bytes(tmp_pa
 # ------------------------------------------------------------------------- every place a build writes, in a build
 
 STUDY = {"download": {"mirror": "mirror"}, "studies": {"s": {
-    "report": {"kind": "layers", "resamples": 200, "examples": 2}, "tasks": ["sst2"], "encoders": {"tiny": "models/tiny-a"},
+    "report": {"kind": "layers", "resamples": 200, "examples": 2}, "tasks": ["sst2"],
+    "encoders": {"tiny": "models/tiny-a"},
     "tunable_layers": [0, "all"], "seeds": [1], "data": {"seed": 1},
     "training": {"learning_rate": 1.0e-3, "batch_size": 8, "epochs": 2, "max_length": 32}}}}
 STAGES = ("plan", "download", "prepare", "tokenize", "train", "evaluate", "aggregate")
@@ -191,12 +192,14 @@ def test_a_full_disk_at_each_place_a_build_writes_is_one_line_and_the_report_is_
                                                          f"{data}/cache/frozen_prefix"),
                      (data / "03_features", None, full, f"no space left in {data}/03_features/s for ")],
         # the first cell fits; of the second, every file but its model (the largest: safetensors meets the disk)
-        "train": [(data / "04_models", None, full, f"no space left for cell sst2-tiny-0-1's folder in {data}/04_models/s"),
+        "train": [(data / "04_models", None, full,
+                   f"no space left for cell sst2-tiny-0-1's folder in {data}/04_models/s"),
                   (data / "04_models", None, cell_pages(cells / "sst2-tiny-0-1") + cell_pages(
                       cells / "sst2-tiny-all-1", but="model.safetensors") + pages(
                       (cells / "sst2-tiny-all-1" / "model" / "model.safetensors").stat().st_size // 2),
                    f"no space left for cell sst2-tiny-all-1's folder in {data}/04_models/s")],
-        "evaluate": [(data / "05_model_output", None, full, f"no space left in {data}/05_model_output/s for scores.csv")],
+        "evaluate": [(data / "05_model_output", None, full,
+                      f"no space left in {data}/05_model_output/s for scores.csv")],
         "aggregate": [(project / "reports", None, full, f"no space left in {project}/reports")],
     }
     for name in STAGES:

@@ -286,8 +286,9 @@ class DiskFull(OSError):
     def of(cls, code: int, path: Path, needed: int, at_least: bool = False, advice: str = ADVICE) -> DiskFull:
         """The error for ``path`` (a file or folder being written) that needs ``needed`` bytes (``at_least``: what
         was written when the disk filled, the whole being unknown)."""
-        full = cls(code, f"no space left in {path.parent} for {path.name}: it needs {'at least' if at_least else 'about'}"
-                         f" {in_bytes(needed)} and {in_bytes(free_bytes(path.parent))} are free. {advice}")
+        how = "at least" if at_least else "about"
+        full = cls(code, f"no space left in {path.parent} for {path.name}: it needs {how} {in_bytes(needed)} and "
+                         f"{in_bytes(free_bytes(path.parent))} are free. {advice}")
         full.needed = needed
         return full
 
