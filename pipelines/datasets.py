@@ -47,7 +47,7 @@ class SplitFilesDataset(Located, AbstractDataset[dict, dict]):
     def save(self, data: dict) -> None:
         self._path.mkdir(parents=True, exist_ok=True)
         for name, splits in data.items():
-            with atomic_directory(self._path / name) as staging:
+            with atomic_directory(self._path / name, needed=lambda: _arrow_bytes(splits.values())) as staging:
                 for split, dataset in splits.items():
                     # One row group and no index: the same rows always give the same bytes.
                     dataset.to_parquet(staging / f"{split}.parquet", batch_size=len(dataset) or 1)
@@ -79,8 +79,13 @@ class CorporaDataset(Located, AbstractDataset[dict, dict]):
     def save(self, data: dict) -> None:
         self._path.mkdir(parents=True, exist_ok=True)
         for task, corpus in data.items():
-            with atomic_directory(self._path / task) as staging:
+            with atomic_directory(self._path / task, needed=lambda: _arrow_bytes(corpus.splits().values())) as staging:
                 corpus.save_to_disk(staging)
+
+
+def _arrow_bytes(splits) -> int:
+    """The bytes of datasets' tables in memory: about what their files take (what a full disk's message names)."""
+    return sum(split.data.nbytes for split in splits)
 
 
 class FolderDataset(Located, AbstractDataset[None, Path]):
@@ -127,21 +132,30 @@ def _write(path: Path, data: Any, spec: str | None = None) -> None:
     if path.suffix == ".json" and spec is None:
         write_json(path, data)  # atomic itself, and refuses NaN before writing anything
         return
-    with atomic_file(path) as staging:
-        if spec is not None:
-            staging.write_text(data.model_dump_json(indent=2) + "\n")
-        elif path.suffix == ".csv":
-            data.to_csv(staging, index=False, lineterminator="\n")
-        elif path.suffix == ".png":
-            import matplotlib.pyplot as plt
+    payload = _payload(path, data, spec)  # in memory first: a full disk's message names the bytes it needs
+    with atomic_file(path, needed=len(payload)) as staging:
+        staging.write_bytes(payload)
 
-            # No timestamp or software version in the file: a figure of the same data is the same bytes.
-            try:
-                data.savefig(staging, dpi=110, bbox_inches="tight", metadata={"Software": None})
-            finally:
-                plt.close(data)
-        else:
-            staging.write_text(data)
+
+def _payload(path: Path, data: Any, spec: str | None) -> bytes:
+    """The bytes of ``path``'s file for ``data``, by its suffix (see `FileDataset`)."""
+    if spec is not None:
+        return (data.model_dump_json(indent=2) + "\n").encode()
+    if path.suffix == ".csv":
+        return data.to_csv(index=False, lineterminator="\n").encode()
+    if path.suffix == ".png":
+        import io
+
+        import matplotlib.pyplot as plt
+
+        # No timestamp or software version in the file: a figure of the same data is the same bytes.
+        buffer = io.BytesIO()
+        try:
+            data.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+        finally:
+            plt.close(data)
+        return buffer.getvalue()
+    return data.encode()
 
 
 def _files(root: Path, suffix: str) -> Iterator[tuple[str, Path]]:

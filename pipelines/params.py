@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -48,13 +48,23 @@ def name_problem(name: object, pattern: re.Pattern = NAME) -> str | None:
 # Values of params.yaml with its aliases (``*name``) expanded (the default studies: about 1,100). Nested aliases can
 # stand for billions, on which DVC, Kedro's loader and the plan would hang: such a file is refused first.
 MAX_EXPANDED_VALUES = 100_000
+# Bytes of a parameter file (the default params.yaml: 5 KB). DVC, Kedro's loader and every stage's check read it at each
+# build, in pure-Python YAML parsers (0.6 s a megabyte here, for this reader alone): a 50 MB file of comments made a
+# build that trains nothing take 219 s instead of 5, with no word. Refused first, as nested aliases are.
+MAX_FILE_BYTES = 2**20
 
 
 def read_yaml(path: Path) -> Any:
-    """The YAML file at ``path`` as plain data (`yaml.safe_load`); `ParamsError` if it is not YAML or expands past
-    `MAX_EXPANDED_VALUES`."""
+    """The YAML file at ``path`` as plain data (`yaml.safe_load`); `ParamsError` if it is larger than
+    `MAX_FILE_BYTES`, not YAML, or expands past `MAX_EXPANDED_VALUES`."""
     import yaml
 
+    from layertune.io import in_bytes
+
+    if (size := path.stat().st_size) > MAX_FILE_BYTES:
+        raise ParamsError(f"{path}: {in_bytes(size)}, more than the {in_bytes(MAX_FILE_BYTES)} a parameter file may "
+                          "hold: DVC, Kedro and every stage read it at each build, which at this size takes minutes "
+                          "without a word; move long comments or data to a file of their own")
     text = path.read_text()
     try:
         size = _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), {})
@@ -90,13 +100,21 @@ RECORDED = ("rounds", "evaluation_rounds", "decided_with")  # what a study's ent
 
 
 def read_params(project: Path = Path()) -> dict:
-    """params.yaml and the record of rounds (if there) as one mapping, as the stages see them: ``{download, studies,
-    decided: {study: {rounds, evaluation_rounds, decided_with}}}``; `ParamsError` as `read_yaml`."""
+    """params.yaml and the record of rounds as one mapping, as the stages see them: ``{download, studies, decided:
+    {study: {rounds, evaluation_rounds, decided_with}}}``; `ParamsError` as `read_yaml`, and for a record that is
+    missing (DVC would stop at dvc.yaml's plan stage, which names it, without saying what the file is) or not one."""
     params = read_yaml(project / "params.yaml") or {}
     record = project / RECORD_FILE
-    if record.is_file():
-        params = {**params, RECORD_KEY: (read_yaml(record) or {}).get(RECORD_KEY) or {}}
-    return params
+    if not record.is_file():
+        raise ParamsError(f"{RECORD_FILE} is missing: it is the record of the decided studies' rounds (layertune repro "
+                          "--decide writes it, dvc.yaml's plan stage reads it). Restore it (git checkout "
+                          f"{RECORD_FILE}), or write an empty record, '{RECORD_KEY}: {{}}', to decide every study "
+                          "again from its grid")
+    recorded = read_yaml(record) or {}
+    if not isinstance(recorded, Mapping):
+        raise ParamsError(f"{RECORD_FILE}: a record of rounds is a mapping with one key, {RECORD_KEY} "
+                          f"('{RECORD_KEY}: {{}}' when no study has rounds); got {type(recorded).__name__}")
+    return {**params, RECORD_KEY: recorded.get(RECORD_KEY) or {}}
 
 
 def write_params(project: Path, params: Mapping[str, Any]) -> None:
@@ -125,11 +143,11 @@ def merge_record(params: Mapping[str, Any]) -> dict:
                               f"{', '.join(written)} from params.yaml")
     for name, entry in decided.items():
         if name not in studies or not isinstance(studies[name].get("decide"), Mapping):
-            raise ParamsError(f"{RECORD_FILE}: {RECORD_KEY}.{name}: a record of rounds, but params.yaml has no study "
+            raise ParamsError(f"{RECORD_KEY}.{name}: a record of rounds, but params.yaml has no study "
                               f"{name!r} with a decide section; remove the entry (or restore the study)")
         unknown = sorted(set(entry or {}) - set(RECORDED))
         if unknown:
-            raise ParamsError(f"{RECORD_FILE}: {RECORD_KEY}.{name}.{unknown[0]}: not part of a record of rounds "
+            raise ParamsError(f"{RECORD_KEY}.{name}.{unknown[0]}: not part of a record of rounds "
                               f"({', '.join(RECORDED)})")
         studies[name] = {**studies[name], "decide": {**studies[name]["decide"], **(entry or {})}}
     return {**params, "studies": studies}
@@ -237,6 +255,7 @@ def _method_key(study: StudySpec, member: str, method_name: str | None) -> str:
 def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> StudyParams:
     """The whole parameter file (and the record of rounds beside it: `merge_record`), checked; raises `ParamsError`
     naming each bad key by its dotted path."""
+    recorded = params.get(RECORD_KEY) if isinstance(params.get(RECORD_KEY), Mapping) else {}
     try:
         params = merge_record(params)
         for name, study in (params.get("studies") or {}).items():
@@ -246,9 +265,32 @@ def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> S
         return StudyParams.model_validate(params)
     except ValidationError as error:  # pydantic's: each error by its dotted path (a validator's ParamsError too)
         lines = describe_validation_error(error, known_keys=_known_keys, union_tags=(*ENCODER_TAGS, *METHODS))
-        raise ParamsError(f"{source} is invalid:\n  " + "\n  ".join(lines)) from None
     except ParamsError as error:
-        raise ParamsError(f"{source} is invalid:\n  {error}") from None
+        lines = str(error).split("\n  ")
+    termed = [_in_record_terms(line, recorded) for line in lines]
+    # Each file a line is about: params.yaml's keys start with studies or download, the record's with decided; a line
+    # that weighs one against the other (a tolerance changed since the rounds were decided) is about both.
+    files = [name for name, named in (
+        (source, any(not line.startswith(f"{RECORD_KEY}.") for line in termed)),
+        (RECORD_FILE, any(line.startswith(f"{RECORD_KEY}.") or line != before for line, before in zip(termed, lines))),
+    ) if named]
+    lines = termed
+    raise ParamsError(f"{' and '.join(files)} {'is' if len(files) == 1 else 'are'} invalid:\n  " + "\n  ".join(lines))
+
+
+def _in_record_terms(line: str, recorded: Collection[str]) -> str:
+    """A line of the check in the record of rounds' own terms where it speaks of a study's recorded rounds: the
+    check sees them in the study's ``decide`` section (`merge_record` put them there), the person wrote none there,
+    and finds them in rounds.yaml as ``decided.<study>.rounds`` (and ``evaluation_rounds``, ``decided_with``)."""
+    study = next((name for name in recorded if re.match(rf"studies\.{re.escape(str(name))}(\.|: )", line)), None)
+    if study is None:
+        return line
+    fields = "|".join(RECORDED)
+    line = re.sub(rf"^studies\.{re.escape(str(study))}(?:\.|: )decide\.({fields})\b", rf"{RECORD_KEY}.{study}.\1",
+                  line)
+    line = re.sub(r"clear decide\.rounds(?:, decide\.evaluation_rounds and decide\.decided_with| and "
+                  r"decide\.evaluation_rounds)", f"remove {RECORD_KEY}.{study} from {RECORD_FILE}", line)
+    return re.sub(rf"\bdecide\.({fields})\b", rf"{RECORD_FILE}'s {RECORD_KEY}.{study}.\1", line)
 
 
 def _known_keys(location: tuple) -> list[str]:

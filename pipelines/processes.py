@@ -216,32 +216,66 @@ def _wait_gone(groups: Sequence[int], timeout_s: float) -> bool:
 
 
 class BuildRunning(RuntimeError):
-    """Another build of the project runs (the message names its process)."""
+    """Another build of the project, or of a study, runs (the message names its process)."""
 
 
 @contextlib.contextmanager
 def one_build(project: Path) -> Iterator[None]:
     """The project's build lock, held within the block; `BuildRunning`, naming the holder's process, at once if
     another command holds it. The kernel releases it when the holder exits, however."""
+    with _held(project, "layertune-build", lambda pid, command: f"another build of this project is running (PID "
+                                                               f"{pid}); wait for it to end, or stop it: kill {pid}"):
+        yield
+
+
+@contextlib.contextmanager
+def one_study_build(project: Path, studies: Iterable[str]) -> Iterator[None]:
+    """The locks of ``studies`` held within the block, by the stage that writes their folders (each per-study stage
+    its study's, the plan every study's); `BuildRunning`, naming the holder's process and command, at once if another
+    process holds one. So a stage run by hand (`kedro run`) beside a build's, which would train the same cells and
+    replace the build's folders, is refused: the build's own stages run one at a time (DVC's order), and
+    `layertune repro`'s lock (`one_build`) is another."""
+    with contextlib.ExitStack() as stack:
+        for study in studies:
+            stack.enter_context(_held(project, f"layertune-study-{study}", lambda pid, command, study=study: (
+                f"study {study} is being built by another process (PID {pid}: {command}); wait for it to end, or "
+                f"stop it: kill {pid}")))
+        yield
+
+
+@contextlib.contextmanager
+def _held(project: Path, name: str, refusal: Callable[[str, str], str]) -> Iterator[None]:
+    """Lock ``name`` of ``project`` (beside DVC's own, in .dvc/tmp), held within the block; else `BuildRunning` with
+    ``refusal(pid, command)`` of the process that holds it. The kernel releases it when the holder exits, however."""
     from filelock import FileLock, Timeout
 
     folder = project / ".dvc" / "tmp"
     folder.mkdir(parents=True, exist_ok=True)
-    holder = folder / "layertune-build.pid"
-    lock = FileLock(folder / "layertune-build.lock")
+    holder = folder / f"{name}.pid"
+    lock = FileLock(folder / f"{name}.lock")
     try:
         lock.acquire(timeout=0)
     except Timeout:
         pid = "?"
         with contextlib.suppress(OSError):
             pid = holder.read_text().strip() or "?"
-        raise BuildRunning(f"another build of this project is running (PID {pid}); wait for it to end, or stop it: "
-                           f"kill {pid}") from None
+        raise BuildRunning(refusal(pid, _command_of(pid))) from None
     try:
         holder.write_text(f"{os.getpid()}\n")
         yield
     finally:
         lock.release()
+
+
+def _command_of(pid: str) -> str:
+    """The command line of process ``pid``, its program by name (``python -m kedro run …``); "?" if unknown."""
+    import psutil
+
+    try:
+        command = psutil.Process(int(pid)).cmdline()
+    except (ValueError, psutil.Error):
+        return "?"
+    return " ".join(" ".join([Path(command[0]).name, *command[1:]]).split()) or "?"  # one line, whatever it holds
 
 
 if __name__ == "__main__":  # python -m pipelines.processes tied <parent pid> -- <command...>  (`tied`)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from layertune.io import disk_full, disk_full_error
 from pipelines.processes import die_with_parent, on_signals, terminated_as_interrupt
-from pipelines.trained_cells import CellDiskFull
 
 logger = logging.getLogger(__name__)
 
@@ -98,9 +98,9 @@ class InProcess:
             yield Started(job.key)
             try:
                 job.run()
-            except CellDiskFull:  # not the cell's failure: the stage stops with it, in one line
-                raise
             except Exception as error:  # KeyboardInterrupt (Ctrl-C, SIGTERM) goes on as it is
+                if disk_full(error):  # not the cell's failure: the stage stops with it, in one line
+                    raise
                 raise CellFailed(job.key, f"{type(error).__name__}: {error}") from error
             yield Finished(job.key)
 
@@ -174,10 +174,10 @@ def _work(index: int, tasks, events, parent: int) -> None:
             events.put(("started", index, job.key, int(time.time() * 1000)))
             try:
                 job.run()
-            except CellDiskFull as error:
-                events.put(("disk full", index, job.key, error))
-                return
             except Exception as error:
+                if (full := disk_full_error(error)) is not None:  # not the cell's failure: said as it is
+                    events.put(("disk full", index, job.key, full))
+                    return
                 events.put(("failed", index, job.key, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
                 return
             events.put(("finished", index, job.key, None))

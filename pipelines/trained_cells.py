@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layertune.cell import CellFolder, TrainedCell
-from layertune.io import atomic_directory, file_digest, file_digests, remove_stale_partials
+from layertune.io import (DiskFull, atomic_directory, disk_full, file_digest, file_digests, free_bytes, in_bytes,
+                          remove_stale_partials)
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +30,13 @@ UNVERIFIED = ".unverified"  # below `TrainedCells.retired`: folders set aside be
 
 
 def build_record(cell, code: str, data: str) -> dict:
-    """What a cell (a `layertune.study.StudyCell`) is built from, and its key: a digest of the rest. ``code``: the
-    library's fingerprint (`TrainPlan.code`); ``data``: the digest of the cell's prepared corpus."""
+    """What a cell (a `layertune.study.StudyCell`) is built from, and its key: a digest of the rest; and the cell it
+    is (``cell``, outside the digest: a folder found at another cell's place is known for what it is, whatever its
+    build). ``code``: the library's fingerprint (`TrainPlan.code`); ``data``: the digest of the cell's prepared
+    corpus."""
     made_of = {"spec": spec_digest(cell.spec), "models": list(cell.model_fingerprints), "code": code, "data": data}
     key = hashlib.sha256(json.dumps(made_of, sort_keys=True).encode()).hexdigest()[:32]
-    return {"key": key, **made_of}
+    return {"key": key, "cell": cell.key, **made_of}
 
 
 def spec_digest(spec) -> str:
@@ -113,21 +116,24 @@ class TrainedCells(Mapping):
         """Whether cell ``key``'s folder proves it is built for ``build_key`` (`proof_problem`)."""
         return proof_problem(self.path / key, build_key) is None
 
-    def settle(self, key: str, build_key: str) -> bool:
+    def settle(self, key: str, build_key: str, planned: Mapping[str, str] | None = None) -> bool:
         """Whether cell ``key`` is built for ``build_key``, once its place is settled: a folder there that proves it
-        stays, else a retired one that proves it is taken back. A folder looked at (there, then retired) that claims
-        that build without proving it, or that no build wrote, is set aside; an older build's stays where it is (in
-        place, for the new build to replace)."""
+        stays (files its build did not write moved aside), else a retired one that proves it is taken back. A folder
+        looked at (there, then retired) that does not prove it is set aside, whatever the reason, but for one: an
+        intact older build of this very cell stays where it is (in place, for the new build to replace). ``planned``:
+        ``{cell key: build key}`` of the study's plan, which names the cell an older record (one that does not name
+        its cell) was built for, where it is another planned cell's build."""
         place = self.path / key
         for folder in (place, self.retired / key):
             if not (folder.exists() or folder.is_symlink()):
                 continue
-            if (problem := proof_problem(folder, build_key)) is None:
+            if proof_problem(folder, build_key) is None:
                 if folder != place:
                     self._move(folder, place)
+                self._unrecorded_aside(place, key)
                 return True
-            if folder.is_symlink() or recorded_build_key(folder) in (None, build_key):
-                self._set_aside(folder, key, problem)
+            if (why := _not_an_older_build(folder, key, planned or {})) is not None:
+                self._set_aside(folder, key, why)
         return False
 
     # -- writing
@@ -166,14 +172,33 @@ class TrainedCells(Mapping):
     def _set_aside(self, folder: Path, key: str, problem: str) -> Path:
         """``folder`` (of cell ``key``) moved to ``retired/.unverified/<key>-<n>``, never over another, with one
         warning naming it and ``problem``; where it went."""
+        target = self._aside(key)
+        os.replace(folder, target)  # a link is moved as a link: nothing is followed
+        logger.warning("%s does not prove it holds cell %s (%s): set aside, untouched, in %s; the cell trains again",
+                       folder, key, problem, target)
+        return target
+
+    def _unrecorded_aside(self, folder: Path, key: str) -> None:
+        """What ``folder`` (cell ``key``'s, proving its build) holds beyond the files its build recorded (a note, a
+        link, a folder of your own) moved to ``retired/.unverified/<key>-<n>/``, each at its relative path, with one
+        warning naming them: the study's output holds what a clean build writes, and the cell stays built."""
+        found = _unrecorded(folder, set(read_record(folder)["files"]))
+        if not found:
+            return
+        target = self._aside(key)
+        for relative in found:
+            (target / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(folder / relative, target / relative)  # links moved as links
+        logger.warning("%s holds what its build did not write (%s): moved aside, untouched, to %s; the cell stays "
+                       "built", folder, ", ".join(map(str, found)), target)
+
+    def _aside(self, key: str) -> Path:
+        """A new place for something of cell ``key`` set aside: ``retired/.unverified/<key>-<n>``, never another's."""
         aside = self.retired / UNVERIFIED
         aside.mkdir(parents=True, exist_ok=True)
         number = 1
         while (target := aside / f"{key}-{number}").exists() or target.is_symlink():
             number += 1
-        os.replace(folder, target)  # a link is moved as a link: nothing is followed
-        logger.warning("%s does not prove it holds cell %s (%s): set aside, untouched, in %s; the cell trains again",
-                       folder, key, problem, target)
         return target
 
     def _retire(self, key: str) -> None:
@@ -193,24 +218,51 @@ class TrainedCells(Mapping):
         os.replace(source, target)
 
 
-class CellDiskFull(OSError):
+def _not_an_older_build(folder: Path, key: str, planned: Mapping[str, str]) -> str | None:
+    """None if ``folder`` is an intact build of cell ``key``, an older one; else why not. A folder swapped in from
+    another cell's place proves its own build, and its record names that cell (before records named their cell: its
+    key is that planned cell's, ``planned`` being ``{cell key: build key}``)."""
+    if (problem := proof_problem(folder)) is not None:
+        return problem
+    record = read_record(folder)
+    owner = record.get("cell") or next((cell for cell, build in planned.items() if build == record["key"]), key)
+    return None if owner == key else f"it holds the build of cell {owner}, not of {key}"
+
+
+def _unrecorded(folder: Path, files: set[str]) -> list[Path]:
+    """The paths below ``folder`` that are neither its build record nor one of ``files`` (relative paths), nor a
+    folder on their way: files and links, and folders holding nothing recorded, each whole. Links are not followed."""
+    recorded = {*files, BUILD_FILE}
+    holding = {parent for name in recorded for parent in Path(name).parents}
+    found = []
+    for root, folders, names in os.walk(folder):  # os.walk lists a link to a folder in `folders`, never enters it
+        here = Path(root).relative_to(folder)
+        for name in list(folders):
+            if here / name not in holding or (folder / here / name).is_symlink():
+                found.append(here / name)
+                folders.remove(name)
+        found += [here / name for name in names if str(here / name) not in recorded]
+    return sorted(found)
+
+
+class CellDiskFull(DiskFull):
     """No room for a cell's folder (nothing of it was written). Pickled as any OSError: a worker sends it on."""
 
 
 @contextlib.contextmanager
 def _disk_full_said(folder: Path, needed) -> Iterator[None]:
-    """A disk full (or a quota reached) while ``folder`` is written, as one `CellDiskFull` (``needed()``: the bytes
-    it takes); the atomic write has left nothing of it."""
+    """A disk full (or a quota reached) while ``folder`` is written, whatever the writer raised (the atomic write
+    says it as a `DiskFull`), as one `CellDiskFull` (``needed()``: the bytes it takes); the atomic write has left
+    nothing of it."""
     try:
         yield
-    except OSError as error:
-        if error.errno not in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) or isinstance(error, CellDiskFull):
+    except Exception as error:
+        if isinstance(error, CellDiskFull) or not disk_full(error):
             raise
-        size, free = needed(), shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free
-        raise CellDiskFull(error.errno, f"no space left for cell {folder.name}'s folder in {folder.parent}: it needs "
-                                        f"up to {size:,} bytes ({size / 2**20:,.1f} MiB) and {free:,} bytes are free. "
-                                        "Free space there; every cell built so far is kept, and the next build trains "
-                                        "only the rest") from None
+        raise CellDiskFull(errno.ENOSPC, f"no space left for cell {folder.name}'s folder in {folder.parent}: it needs "
+                                         f"up to {in_bytes(needed())} and {in_bytes(free_bytes(folder))} are free. "
+                                         "Free space there; every cell built so far is kept, and the next build trains "
+                                         "only the rest") from error
 
 
 def _state_bytes(model) -> int:

@@ -98,6 +98,53 @@ def toy_corpus():
     return toy_sentiment_corpus()
 
 
+class SmallDisks:
+    """``small_disks(folder, size, free=None)``: a tmpfs of ``size`` bytes mounted at ``folder`` (made if missing),
+    with ``free`` bytes left free by a filler file (``.filler``, at its root) where given; ``release(folder)``
+    unmounts it (what was written there goes with it), and every one left is unmounted after the test. A real full
+    disk, which every writer meets as it would (safetensors', Arrow's and numpy's own errors included). Mounting needs
+    root: CI runs as root, where its absence fails the test; elsewhere it is skipped, saying why."""
+
+    def __init__(self) -> None:
+        self.mounted: list[Path] = []
+
+    def __call__(self, folder: Path, size: int, free: int | None = None) -> Path:
+        import subprocess
+
+        folder.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            why = f"a small disk is a tmpfs mounted as root; mount said: {done.stderr.strip()}"
+            pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
+        self.mounted.append(folder)
+        if free is not None:
+            self.fill(folder, free)
+        return folder
+
+    @staticmethod
+    def fill(folder: Path, free: int) -> None:
+        """``folder``'s disk filled to leave ``free`` bytes (by ``.filler`` at its root)."""
+        disk = os.statvfs(folder)
+        with open(folder / ".filler", "ab") as filler:
+            filler.write(bytes(max(disk.f_bavail * disk.f_frsize - free, 0)))
+
+    def release(self, folder: Path) -> None:
+        import subprocess
+
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+        self.mounted.remove(folder)
+
+
+@pytest.fixture
+def small_disk():
+    """`SmallDisks`, each unmounted after the test."""
+    disks = SmallDisks()
+    yield disks
+    for folder in reversed(disks.mounted):
+        disks.release(folder)
+
+
 class FakeHub:
     """`huggingface_hub.hf_hub_download` served from ``root/<hub id>/<file>`` (tests/hub: the real config.json of
     the hub models that profiles name), recording each (hub id, file, revision) asked for."""

@@ -37,6 +37,22 @@ def test_train_cell_writes_a_complete_cell_folder(tiny_bert, tmp_path, capsys):
     assert spec.encoders[0].tunable_layers == 1 and spec.training.seed == 3 and spec.training.learning_rate == 1e-3
 
 
+def test_the_per_epoch_log_line_shows_learning_rates_as_rates(tiny_bert, tmp_path, capsys, caplog):
+    """At 5e-5 the line said 'learning_rate': 0.0 at every epoch (every value rounded to 4 decimals); it shows 4
+    significant digits, history.json every digit."""
+    with caplog.at_level("INFO", logger="layertune.trainer"):
+        assert main(["train-cell", "--path", data_folder(tmp_path), "--model", str(tiny_bert), "--tunable-layers", "1",
+                     "--seed", "3", "--epochs", "3", "--batch-size", "8", "--learning-rate", "5e-5",
+                     "--output-dir", str(tmp_path / "cell"), "--cache-dir", str(tmp_path / "cache")]) == 0
+    history = json.loads((tmp_path / "cell" / "history.json").read_text())
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("epoch ")]
+    assert len(lines) == 3 and 0 < history[0]["learning_rate"] < 1e-4
+    for line, epoch in zip(lines, history):
+        rate = float(format(epoch["learning_rate"], ".4g"))
+        assert f"'learning_rate': {rate!r}" in line, line
+    assert "'learning_rate': 0.0," not in lines[0] and "e-05" in lines[0]
+
+
 def test_every_library_argument_is_an_option(capsys):
     """The options are generated from the specs: each LanguageModel and training argument has one."""
     with pytest.raises(SystemExit):
@@ -130,6 +146,21 @@ def test_the_current_or_home_folder_is_refused_at_once_even_with_overwrite(tmp_p
     err = one_line_error(capsys)
     assert f"Output folder {where!r} is " in err and "would replace the folder and delete everything in it" in err
     assert [p.name for p in work.iterdir()] == ["mine.txt"] and [p.name for p in work.parent.iterdir()] == ["work"]
+
+
+def test_the_root_folder_from_another_folder_is_refused_naming_the_current_folder_and_a_new_one(tmp_path, capsys,
+                                                                                               monkeypatch,
+                                                                                               no_training):
+    """It said "a parent of the current folder (/)", which reads as if / were the current folder, and suggested
+    '/run', a system folder."""
+    work = tmp_path / "work"
+    (work / "run").mkdir(parents=True)  # taken: the suggestion is a folder that nothing holds yet
+    monkeypatch.chdir(work)
+    assert main(["train-cell", "--task", "sst2", "--model", "m", "--output-dir", "/", "--overwrite"]) == 2
+    err = one_line_error(capsys)
+    assert f"Output folder '/' is a parent of the current folder ({work}): writing an output there would replace the " \
+           "folder and delete everything in it. Give a new folder for the output, e.g. 'run-2'." in err, err
+    assert "'/run'" not in err and not (work / "run-2").exists()
 
 
 def test_a_model_with_only_pickled_weights_is_refused_in_one_line_before_any_unpickling(tiny_bert, tmp_path, capsys,

@@ -149,9 +149,10 @@ def test_recording_rounds_writes_the_record_whole_and_never_params_yaml(tmp_path
 @pytest.mark.parametrize("params, record, message", [
     ({"decide": {"looks": 3, "rounds": {"sst2-tiny-1-3": {}}}}, {}, "studies.s.decide.rounds: rounds are recorded in "
      "rounds.yaml (decided.s), which layertune repro --decide writes; remove rounds from params.yaml"),
-    ({}, {"s": {"rounds": {}}}, "rounds.yaml: decided.s: a record of rounds, but params.yaml has no study 's' with "
-     "a decide section"),
-    ({"decide": {"looks": 3}}, {"s": {"seeds": [3]}}, "rounds.yaml: decided.s.seeds: not part of a record of rounds"),
+    ({}, {"s": {"rounds": {}}}, "rounds.yaml is invalid:\n  decided.s: a record of rounds, but params.yaml has no "
+     "study 's' with a decide section"),
+    ({"decide": {"looks": 3}}, {"s": {"seeds": [3]}}, "rounds.yaml is invalid:\n  decided.s.seeds: not part of a "
+     "record of rounds"),
 ])
 def test_the_record_of_rounds_has_one_place(params, record, message):
     """Rounds in params.yaml beside the record file would be two records of one study; an entry for a study with
@@ -162,6 +163,67 @@ def test_the_record_of_rounds_has_one_place(params, record, message):
     decided = {**study("layers", ["sst2"], {"tiny": "org/tiny"}, [0, 1], [1, 2]), **params}
     with pytest.raises(ParamsError, match=re.escape(message)):
         validate_params({"download": {"mirror": None}, "studies": {"s": decided}, "decided": record})
+
+
+RECORDED_WITH = {"tolerance": 0.01, "confidence": 0.95, "looks": 3, "spending": "obrien-fleming",
+                 "seeds_per_round": 2, "evaluation_size": None}
+
+
+@pytest.mark.parametrize("change, line", [
+    (lambda cell, with_: cell.update(tunable_layers=3),
+     "decided.s.rounds.sst2-tiny-3-3: tunable layer 3 is not on the study's grid"),
+    (lambda cell, with_: cell.update(seed="3"), "decided.s.rounds.sst2-tiny-1-3.seed: Input should be a valid integer"),
+    (lambda cell, with_: with_.update(rule="renamed"),
+     "decided.s.decided_with.rule: the recorded rounds were chosen by rule 'renamed', and today's is"),
+], ids=["a setting off the grid", "a seed typed as text", "a rule renamed"])
+def test_an_error_in_the_record_of_rounds_names_rounds_yaml_and_its_key_there(tmp_path, change, line):
+    """The plan said 'params.yaml is invalid: studies.s.decide.rounds…', a key that is nowhere: the record is
+    rounds.yaml's, and its key there is decided.<study>.…"""
+    from layertune.rounds import RULE
+    from pipelines.param_checks import InvalidParams
+    from tests.projects import make_project, run
+
+    project = make_project(tmp_path, {"download": {"mirror": "mirror"}, "studies": {"s": study(
+        "layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 1], [1, 2], decide={"looks": 3})}})
+    cells = {f"sst2-tiny-{k}-3": {"task": "sst2", "encoder": "tiny", "tunable_layers": k, "seed": 3, "round": 2}
+             for k in (0, 1)}
+    decided_with = {**RECORDED_WITH, "rule": RULE}
+    run(project, "plan")  # as recorded: accepted
+    change(cells["sst2-tiny-1-3"], decided_with)
+    (project / "rounds.yaml").write_text(yaml.safe_dump({"decided": {"s": {
+        "rounds": {f"sst2-tiny-{cell['tunable_layers']}-{cell['seed']}": cell for cell in cells.values()},
+        "decided_with": decided_with}}}))
+    with pytest.raises(InvalidParams) as refused:
+        run(project, "plan")
+    header, said = refused.value.message.split("\n  ")
+    assert header == "rounds.yaml is invalid:" and said.startswith(line), refused.value.message
+    assert "params.yaml" not in refused.value.message and "decide.rounds" not in said
+
+
+def test_dvc_exp_run_of_a_value_the_rounds_were_decided_with_is_refused_saying_what_dvc_wrote(tmp_path):
+    """Decided (issue 57): DVC applies -S to params.yaml before the plan can refuse it, and leaves it there, as it does
+    for any experiment a stage fails. The refusal says so, and how to see and undo it; nothing else is touched."""
+    from layertune.rounds import RULE
+
+    project = make_dvc_project(tmp_path / "project", {"download": {"mirror": "mirror"}, "studies": {"s": study(
+        "layers", ["sst2"], {"tiny": "models/tiny-a"}, [0, 1], [1, 2], decide={"looks": 3})}})
+    cells = {f"sst2-tiny-{k}-3": {"task": "sst2", "encoder": "tiny", "tunable_layers": k, "seed": 3, "round": 2}
+             for k in (0, 1)}
+    (project / "rounds.yaml").write_text(yaml.safe_dump({"decided": {"s": {
+        "rounds": cells, "decided_with": {**RECORDED_WITH, "tolerance": 0.01, "rule": RULE}}}}))
+    env = {**os.environ, **project_env(project)}
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "--quiet", "-am",
+                    "a round"], cwd=project, check=True)
+    done = subprocess.run(["dvc", "exp", "run", "-S", "++studies.s.report.tolerance=0.05"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "Traceback" not in output, output[-3000:]
+    assert "studies.s: report.tolerance: 0.05, but the recorded rounds were decided with 0.01" in output
+    assert re.search(r"\(dvc exp run [\w-]+: DVC wrote any -S values into params.yaml and rounds.yaml before this "
+                     r"check, and leaves them there: git diff params.yaml rounds.yaml shows them; undo them, or git "
+                     r"checkout the two files if they held no edits of yours\)", output), output[-3000:]
+    assert yaml.safe_load((project / "params.yaml").read_text())["studies"]["s"]["report"]["tolerance"] == 0.05
+    assert not (project / "data" / "00_plan").exists()
 
 
 class Clock:

@@ -4,6 +4,7 @@ half-written cell, no process training on; and the next build trains only the ce
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -158,6 +159,84 @@ def test_an_unwritable_cache_folder_is_one_line_before_any_work(slow_project, tm
     [error] = [line for line in output.splitlines() if "Error" in line]
     assert error.startswith(f"Error: Cannot write the layertune cache folder {cache} (")
     assert error.endswith("Point the catalog's feature_cache (conf/base/catalog.yml) at a folder you can write.")
+
+
+def _holding(project: Path, *studies: str) -> subprocess.Popen:
+    """A process that holds the locks of ``studies`` (as a stage of a build does) until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from pipelines.processes import one_study_build
+        with one_study_build(Path({str(project)!r}), {list(studies)!r}):
+            print("held", flush=True)
+            time.sleep(120)
+    """)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+@pytest.mark.parametrize("stage, runtime", [("train", {"study": "slow"}), ("evaluate", {"study": "slow"}),
+                                            ("plan", {})])
+def test_a_stage_run_by_hand_beside_a_build_of_its_study_is_refused_naming_the_holder(slow_project, stage, runtime):
+    """`kedro run` by hand while a build trains the study trained the same cells beside it and replaced the build's
+    folders (issue 57): each stage that writes a study's folders holds the study's lock (the plan, every study's),
+    and refuses at once in one line naming the process that holds it. Once it ends, the stage runs."""
+    from pipelines.param_checks import StageStopped
+    from pipelines.processes import one_study_build
+
+    models = slow_project / "data" / "04_models" / "slow"
+    holder = _holding(slow_project, "slow")
+    try:
+        with pytest.raises(StageStopped) as refused:
+            run(slow_project, stage, **runtime)
+    finally:
+        holder.kill()
+        holder.wait()
+    said = refused.value.message
+    assert refused.value.exit_code == 1 and "\n" not in said, said
+    assert said.startswith(f"study slow is being built by another process (PID {holder.pid}: "
+                           f"{Path(sys.executable).name} -c import time from pathlib import Path"), said
+    assert said.endswith(f"; wait for it to end, or stop it: kill {holder.pid}"), said
+    assert not models.exists()  # refused before any work
+    if stage == "plan":
+        run(slow_project, stage, **runtime)  # the holder gone, it runs; and it let the lock go as it ended
+        with one_study_build(slow_project, ["slow"]):
+            pass
+
+
+@pytest.mark.slow
+def test_kedro_run_by_hand_beside_layertune_repro_is_refused_and_the_report_is_a_clean_builds(tmp_path):
+    """Issue 57: while `layertune repro slow` trained, `kedro run --pipelines train --params study=slow` by hand
+    opened its own build run, trained the same cells beside it, replaced the build's folders, and a later `sync`
+    ended the build's runs KILLED. Now it is refused in one line naming the build's train stage; the build goes on,
+    its report is a clean build's, and every cell has one FINISHED run."""
+    from tests.projects import make_dvc_project
+
+    params = slow_study(epochs=400)  # two cells of seconds each: the hand run starts while the first trains
+    project = make_dvc_project(tmp_path / "project", params)
+    env = {**os.environ, **project_env(project)}
+    build = subprocess.Popen(["layertune", "repro", "slow"], cwd=project, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: "RUNNING" in cell_runs(project).get("sst2-tiny-1-1", []), what="the first cell's run")
+        by_hand = subprocess.run(TRAIN, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+        assert build.poll() is None, "the build ended before the hand run was refused: give its cells more epochs"
+    finally:
+        log = build.communicate(timeout=600)[0]
+    assert build.returncode == 0, log[-3000:]
+    output = by_hand.stdout + by_hand.stderr
+    assert by_hand.returncode == 1 and "Traceback" not in output and " trained" not in output, output[-3000:]
+    [line] = [line for line in output.splitlines() if "Error" in line]
+    assert re.fullmatch(r"Error: study slow is being built by another process \(PID (\d+): python -m kedro run "
+                        r"--pipelines train --params study=slow\); wait for it to end, or stop it: kill \1", line), line
+    assert cell_runs(project) == {"build": ["FINISHED"], "sst2-tiny-1-1": ["FINISHED"], "sst2-tiny-1-2": ["FINISHED"]}
+
+    clean = make_dvc_project(tmp_path / "clean", params)
+    done = subprocess.run(["dvc", "repro"], cwd=clean, env={**os.environ, **project_env(clean)},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for report in ("slow.json", "slow/details.json", "slow.scores.csv", "slow.losses.csv"):
+        assert (project / "reports" / report).read_bytes() == (clean / "reports" / report).read_bytes(), report
 
 
 def _project_processes(project: Path) -> list[str]:

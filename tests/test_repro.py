@@ -2,6 +2,7 @@
 line (the builds themselves: test_scale.py, test_ray_cluster.py)."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -56,6 +57,8 @@ LAUGHS = "".join(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]\n"
     ({"a" * 300: "ablation"}, {}, "'aaaaaaaaaaaaaaaaaaaa'… is not a valid name: 300 characters, at most 48"),
     ("a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9]\n" + LAUGHS, {},
      "params.yaml: its aliases (*name) expand it to more than 100,000 values"),
+    (("# " + "x" * 98 + "\n") * 11_000, {}, "params.yaml: 1,111,000 bytes (1.1 MiB), more than the 1,048,576 bytes "
+     "(1.0 MiB) a parameter file may hold: DVC, Kedro and every stage read it at each build"),
 ])
 def test_bad_params_or_environment_are_one_line_before_dvc_starts(project, tmp_path, monkeypatch, capsys, params,
                                                                    environment, message):
@@ -81,6 +84,48 @@ def test_bad_params_or_environment_are_one_line_before_dvc_starts(project, tmp_p
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("layertune repro: ") and message in line
     assert not (copy / "data").exists()
+
+
+def test_a_missing_record_of_rounds_is_one_line_with_the_fix_before_dvc_and_in_the_stages(project, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """It was DVC's "dependency 'rounds.yaml' does not exist", naming no fix; a stage run by hand read the decided
+    studies without their rounds."""
+    import shutil
+
+    from pipelines.param_checks import InvalidParams
+    from tests.projects import run
+
+    copy = tmp_path / "copy"
+    shutil.copytree(project, copy)
+    (copy / "rounds.yaml").unlink()
+    monkeypatch.chdir(copy)
+    assert repro([]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    fix = ("rounds.yaml is missing: it is the record of the decided studies' rounds (layertune repro --decide writes "
+           "it, dvc.yaml's plan stage reads it). Restore it (git checkout rounds.yaml), or write an empty record, "
+           "'decided: {}', to decide every study again from its grid")
+    assert line == f"layertune repro: {fix}"
+    with pytest.raises(InvalidParams, match=re.escape(fix)):
+        run(copy, "plan")
+    assert not (copy / "data").exists()
+
+
+def test_a_parameter_file_of_megabytes_is_refused_by_the_stages_too(project, tmp_path):
+    """A 50 MB params.yaml of comments made a build that trains nothing take 219 s instead of 5, with no word: DVC,
+    Kedro and each stage's check read it at every build. Refused, as by `layertune repro` before DVC (above)."""
+    import shutil
+
+    from pipelines.param_checks import InvalidParams
+    from tests.projects import run
+
+    copy = tmp_path / "copy"
+    shutil.copytree(project, copy)
+    with open(copy / "params.yaml", "a") as params:
+        params.write(("# " + "x" * 98 + "\n") * 11_000)
+    started = time.monotonic()
+    with pytest.raises(InvalidParams, match="params.yaml: [0-9,]+ bytes .* more than the 1,048,576 bytes"):
+        run(copy, "plan")
+    assert time.monotonic() - started < 30 and not (copy / "data").exists()
 
 
 def test_a_second_build_of_the_project_is_one_line_naming_the_first(project):

@@ -244,3 +244,32 @@ def test_a_folder_that_does_not_prove_its_cell_trains_again_and_the_report_is_a_
     runs = [run for run in cell_runs(b) if run[0].startswith("sst2-tiny-")]
     assert sorted(name for name, status in runs if status == "FINISHED") == [
         f"sst2-tiny-{k}-{seed}" for k in (0, 2) for seed in (1, 2)]
+
+
+def test_two_cell_folders_swapped_whole_are_set_aside_and_the_report_is_a_clean_builds(origin, tmp_path):
+    """Issue 57: the folders of two cells exchanged whole (each with its own cell.json and build record) were each
+    taken for an older build of the cell at its place, retrained over, and deleted without a word. Both are set
+    aside with a warning naming the cell each holds, both cells train again, and the reports are the clean build's.
+    A note left in a third cell's folder is moved aside: that cell stays built, and the output is a clean build's."""
+    _, serial = origin
+    b = copy_of(serial, tmp_path / "b")
+    models = b / "data" / "04_models" / "ablation"
+    os.replace(models / "sst2-tiny-0-1", models / "swap")
+    os.replace(models / "sst2-tiny-0-2", models / "sst2-tiny-0-1")
+    os.replace(models / "swap", models / "sst2-tiny-0-2")
+    (models / "sst2-tiny-2-1" / "notes.txt").write_text("mine")
+    log = sh(b, "dvc", "repro")
+    assert trained(log) == ["sst2-tiny-0-1", "sst2-tiny-0-2"]
+    for cell, other in (("0-1", "0-2"), ("0-2", "0-1")):
+        [warning] = [line for line in log.splitlines() if f"does not prove it holds cell sst2-tiny-{cell} " in line]
+        assert f"(it holds the build of cell sst2-tiny-{other}, not of sst2-tiny-{cell})" in warning
+    unverified = b / "data" / "04_models" / ".retired" / "ablation" / ".unverified"
+    assert sorted(p.name for p in unverified.iterdir()) == ["sst2-tiny-0-1-1", "sst2-tiny-0-2-1", "sst2-tiny-2-1-1"]
+    for cell, other in (("0-1", "0-2"), ("0-2", "0-1")):  # each kept whole, as it was
+        assert (unverified / f"sst2-tiny-{cell}-1" / "model" / "model.safetensors").read_bytes() == \
+            (serial / "data" / "04_models" / "ablation" / f"sst2-tiny-{other}" / "model" /
+             "model.safetensors").read_bytes()
+    assert (unverified / "sst2-tiny-2-1-1" / "notes.txt").read_text() == "mine"
+    assert not (models / "sst2-tiny-2-1" / "notes.txt").exists()
+    assert reports(b) == reports(serial)
+    assert sh(b, "dvc", "status").split() == ["plan:", "always", "changed"]

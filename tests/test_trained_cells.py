@@ -7,6 +7,7 @@ packed cell, or one that does not prove its build, is refused before anything is
 import io
 import json
 import logging
+import os
 import re
 import shutil
 import tarfile
@@ -59,7 +60,7 @@ def test_a_written_cell_proves_its_build_and_nothing_else(tmp_path):
                                        "model/config.json", "model/model.safetensors", "predictions.json",
                                        "run_info.json"]
     assert study.is_built(key, build["key"]) and study.settle(key, build["key"])
-    assert not study.is_built(key, "another build")
+    assert not study.is_built(key, "another build") and record["cell"] == key
 
 
 def swap_files(source: Path, target: Path) -> None:
@@ -115,6 +116,69 @@ def test_an_older_builds_folder_stays_for_the_new_build_to_replace(tmp_path, cap
     with caplog.at_level(logging.WARNING):
         assert not study.settle(key, "a newer build")
     assert (study.path / key).is_dir() and not caplog.text
+
+
+@pytest.mark.parametrize("records", ["naming their cell", "from before records named their cell"])
+def test_two_folders_swapped_whole_are_both_set_aside_and_train_again(tmp_path, caplog, records):
+    """Each proves its own build, under the other's name: each was taken for an older build of the cell at its place,
+    and deleted when that cell trained again (issue 57)."""
+    study = cells(tmp_path)
+    (one, build_one), (two, build_two) = write(study, 1, WEIGHTS), write(study, 2, WEIGHTS[::-1])
+    if records != "naming their cell":
+        for key in (one, two):
+            record = json.loads((study.path / key / BUILD_FILE).read_text())
+            del record["cell"]
+            (study.path / key / BUILD_FILE).write_text(json.dumps(record))
+    os.replace(study.path / one, study.path / "swap")
+    os.replace(study.path / two, study.path / one)
+    os.replace(study.path / "swap", study.path / two)
+    planned = {one: build_one["key"], two: build_two["key"]}
+    with caplog.at_level(logging.WARNING):
+        assert not study.settle(one, build_one["key"], planned) and not study.settle(two, build_two["key"], planned)
+    assert not list(study.path.iterdir())
+    assert (set_aside(study, one) / "model" / "model.safetensors").read_bytes() == WEIGHTS[::-1]  # cell 2's, whole
+    assert (set_aside(study, two) / "model" / "model.safetensors").read_bytes() == WEIGHTS
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2 and f"{study.path / one} does not prove it holds cell {one} (it holds the build of cell " \
+        f"{two}, not of {one}): set aside, untouched, in {set_aside(study, one)}" in lines[0], lines
+
+
+def test_what_a_build_did_not_write_is_moved_aside_and_the_cell_stays_built(tmp_path, caplog):
+    """A note, a folder of your own, a file in the model's folder, a link out of the study: the cell proves its
+    build, so it stays built, and what its build did not write leaves the study's output (which DVC would track and
+    push) for the cell's place aside, each at its path, untouched."""
+    study = cells(tmp_path)
+    key, build = write(study, 1)
+    folder = study.path / key
+    written = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    (folder / "notes.txt").write_text("mine")
+    (folder / "model" / "extra.bin").write_bytes(b"x")
+    (folder / "plots").mkdir()
+    (folder / "plots" / "loss.png").write_bytes(b"png")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("out")
+    (folder / "link").symlink_to(outside)
+    with caplog.at_level(logging.WARNING):
+        assert study.settle(key, build["key"])
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == written
+    aside = set_aside(study, key)
+    assert (aside / "notes.txt").read_text() == "mine" and (aside / "model" / "extra.bin").read_bytes() == b"x"
+    assert (aside / "plots" / "loss.png").read_bytes() == b"png" and (aside / "link").is_symlink()
+    assert outside.read_text() == "out"
+    [line] = [record.getMessage() for record in caplog.records]
+    assert line == (f"{folder} holds what its build did not write (link, model/extra.bin, notes.txt, plots): moved "
+                    f"aside, untouched, to {aside}; the cell stays built")
+    assert study.settle(key, build["key"]) and not (study.retired / ".unverified" / f"{key}-2").exists()
+
+
+def test_an_older_build_changed_by_hand_is_set_aside_not_replaced(tmp_path, caplog):
+    study = cells(tmp_path)
+    key, _ = write(study, 1)
+    (study.path / key / "metrics.json").write_text("{}")  # yours now: the new build would have deleted it
+    with caplog.at_level(logging.WARNING):
+        assert not study.settle(key, "a newer build")
+    assert not (study.path / key).exists() and (set_aside(study, key) / "metrics.json").read_text() == "{}"
+    assert "metrics.json is not the file its build wrote" in caplog.text
 
 
 @pytest.mark.parametrize("kind", ["a user's folder", "a link out of the study"])
@@ -179,7 +243,6 @@ def test_an_archive_that_is_not_a_packed_cell_is_refused_and_writes_nothing(tmp_
 def test_a_full_disk_while_a_cell_is_saved_names_the_folder_and_the_bytes_and_loses_nothing(tmp_path, monkeypatch):
     import errno
 
-    from pipelines.train.nodes import _disk_full_stops_the_stage
     from pipelines.trained_cells import CellDiskFull
 
     study = cells(tmp_path)
@@ -192,14 +255,14 @@ def test_a_full_disk_while_a_cell_is_saved_names_the_folder_and_the_bytes_and_lo
 
     monkeypatch.setattr(SavedModel, "save", full)
     key = cell(2).key
-    with pytest.raises(CellDiskFull, match=rf"^\[Errno 28\] no space left for cell {key}'s folder in "
-                                           rf"{re.escape(str(study.path))}: it needs up to 0 bytes .* bytes are free. "
+    with pytest.raises(CellDiskFull, match=rf"^no space left for cell {key}'s folder in "
+                                           rf"{re.escape(str(study.path))}: it needs up to 0 bytes and .* are free. "
                                            "Free space there; every cell built so far is kept") as raised:
         write(study, 2)
     assert sorted(p.name for p in study.path.iterdir()) == [built]  # nothing half-written, the built cell kept
     assert study.is_built(built, build["key"])
-    from pipelines.param_checks import StageStopped
+    from pipelines.param_checks import ParamsCheckHook, StageStopped
 
-    with pytest.raises(StageStopped) as stopped, _disk_full_stops_the_stage():
-        raise raised.value
-    assert stopped.value.exit_code == 1 and "\n" not in stopped.value.message
+    with pytest.raises(StageStopped) as stopped:  # as the stage ends with it
+        ParamsCheckHook().on_pipeline_error(error=raised.value)
+    assert stopped.value.exit_code == 1 and stopped.value.message == raised.value.strerror

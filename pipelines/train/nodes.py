@@ -14,7 +14,7 @@ from pipelines.datasets import SavedCorpus
 from pipelines.plans import TrainPlan
 from pipelines.processes import terminated_as_interrupt
 from pipelines.scheduling import CellJob, Started
-from pipelines.trained_cells import CellDiskFull, TrainedCells, build_record
+from pipelines.trained_cells import TrainedCells, build_record
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +28,10 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
         raise InvalidParams(str(error)) from None
     data = {task: scheduling.loaded(corpora[task]).fingerprint for task in {cell.task for cell in plan.cells}}
     builds = {cell.key: build_record(cell, plan.code, data[cell.task]) for cell in plan.cells}
+    build_keys = {key: build["key"] for key, build in builds.items()}
     if is_main_process():  # in a cell trained by several processes, the main one moves folders; the others wait
         cells.set_aside(builds)
-        built = {cell.key for cell in plan.cells if cells.settle(cell.key, builds[cell.key]["key"])}
+        built = {cell.key for cell in plan.cells if cells.settle(cell.key, build_keys[cell.key], build_keys)}
     if launched():
         state().wait_for_everyone()
     if not is_main_process():
@@ -42,13 +43,12 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
     planned = {cell.key: cell for cell in plan.cells}
     prepared = {task: corpus.path for task, corpus in corpora.items()}
     started: dict[str, float] = {}
-    build_keys = {key: build["key"] for key, build in builds.items()}
     with terminated_as_interrupt(), tracking.StudyRuns(plan.study, cells, planned, prepared, build_keys,
                                                         enabled=is_main_process()) as runs:
         if jobs:
             runs.open_build({"cells": len(jobs), "where": scheduler.description})
         training_since = time.monotonic()
-        with contextlib.closing(scheduler.cells(jobs)) as events, _disk_full_stops_the_stage():
+        with contextlib.closing(scheduler.cells(jobs)) as events:
             for event in events:
                 if isinstance(event, Started):
                     started[event.key] = time.monotonic()
@@ -58,17 +58,6 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                 took = f" in {time.monotonic() - started[event.key]:.1f} s" if event.key in started else ""
                 logger.info("[%d/%d] %s trained%s%s", len(runs.done), len(jobs), event.key, took,
                             time_left(time.monotonic() - training_since, len(runs.done), len(jobs), plan.study))
-
-
-@contextlib.contextmanager
-def _disk_full_stops_the_stage():
-    """A full disk under the study's cells ends the stage with its one line (`CellDiskFull`), no traceback."""
-    from pipelines.param_checks import StageStopped
-
-    try:
-        yield
-    except CellDiskFull as full:
-        raise StageStopped(full.strerror) from None
 
 
 def time_left(elapsed_s: float, done: int, total: int, study: str) -> str:

@@ -46,7 +46,8 @@ from tqdm.auto import tqdm
 
 from layertune import cache_costs, timing
 from layertune.batching import BoundaryStates, Examples
-from layertune.io import atomic_directory, cache_root, check_writable, dataset_digest, file_digest, write_json
+from layertune.io import (DiskFull, atomic_directory, cache_root, check_writable, dataset_digest, file_digest,
+                          write_json)
 from layertune.tokenization import tokenize_corpus
 from layertune.training_config import TrainingConfig, autocast_context, cache_decision
 
@@ -396,7 +397,7 @@ def _reserve(fd: int, start: int, end: int) -> None:
         os.pwrite(fd, zeros[: end - position], position)
 
 
-class CacheDiskFull(OSError):
+class CacheDiskFull(DiskFull):
     """No room for a cache entry: names the folder, the bytes needed and free, and what to do (``advice``, which
     a caller that sets the folder itself, such as the study pipeline, replaces with its own)."""
 
@@ -414,3 +415,6 @@ class CacheDiskFull(OSError):
     def advising(self, advice: str) -> CacheDiskFull:
         """The same error with other advice."""
         return CacheDiskFull(self.errno, self.root, self.needed, self.boundaries, advice)
+
+    def __reduce__(self):  # pickled as a plain DiskFull, its message whole (a worker process sends it on)
+        return DiskFull, (self.errno, self.strerror)

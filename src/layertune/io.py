@@ -9,10 +9,11 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 CACHE_ENV = "LAYERTUNE_CACHE"  # where the library keeps what it can compute again (tokenized data, frozen states)
@@ -26,6 +27,7 @@ def cache_root() -> Path:
 _PARTIAL = ".partial-"  # staging folders and files: .<name>.partial-<pid>-<random>[<suffix>]
 # In every folder `output_directory` writes: what proves that replacing the folder loses nothing of the user's.
 MARKER = ".layertune-output"
+Needed = int | Callable[[], int] | None  # the bytes an output takes, or what counts them when asked (a full disk)
 
 
 class OutputDirectoryError(ValueError):
@@ -39,11 +41,12 @@ def check_output_directory(path: str | Path, *, overwrite: bool = False) -> Path
     given, path = str(path), Path(path).expanduser()  # messages name the folder as the caller wrote it
     resolved, cwd, home = path.resolve(), Path.cwd().resolve(), Path.home().resolve()
     if resolved in (cwd, *cwd.parents, home, *home.parents):
-        what = "the current folder" if resolved == cwd else "the home folder" if resolved == home else (
-            "a parent of the current folder" if resolved in cwd.parents else "a parent of the home folder")
+        what = f"the current folder ({cwd})" if resolved == cwd else f"the home folder ({home})" \
+            if resolved == home else f"a parent of the current folder ({cwd})" if resolved in cwd.parents \
+            else f"a parent of the home folder ({home})"
         raise OutputDirectoryError(
-            f"Output folder {given!r} is {what} ({resolved}): writing an output there would replace the folder "
-            f"and delete everything in it. Give a new folder for the output, e.g. {os.path.join(given, 'run')!r}.")
+            f"Output folder {given!r} is {what}: writing an output there would replace the folder and delete "
+            f"everything in it. Give a new folder for the output, e.g. {_new_folder_name()!r}.")
     if path.is_symlink():
         raise OutputDirectoryError(f"Output folder {given!r} is a symbolic link (to {resolved}): the output would "
                                    "replace the link. Give the folder it points to, or a new folder.")
@@ -59,35 +62,44 @@ def check_output_directory(path: str | Path, *, overwrite: bool = False) -> Path
         "(on the command line --overwrite) to replace it and everything in it.")
 
 
+def _new_folder_name() -> str:
+    """A folder name in the current folder that nothing holds yet (``run``, else ``run-2``, …): what a refused output
+    folder's message suggests. Below the given folder it could be a system one (``/`` gave ``/run``)."""
+    return next(name for name in ("run", *(f"run-{n}" for n in range(2, 1000))) if not os.path.lexists(name))
+
+
 def _empty_or_marked(folder: Path) -> bool:
     marker = folder / MARKER
     return not any(folder.iterdir()) or marker.is_file() and not marker.is_symlink()
 
 
 @contextlib.contextmanager
-def output_directory(path: str | Path, *, overwrite: bool = False, written_by: str = "layertune") -> Iterator[Path]:
+def output_directory(path: str | Path, *, overwrite: bool = False, written_by: str = "layertune",
+                     needed: Needed = None) -> Iterator[Path]:
     """`atomic_directory` for a folder the user names: `check_output_directory` first, and again before the swap
     (the folder may have changed while the block ran); the new folder holds `MARKER` (JSON: ``written_by``), so
     the next output may replace it without ``overwrite``."""
     check_output_directory(path, overwrite=overwrite)
-    with atomic_directory(Path(path).expanduser()) as staging:
+    with atomic_directory(Path(path).expanduser(), needed=needed) as staging:
         write_json(staging / MARKER, {"written_by": written_by, "note": "a later output here replaces this folder"})
         yield staging
         check_output_directory(path, overwrite=overwrite)
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | Path) -> Iterator[Path]:
+def atomic_directory(path: str | Path, *, needed: Needed = None) -> Iterator[Path]:
     """Yield a staging folder beside ``path``; it takes ``path``'s place, in one atomic step, only if the block
-    finishes without error. Staging folders left by processes that died (a kill during a write) are removed."""
+    finishes without error. Staging folders left by processes that died (a kill during a write) are removed. A
+    full disk, whichever writer met it, is one `DiskFull` naming the folder and ``needed`` (`disk_full_said`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(path.parent)
     # A plain mkdir (not mkdtemp's private 0700) so that the result has ordinary permissions.
     staging = path.parent / f".{path.name}{_PARTIAL}{os.getpid()}-{uuid.uuid4().hex}"
-    staging.mkdir()
     try:
-        yield staging
+        with disk_full_said(path, needed, staging):
+            staging.mkdir()
+            yield staging
         if path.exists():
             _exchange(staging, path)  # staging now holds the old folder, removed below
         else:
@@ -97,16 +109,18 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | Path) -> Iterator[Path]:
+def atomic_file(path: str | Path, *, needed: Needed = None) -> Iterator[Path]:
     """Yield a staging file path beside ``path`` (same suffix, so writers that go by it still do); it replaces
     ``path`` in one atomic step only if the block finishes without error: a reader sees the old file or the new
-    one, never half of one. Staging files left by processes that died are removed, as `atomic_directory`'s are."""
+    one, never half of one. Staging files left by processes that died are removed, as `atomic_directory`'s are; a
+    full disk is one `DiskFull`, as there."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(path.parent)
     staging = path.parent / f".{path.name}{_PARTIAL}{os.getpid()}-{uuid.uuid4().hex}{path.suffix}"
     try:
-        yield staging
+        with disk_full_said(path, needed, staging):
+            yield staging
         os.replace(staging, path)
     finally:
         _remove(staging)
@@ -231,9 +245,114 @@ def tensors_digest(tensors: dict) -> str:
 def write_json(path: str | Path, data: object) -> None:
     """Sorted keys and a trailing newline: equal data gives byte-identical files. NaN and infinity are refused:
     they are not JSON. Written atomically (`atomic_file`)."""
-    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"  # a refusal leaves no file
-    with atomic_file(path) as staging:
-        staging.write_text(text)
+    text = (json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()  # a refusal leaves no file
+    with atomic_file(path, needed=len(text)) as staging:
+        staging.write_bytes(text)
+
+
+# ------------------------------------------------------------------------------------------------ a full disk
+
+DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # no space left; a quota reached
+# How writers that raise no OSError with its errno say it: Rust's io::Error ("No space left on device (os error 28)":
+# safetensors, tokenizers), Arrow's detail ("[errno 28]"), and numpy's short write, an OSError with no errno
+# ("100000 requested and 8176 written": a file on a local disk is written short when it is full).
+_SAID = re.compile(r"\(os error (\d+)\)|\[errno (\d+)\]", re.IGNORECASE)
+_SHORT_WRITE = re.compile(r"^\d+ requested and \d+ written$")
+
+
+def disk_full(error: BaseException | None) -> bool:
+    """Whether ``error``, or an error it was raised from, says that a disk is full or a quota reached."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and (error.errno in DISK_FULL or error.errno is None and
+                                           _SHORT_WRITE.match(str(error))):
+            return True
+        if any(int(code) in DISK_FULL for match in _SAID.finditer(str(error)) for code in match.groups() if code):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+class DiskFull(OSError):
+    """No room on a disk for an output (or a quota reached): its message names the folder, the bytes the output
+    needs and those free, and what to do; the atomic write left nothing of it. Pickled as any OSError (a worker
+    process sends it on), its message whole; ``needed`` is lost on the way."""
+
+    ADVICE = "Free space there, or write it to another disk; nothing of it was written, and what was there is kept."
+    needed = 0
+
+    @classmethod
+    def of(cls, code: int, path: Path, needed: int, at_least: bool = False, advice: str = ADVICE) -> DiskFull:
+        """The error for ``path`` (a file or folder being written) that needs ``needed`` bytes (``at_least``: what
+        was written when the disk filled, the whole being unknown)."""
+        how = "at least" if at_least else "about"
+        full = cls(code, f"no space left in {path.parent} for {path.name}: it needs {how} {in_bytes(needed)} and "
+                         f"{in_bytes(free_bytes(path.parent))} are free. {advice}")
+        full.needed = needed
+        return full
+
+    def __str__(self) -> str:  # the sentence alone, as every one-line error prints it (not "[Errno 28] …")
+        return self.strerror
+
+
+def disk_full_error(error: BaseException) -> DiskFull | None:
+    """The `DiskFull` that says ``error``'s full disk: the first in its chain (the one nearest the caller), else one
+    in the writer's own words; None if ``error`` is no full disk."""
+    if not disk_full(error):
+        return None
+    seen, cause = set(), error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, DiskFull):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    where = f" ({error.filename})" if isinstance(error, OSError) and error.filename else ""
+    said = " ".join(str(error).split())
+    return DiskFull(errno.ENOSPC, f"no space left on a disk{where}: {said}. Free space there, and run it again")
+
+
+def in_bytes(size: int) -> str:
+    """``size`` as a message says it: ``173,704 bytes (169.6 KiB)``; the unit that keeps it under 1,024."""
+    shown, unit = float(size), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if shown < 1024:
+            break
+        shown, unit = shown / 1024, bigger
+    return f"{size:,} bytes" + (f" ({shown:,.1f} {unit})" if unit != "bytes" else "")
+
+
+def free_bytes(folder: Path) -> int:
+    """The bytes free to this user on ``folder``'s disk (its nearest existing parent's)."""
+    return shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free
+
+
+@contextlib.contextmanager
+def disk_full_said(path: str | Path, needed: Needed = None, staging: Path | None = None) -> Iterator[None]:
+    """Within the block, a full disk (whatever the writer raised: an OSError, safetensors' or Arrow's own error) is
+    one `DiskFull` for ``path``, naming ``needed`` (bytes, or a function that counts them), else at least what
+    ``staging`` holds (or an inner `DiskFull` counted). A `DiskFull` of a write inside (a model's folder inside a
+    cell's) is said again for ``path``, the one the caller named."""
+    try:
+        yield
+    except Exception as error:
+        if not disk_full(error):
+            raise
+        size = needed() if callable(needed) else needed
+        code = error.errno if isinstance(error, OSError) and error.errno in DISK_FULL else errno.ENOSPC
+        if size is None:
+            size = max(_size(staging), error.needed if isinstance(error, DiskFull) else 0)
+            raise DiskFull.of(code, Path(path), size, at_least=True) from error
+        raise DiskFull.of(code, Path(path), size) from error
+
+
+def _size(path: Path | None) -> int:
+    """The bytes of the files at or below ``path`` (0 if none); links are not followed."""
+    if path is None or not (path.exists() or path.is_symlink()):
+        return 0
+    if not path.is_dir() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(file.lstat().st_size for file in path.rglob("*") if file.is_file() and not file.is_symlink())
 
 
 class CacheNotWritable(PermissionError):

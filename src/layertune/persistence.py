@@ -47,9 +47,11 @@ def save_task_model(model: nn.Module, directory: str | Path) -> Path:
         sum(p.numel() for p in model.parameters()), 1)
     if frozen_share < MIN_FROZEN_SHARE:
         frozen = {}
-    with atomic_directory(directory) as staging:
+    stored = {k: v for k, v in state.items() if k not in frozen}
+    # safetensors says a full disk in its own error; the atomic write says it as a DiskFull naming these bytes
+    with atomic_directory(directory, needed=sum(v.numel() * v.element_size() for v in stored.values())) as staging:
         model.encoder.save_config(staging / "encoder", tokenizer=not frozen)
-        safetensors.torch.save_file({k: v for k, v in state.items() if k not in frozen}, staging / "model.safetensors")
+        safetensors.torch.save_file(stored, staging / "model.safetensors")
         weights = {"file_xxh3": file_digest(staging / "model.safetensors"),
                    "base": {"frozen_xxh3": tensors_digest(frozen)} if frozen else None}
         write_json(staging / "config.json", {**model.config(), "weights": weights})

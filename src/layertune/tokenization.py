@@ -32,7 +32,7 @@ from layertune.batching import IGNORE_INDEX
 from layertune.corpora.registry import TASKS
 from layertune.corpus import Corpus
 from layertune.io import cache_root as library_cache_root
-from layertune.io import dataset_digest, file_digest, remove_stale_partials
+from layertune.io import dataset_digest, disk_full_said, file_digest, remove_stale_partials
 
 logger = logging.getLogger(__name__)
 
@@ -208,11 +208,12 @@ def _save_atomically(ds: datasets.Dataset, path: Path, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(path.parent)
     tmp = path.parent / f".{path.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
-        ds.save_to_disk(tmp)
-        meta["checksums"] = {f.name: file_digest(f) for f in sorted(tmp.iterdir())}
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=1))  # written last: marks the folder complete
+        with disk_full_said(path, ds.data.nbytes, tmp):  # datasets and Arrow say it as an OSError: said with the bytes
+            tmp.mkdir()
+            ds.save_to_disk(tmp)
+            meta["checksums"] = {f.name: file_digest(f) for f in sorted(tmp.iterdir())}
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=1))  # written last: marks the folder complete
         try:
             os.rename(tmp, path)  # atomic on one filesystem
         except OSError:

@@ -220,8 +220,7 @@ class ModelTrainer:
                     if args.load_best_model_at_end:
                         kept_weights = {k: v.detach().clone() for k, v in _trainable_state(task_model).items()}
             history.append(record)
-            logger.info("epoch %d: %s", epoch, {k: v if isinstance(v, int) else float(f"{v:.4g}")
-                                                for k, v in record.items()})  # a rate of 5e-05 shows as 5e-05
+            logger.info("epoch %d: %s", epoch, {k: _shown(v) for k, v in record.items()})
             if args.early_stopping_patience and epochs_without_improvement >= args.early_stopping_patience:
                 stopped_by = "early_stopping"
                 break
@@ -349,6 +348,12 @@ class ModelTrainer:
         groups = [group for lm, rate in zip(language_models, rates.language_models)
                   for group in _decay_groups(lm.parameters(), rate, args.weight_decay)]
         return groups + _decay_groups(self.model.head_parameters(), rates.head, args.weight_decay)
+
+
+def _shown(value: float) -> float:
+    """A value of the per-epoch log line to 4 significant digits: a learning rate of 5e-05 reads 5e-05, not the 0.0
+    that 4 decimals make of it (history.json keeps every digit)."""
+    return value if isinstance(value, int) else float(f"{value:.4g}")
 
 
 def _decay_groups(parameters, learning_rate: float, weight_decay: float) -> list[dict]:
