@@ -96,7 +96,8 @@ def test_ci_profile_is_small(params):
          r"studies.ablation.encoders.x.poolin: unknown key. Did you mean 'pooling'"),
         ("studies.multi_encoder.encoders.dme", {"combine": "dme", "members": ["all-MiniLM-L6-v2", "nope"]},
          "encoders.dme.members: 'nope' is not a single encoder of this study"),
-        ("studies.ner.per_tunable_layers", {2: {"epochs": 3}}, "per_tunable_layers has 2, which is not in"),
+        ("studies.ner.per_tunable_layers", {2: {"epochs": 0}},  # off the grid, checked all the same
+         r"per_tunable_layers\[2\].epochs: Input should be greater than 0"),
         ("studies.ner.per_tunable_layers", {0: {"max_length": 64}}, "max_length can only be set for the whole study"),
         ("studies.ner.per_tunable_layers", {0: {"learning_rate": -1.0}},
          r"per_tunable_layers.0.learning_rate: Value error, learning rates must be positive|learning rates must be"),
@@ -247,6 +248,7 @@ def test_two_cells_with_one_key_are_refused_naming_both(params):
     methods = edited(params, "studies.methods.encoders", {"b": model, "b-lora": model})
     methods = edited(methods, "studies.methods.methods", {"lora-top2": {"method": "lora", "tunable_layers": 2},
                                                           "top2": {"tunable_layers": 2}})
+    methods = edited(methods, "studies.methods.per_tunable_layers", {})  # its K = 0 is off this grid
     message = error_of(methods)
     assert ("studies.methods: cells (task sst2, encoder b, method lora-top2) and (task sst2, encoder b-lora, method "
             "top2) would both be named sst2-b-lora-top2-1" in message and "rename one of them" in message)
@@ -255,17 +257,23 @@ def test_two_cells_with_one_key_are_refused_naming_both(params):
 
 
 def test_per_tunable_layers_overrides_reach_only_their_cells(params):
-    cells = plan_studies(params).studies["ner"].cells
+    ner = edited(params, "studies.ner.per_tunable_layers", {0: {"head_learning_rate": 3e-3}, 1: {"epochs": 7}})
+    cells = plan_studies(ner).studies["ner"].cells
     rates = {(c.tunable_layers, c.seed): c.spec.training.head_learning_rate for c in cells}
-    assert rates[0, 1] == rates[0, 2] == 3e-3 and rates[1, 1] == rates["all", 2] == 1e-3
+    head = params["studies"]["ner"]["training"]["head_learning_rate"]
+    assert rates[0, 1] == rates[0, 2] == 3e-3 and rates[1, 1] == rates["all", 2] == head != 3e-3
+    epochs = {(c.tunable_layers, c.seed): c.spec.training.epochs for c in cells}
+    assert epochs[1, 1] == epochs[1, 2] == 7 != epochs["all", 1] == params["studies"]["ner"]["training"]["epochs"]
 
 
 def test_per_encoder_settings_and_rates(params):
     changed = edited(params, "studies.multi_encoder.encoders.paraphrase-MiniLM-L3-v2",
                      {"model": "sentence-transformers/paraphrase-MiniLM-L3-v2", "learning_rate": 3e-5,
                       "hidden_dropout_prob": 0.3})
+    changed = edited(changed, "studies.multi_encoder.per_tunable_layers", {})  # a setting's rate would win
     cells = {c.encoder: c for c in plan_studies(changed).studies["multi_encoder"].cells if c.seed == 0}
-    assert cells["dme"].spec.training.learning_rate == [1e-4, 3e-5]
+    assert cells["dme"].spec.training.learning_rate == [params["studies"]["multi_encoder"]["training"]["learning_rate"],
+                                                        3e-5]
     assert [e.hidden_dropout_prob for e in cells["dme"].spec.encoders] == [None, 0.3]
     assert [e.pooling for e in cells["dme"].spec.encoders] == ["mean", "mean"]  # the study's encoder settings
     assert cells["paraphrase-MiniLM-L3-v2"].spec.training.learning_rate == 3e-5
@@ -326,8 +334,8 @@ def test_adding_a_seed_changes_no_existing_cell_and_no_earlier_slice(params):
 
 
 def test_adding_a_tunable_layers_value_adds_its_boundary_only(params):
-    after = plan_studies(edited(params, "studies.ablation.tunable_layers", [0, 1, 2, 3, 4, 6, "all"]))
-    before = plan_studies(params)
+    after = plan_studies(edited(params, "studies.ablation.tunable_layers", [0, 1, 2, 3, 4, "all"]))
+    before = plan_studies(edited(params, "studies.ablation.tunable_layers", [0, 1, 2, 3, 4]))
     assert after.features["ablation"].boundaries == before.features["ablation"].boundaries  # "all" caches nothing
     assert all(after.features["ablation"].settings[key] == value
                for key, value in before.features["ablation"].settings.items())
@@ -463,7 +471,8 @@ def test_a_methods_study_keys_its_cells_by_method_and_shares_top_k_states(params
     lora = cells["sst2-all-MiniLM-L6-v2-lora-top2-1"]
     assert (lora.method, lora.tunable_layers, lora.spec.encoders[0].method.name) == ("lora-top2", 2, "lora")
     assert lora.spec.training.learning_rate == 3.0e-3  # the setting's own rate for the encoder
-    assert cells["sst2-all-MiniLM-L6-v2-top_k-2-1"].spec.training.learning_rate == 1.0e-4
+    top2 = params["studies"]["methods"].get("per_tunable_layers", {}).get(2, params["studies"]["methods"]["training"])
+    assert cells["sst2-all-MiniLM-L6-v2-top_k-2-1"].spec.training.learning_rate == top2["learning_rate"]
     assert len(cells) == len(params["studies"]["methods"]["methods"]) * 2
     features = plan.features["methods"]
     assert len(features.models) == 1 and features.boundaries == [[4, 6]]  # LoRA on the top 2 reads top-2's states
@@ -490,6 +499,7 @@ def test_tuning_method_settings_are_checked_against_the_models_structure_at_plan
     assert f"studies.methods.methods.lora-top2.method.{key}: {message}" in error_of(changed)
     shared = edited(params, "studies.ablation.encoder", {"method": method})
     shared = edited(shared, "studies.ablation.tunable_layers", [1, "all"])
+    shared = edited(shared, "studies.ablation.per_tunable_layers", {})
     assert f"studies.ablation.encoder.method.{key}: " in error_of(shared)
 
 

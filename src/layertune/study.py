@@ -291,7 +291,8 @@ class StudySpec(Spec):
     head: HeadSpec = HeadSpec()
     training: TrainingConfig = TrainingConfig()
     per_tunable_layers: dict[TunableLayers, dict[str, Any]] = Field(
-        {}, description="training arguments for one tunable-layers value, e.g. {0: {head_learning_rate: 3.0e-3}}")
+        {}, description="training arguments for one tunable-layers value, e.g. {0: {head_learning_rate: 3.0e-3}} "
+                        "(a value the grid lacks is kept for when it has it)")
     decide: DecideSpec | None = Field(None, description="decide in rounds (layers and methods reports): more seeds "
                                                         "for the settings still in question")
 
@@ -391,17 +392,16 @@ class StudySpec(Spec):
                         single = [n for n, e in self.encoders.items() if not isinstance(e, CombinedEncoder)]
                         raise ValueError(f"encoders.{name}.members: {member!r} is not a single encoder of this "
                                          f"study.{choices_hint(member, single)}")
+        # An override of a K the grid lacks is kept for when it has it: a profile or `dvc exp run -S` that shrinks the
+        # grid need not touch the per-K settings (each is still checked below).
         for k, overrides in self.per_tunable_layers.items():
-            if k not in self.layer_values:
-                raise ValueError(f"per_tunable_layers has {k!r}, which is not in the study's tunable layers "
-                                 f"{self.layer_values}")
             if isinstance(rate := overrides.get("learning_rate"), list):
                 raise ValueError(f"per_tunable_layers.{k}.learning_rate: a setting's rate is one rate, got {rate}; "
                                  "give an encoder a rate of its own as encoders.<name>.learning_rate")
             if shared := sorted(set(overrides) & STUDY_WIDE_TRAINING):
                 raise ValueError(f"per_tunable_layers.{k}: {', '.join(shared)} can only be set for the whole study "
                                  "(in training): the tokenized features and cached states are shared by its cells")
-        for k in self.layer_values:
+        for k in dict.fromkeys([*self.layer_values, *self.per_tunable_layers]):
             self.training_for(next(iter(self.encoders)), k, seed=0)  # a bad override fails here, naming its key
         self._check_distinct_keys()
         if self.decide is not None:

@@ -1,0 +1,86 @@
+"""Would a longer budget change an answer? One seed of every setting, trained with every maximum number of epochs
+doubled, against the same seed at the default maxima.
+
+    python benchmarks/longer_budget.py --project /tmp/copy --json reports/benchmarks/longer_budget.json
+
+``--project`` is a copy of this project with the default studies built (its data/ folder, cells included: the
+"same" side then trains nothing). The script writes two profiles into that copy and builds each as a DVC
+experiment (`dvc exp run`): ``seed-1`` (every study's first seed, the default maxima) and ``seed-1-longer`` (the
+same seed, every ``epochs`` of the study's training and of each ``per_tunable_layers`` entry doubled). It then sets
+each study's headline answers and per-setting scores side by side. A claim that holds only at the default maxima
+changes between the two; what early stopping made of each cell (epochs trained, stopped by) is in the cells' folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+
+def profiles(params: dict) -> dict[str, dict]:
+    """``seed-1`` and ``seed-1-longer`` overrides of ``params`` (`pipelines.profiles`' dotted keys)."""
+    same, longer = {"decided": {}}, {"decided": {}}
+    for name, study in params["studies"].items():
+        for profile in (same, longer):
+            profile[f"studies.{name}.seeds"] = study["seeds"][:1]
+            if "decide" in study:
+                profile[f"studies.{name}.decide.evaluation_size"] = None  # one seed: no rounds to add examples to
+        longer[f"studies.{name}.training.epochs"] = 2 * study["training"]["epochs"]
+        if overrides := study.get("per_tunable_layers"):
+            longer[f"studies.{name}.per_tunable_layers"] = {
+                k: {**entry, **({"epochs": 2 * entry["epochs"]} if "epochs" in entry else {})}
+                for k, entry in overrides.items()}
+    return {"seed-1": same, "seed-1-longer": longer}
+
+
+def build(project: Path, profile: str) -> dict:
+    """Build ``profile`` in ``project``; each study's headline (reports/<study>.json) and its seconds."""
+    arguments = subprocess.run([sys.executable, "-m", "pipelines.profiles", profile], cwd=project, check=True,
+                               capture_output=True, text=True).stdout.split()
+    started = time.perf_counter()
+    subprocess.run(["dvc", "exp", "run", "--quiet", *arguments], cwd=project, check=True)
+    seconds = time.perf_counter() - started
+    studies = yaml.safe_load((project / "params.yaml").read_text())["studies"]
+    return {"seconds": round(seconds), "reports": {name: json.loads((project / "reports" / f"{name}.json").read_text())
+                                                   for name in studies}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--project", type=Path, required=True)
+    parser.add_argument("--json", type=Path, default=Path("reports/benchmarks/longer_budget.json"))
+    args = parser.parse_args()
+
+    params = yaml.safe_load((args.project / "params.yaml").read_text())
+    for name, overrides in profiles(params).items():
+        (args.project / "profiles" / f"{name}.yaml").write_text(yaml.safe_dump(overrides, sort_keys=False))
+    built = {}
+    for name in ("seed-1", "seed-1-longer"):
+        subprocess.run(["git", "checkout", "--", "params.yaml", "rounds.yaml"], cwd=args.project, check=True)
+        built[name] = build(args.project, name)
+        print(name, json.dumps(built[name]), flush=True)
+    subprocess.run(["git", "checkout", "--", "params.yaml", "rounds.yaml"], cwd=args.project, check=True)
+    same, longer = (built[name]["reports"] for name in ("seed-1", "seed-1-longer"))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"profiles": profiles(params), "seed-1": built["seed-1"],
+                                     "seed-1-longer": built["seed-1-longer"],
+                                     "answers_equal": {name: _answers(same[name]) == _answers(longer[name])
+                                                       for name in same}}, indent=2) + "\n")
+
+
+def _answers(headline: dict) -> dict:
+    """The answer parts of a study's headline: everything but the scores."""
+    if isinstance(headline, dict):
+        return {key: _answers(value) for key, value in headline.items()
+                if key not in ("mean", "best_score") and not isinstance(value, float)}
+    return headline
+
+
+if __name__ == "__main__":
+    main()
