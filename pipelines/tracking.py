@@ -488,7 +488,8 @@ def cell_params(cell) -> dict[str, Any]:
         **({"method_setting": cell.method} if cell.method is not None else {}), **method,
         **({"dataset": spec.corpus.source} if spec.corpus.task is None else {}),
         **{k: v for k, v in per_encoder.items() if k != "tunable_layers"},
-        "train_size": corpus["train_size"], "dev_size": corpus["dev_size"], "data_seed": corpus["seed"],
+        "train_size": corpus["train_size"], "validation_size": corpus["validation_size"],
+        "dev_size": corpus["dev_size"], "data_seed": corpus["seed"],
         "balanced": corpus["balanced"], **spec.head.model_dump(),
         **(spec.combine.model_dump(exclude={"method"}) if spec.combine else {}),
         **spec.training.model_dump(exclude={"seed"}),
@@ -496,7 +497,8 @@ def cell_params(cell) -> dict[str, Any]:
 
 
 def corpus_datasets(folder: str | Path, task: str) -> list:
-    """A prepared corpus's train and dev splits (``<folder>/<split>.parquet``) as MLflow dataset inputs."""
+    """A prepared corpus's train, validation and dev splits (``<folder>/<split>.parquet``) as MLflow dataset
+    inputs."""
     import mlflow.data
     import pandas as pd
     from mlflow.entities import Dataset, DatasetInput, InputTag

@@ -172,3 +172,30 @@ def test_a_cells_record_names_the_precision_it_trained_in(tiny_bert, tmp_path, m
         ModelTrainer(classifier(tiny_bert), corpus, cache_dir=tmp_path).train(
             tmp_path / expected, progress=False, epochs=1, **{**FAST, "mixed_precision": "auto"})
         assert json.loads((tmp_path / expected / "metrics.json").read_text())["mixed_precision"] == expected
+
+
+def test_eval_strategy_end_scores_the_slice_once_then_dev(tiny_bert, tmp_path, monkeypatch):
+    corpus = with_validation(toy_sentiment_corpus(64, 40), 24)
+    trainer = ModelTrainer(classifier(tiny_bert), corpus, cache_dir=tmp_path)
+    sizes = scored_splits(trainer, monkeypatch)
+    result = trainer.train(progress=False, epochs=3, eval_strategy="end", **FAST)
+    assert sizes == [24, 40] and result.best_epoch == 3  # the last epoch's weights, scored once on each
+    assert "validation_accuracy" in result.history[-1] and "validation_accuracy" not in result.history[0]
+
+
+def test_predict_scores_dev_and_never_prepares_the_slice(tiny_bert, tmp_path, monkeypatch):
+    corpus = with_validation(toy_sentiment_corpus(64, 40), 24)
+    trainer = ModelTrainer(classifier(tiny_bert), corpus, cache_dir=tmp_path)
+    trainer.train(progress=False, epochs=1, **FAST)
+    prepared = []
+    encoder = trainer.model.encoder
+    original = encoder.prepare_examples
+
+    def spy(prepared_corpus, *args, **kwargs):
+        prepared.append(prepared_corpus)
+        return original(prepared_corpus, *args, **kwargs)
+
+    monkeypatch.setattr(encoder, "prepare_examples", spy)
+    predicted = trainer.predict(**FAST)
+    assert list(predicted) == ["dev"] and len(predicted["dev"]["predictions"]) == 40
+    assert prepared[0].validation is None

@@ -10,7 +10,7 @@ import pytest
 
 from layertune.corpus import Corpus
 from layertune.reports import build_report
-from layertune.reports.common import Setting, StudyResults
+from layertune.reports.common import Setting, StudyResults, settings
 from layertune.reports.layers import recommend
 from layertune.statistics import Estimate
 from layertune.reports.scores import score_cells
@@ -318,3 +318,35 @@ def test_ordinary_names_and_sentences_render_as_before():
     models = ["sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/paraphrase-MiniLM-L3-v2"]
     assert len(shown) > 10 and all(literal(text) == text for text in [*shown, *models])
     assert literal("O", code=True) == "`O`" and literal("0.1") == "0.1"
+
+
+def test_the_convergence_table_names_each_encoder_of_an_encoders_study(tiny_model_dirs):
+    model = str(tiny_model_dirs["bert"])
+    encoders = synthetic_results({"report": {"kind": "encoders", "resamples": 100}, "tasks": ["sst2"],
+                                  "encoders": {"a": model, "b": model}, "tunable_layers": [1], "seeds": [1, 2]},
+                                 {"1": 0.8})
+    markdown = build_report(encoders).markdown
+    table = markdown[markdown.index("| encoder | epochs trained (best), per seed |"):]
+    assert "| a | 1 (1), 1 (1) | maximum | 3 |" in table and "| b | 1 (1), 1 (1) | maximum | 3 |" in table
+
+
+def test_references_stand_beside_the_settings_and_the_head_alone_is_held_to_its_probe(results):
+    """The probe is the head alone's optimum: a head-only setting below it by more than a point is named as not
+    converged, and every setting that tunes layers below it is listed."""
+    import dataclasses
+
+    def record(name, score, chosen):
+        return {"name": name, "metrics": {"eval_accuracy": score}, "main_metric": "accuracy", "chosen": chosen,
+                "predictions": {}}
+
+    means = {k: s.mean for k, s in ((s.tunable_layers, s) for s in settings(results))}
+    probe = means[1] + 0.001  # above 1 and 0, below 2
+    references = {"sst2": {"no_model": record("majority class", 0.5, {"class": "<b>positive</b>"}),
+                           "encoders": {"m": {"linear_probe": record("linear probe (logistic_regression)", probe,
+                                                                     {"C": 0.1, "validation_scores": {}})}}}}
+    report = build_report(dataclasses.replace(results, references=references))
+    assert "| majority class | – | 50.0 | class &lt;b&gt;positive&lt;/b&gt; |" in report.markdown  # data, escaped
+    assert f"the head alone (0) scores {100 * means[0]:.1f} against its linear probe's {100 * probe:.1f}" \
+        in report.markdown and "points short of it: the probe fits its penalty" in report.markdown
+    assert f"Settings that tune layers and score below the probe: 1 ({100 * means[1]:.1f})." in report.markdown
+    assert set(report.tables["references"]["kind"]) == {"no_model", "linear_probe"}

@@ -63,6 +63,20 @@ def test_every_profile_validates(params, profile, fake_hub):  # GPU profiles nam
 def test_ci_profile_is_small(params):
     plan = plan_studies(apply_overrides(params, load_profile("ci", ROOT)))
     assert len(plan.cells()) <= 11
+    # the default studies' per-K budgets (30 or 100 epochs) would not reach CI through a profile's training.epochs
+    assert max(cell.spec.training.epochs for cell in plan.cells()) <= 6
+    assert all(cell.spec.training.mixed_precision == "no" for cell in plan.cells())  # what every machine computes
+
+
+def test_early_stopping_without_a_validation_slice_is_refused_at_plan_time(params):
+    no_slice = edited(params, "studies.ner.data", {"train_size": 100, "seed": 42})
+    study_wide = edited(no_slice, "studies.ner.per_tunable_layers", {})
+    assert ("studies.ner: training.early_stopping_patience: 2, but data.validation_size is not set: early stopping "
+            "needs a validation slice" in error_of(study_wide))
+    per_k = edited(study_wide, "studies.ner.training.early_stopping_patience", None)
+    validate_params(per_k)  # no patience, no slice: every epoch trains, dev picks the best, as before slices
+    per_k = edited(per_k, "studies.ner.per_tunable_layers", {0: {"early_stopping_patience": 10}})
+    assert "studies.ner: per_tunable_layers.0.early_stopping_patience: 10, but" in error_of(per_k)
 
 
 @pytest.mark.parametrize(

@@ -30,12 +30,34 @@ def evaluate(plan: StudyPlan, cells: dict[str, CellFolder], corpora: dict[str, C
     return score_cells(plan, cells, {task: corpora[task]() for task in plan.spec.tasks})
 
 
+REFERENCES_CACHE = "references"  # below the feature cache: a study's references, by what they are computed from
+
+
 def reference_scores(plan: StudyPlan, corpora: dict[str, Callable[..., Corpus]], cache_root: Path) -> dict:
     """The references the report sets beside the cells: no-model baselines, linear probes on the frozen encoders
-    (from the head-only cells' cache entries), an untrained model's cosine (`layertune.probes.study_references`)."""
-    from layertune.probes import study_references
+    (from the head-only cells' cache entries), an untrained model's cosine (`layertune.probes.study_references`).
+    Kept in the feature cache by everything they are computed from (the study's data, encoders, head and training
+    settings, the models' files, the corpora and the probes' code): a decided study reruns this stage every round,
+    and its references do not change."""
+    import hashlib
+    import inspect
+    import json
 
-    return study_references(plan, {task: corpora[task]() for task in plan.spec.tasks}, cache_dir=cache_root)
+    from layertune import probes
+    from layertune.io import write_json
+
+    loaded = {task: corpora[task]() for task in plan.spec.tasks}
+    spec = plan.spec.model_dump(mode="json", include={"tasks", "encoders", "data", "encoder", "head", "training",
+                                                      "per_tunable_layers", "seeds"})
+    fingerprints = sorted({fingerprint for cell in plan.cells for fingerprint in cell.model_fingerprints})
+    what = json.dumps([spec, fingerprints, {task: corpus.fingerprint for task, corpus in loaded.items()},
+                       inspect.getsource(probes)], sort_keys=True)
+    entry = cache_root / REFERENCES_CACHE / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.json"
+    if entry.is_file() and not entry.is_symlink():
+        return json.loads(entry.read_text())
+    found = probes.study_references(plan, loaded, cache_dir=cache_root)
+    write_json(entry, found)  # atomically: a stopped stage leaves the entry whole or absent
+    return found
 
 
 def score_evaluation_examples(plan: StudyPlan, cells: dict[str, CellFolder],

@@ -7,7 +7,8 @@
   features, up to the regulariser.
 - `untrained_cosine`: a sentence-pair regression task scored as sentence-transformers users score it, by the cosine
   of the two sentences' pooled embeddings, with no training at all.
-- `no_model_baseline`: the majority class, or the mean target, of the training data.
+- `no_model_baseline`: the training data's majority class (classification; a constant has no correlation, and
+  tagging's word-lookup baselines live with its report).
 """
 
 from __future__ import annotations

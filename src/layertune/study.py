@@ -402,7 +402,15 @@ class StudySpec(Spec):
                 raise ValueError(f"per_tunable_layers.{k}: {', '.join(shared)} can only be set for the whole study "
                                  "(in training): the tokenized features and cached states are shared by its cells")
         for k in dict.fromkeys([*self.layer_values, *self.per_tunable_layers]):
-            self.training_for(next(iter(self.encoders)), k, seed=0)  # a bad override fails here, naming its key
+            training = self.training_for(next(iter(self.encoders)), k, seed=0)  # a bad override fails, naming its key
+            if training.early_stopping_patience is not None and self.data.validation_size is None \
+                    and k in self.layer_values:
+                where = "training" if k not in self.per_tunable_layers or "early_stopping_patience" not in \
+                    self.per_tunable_layers[k] else f"per_tunable_layers.{k}"
+                raise ValueError(f"{where}.early_stopping_patience: {training.early_stopping_patience}, but "
+                                 "data.validation_size is not set: early stopping needs a validation slice carved "
+                                 "from the training data (dev is never used to stop); set data.validation_size, or "
+                                 "remove early_stopping_patience")
         self._check_distinct_keys()
         if self.decide is not None:
             self._check_rounds(self.decide)

@@ -1,4 +1,5 @@
-"""`ModelTrainer`: fine-tune a task model on a corpus, evaluating each epoch and keeping the best."""
+"""`ModelTrainer`: fine-tune a task model on a corpus until its validation slice stops improving, keeping the best
+epoch's weights."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 import math
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 import pandas as pd
 import torch
@@ -226,8 +227,8 @@ class ModelTrainer:
                 break
 
         # accelerate wrapped the model's own forward in its autocast: the model handed back computes as it was built
-        model = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
-        assert model is task_model
+        accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+        model = task_model
         if args.load_best_model_at_end:
             model.load_state_dict(kept_weights, strict=False)
         # Dev is scored once, by the weights kept, unless it did the selecting (a corpus without a validation slice).
@@ -265,18 +266,20 @@ class ModelTrainer:
         the same boundary). ``args`` as for `train`: its truncation, batch size and cache settings count."""
         args = training_arguments(args, arguments)
         accelerator = _accelerator(args)
-        splits, _ = self._examples(args, accelerator)
+        scored = replace(self.corpus, validation=None)  # the slice picks epochs; nothing to predict there
+        splits, _ = self._examples(args, accelerator, scored)
         _, score_loaders = _loaders(splits, args, accelerator)
         self.model.to(accelerator.device)
-        return {split: self.evaluate(loader, accelerator)[1] for split, loader in score_loaders.items()
-                if split != "validation"}
+        return {split: self.evaluate(loader, accelerator)[1] for split, loader in score_loaders.items()}
 
-    def _examples(self, args: TrainingConfig, accelerator: Accelerator) -> tuple[dict, dict]:
-        """Every split tokenized, with the frozen prefix's cached states where the run uses them, on the training
-        device (`layertune.frozen_prefix.prepare_examples`). The cache pass computes as training will, under its
-        autocast; the main process fills the caches, the others then read them."""
+    def _examples(self, args: TrainingConfig, accelerator: Accelerator, corpus: Corpus | None = None
+                  ) -> tuple[dict, dict]:
+        """Every split of ``corpus`` (default: the trainer's) tokenized, with the frozen prefix's cached states where
+        the run uses them, on the training device (`layertune.frozen_prefix.prepare_examples`). The cache pass
+        computes as training will, under its autocast; the main process fills the caches, the others then read
+        them."""
         with accelerator.main_process_first():
-            return self.model.encoder.prepare_examples(self.corpus, args, cache_dir=self.cache_dir,
+            return self.model.encoder.prepare_examples(corpus or self.corpus, args, cache_dir=self.cache_dir,
                                                        device=accelerator.device,
                                                        autocast=autocast_dtype(accelerator.mixed_precision))
 

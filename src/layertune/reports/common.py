@@ -233,7 +233,7 @@ def setup_text(results: StudyResults) -> str:
         f"- Training: {epochs}, batch {training.batch_size}, learning rate "
         f"{training.learning_rate:g} (head {training.head_rate:g})"
         + ("".join(f"; with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
-                   for k, o in spec.per_tunable_layers.items()))
+                   for k, o in spec.per_tunable_layers.items() if k in spec.layer_values))
         + f"; {kept}; computed in {computed}; seeds {', '.join(map(str, spec.seeds))}.\n"
         f"- Scores in points (×100): mean ± std over seeds, and in brackets a {options.confidence:.0%} interval that "
         f"covers both the choice of dev examples (bootstrap, {options.resamples:,} resamples, shared by all settings "
@@ -241,8 +241,9 @@ def setup_text(results: StudyResults) -> str:
         "the settings of a task), added in quadrature."
         + (" With one seed, seed-to-seed variation is not measured: the intervals cover dev examples only."
            if len(spec.seeds) == 1 else "")
-        + (" Dev also picks the best epoch, so scores are slightly optimistic." if training.selects_best
-           and selects_on == "dev" else " Dev is scored once, after training, by weights it did not choose.") + "\n"
+        + (" Dev is scored once, after training, by weights it did not choose." if selects_on == "validation"
+           else " Dev also picks the best epoch, so scores are slightly optimistic." if training.selects_best
+           else " Dev is scored after the epochs, and the last epoch's weights are kept.") + "\n"
     )
 
 

@@ -14,28 +14,29 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from layertune.reports.common import StudyResults, display, markdown_table, points
+from layertune.reports.common import StudyResults, display, literal, markdown_table, points
 
 PROBE_TOLERANCE = 0.01  # a converged head-only cell is within a point of its linear probe
 STOPPED = {"early_stopping": "patience", "max_epochs": "maximum"}
 
 
 def references_table(results: StudyResults) -> pd.DataFrame:
-    """One row per task, encoder (empty for a no-model baseline) and reference: its dev score and what was chosen
-    on the validation slice."""
+    """One row per task, encoder (empty for a no-model baseline) and reference (``kind``: no_model, linear_probe,
+    untrained_cosine): its dev score and what was chosen on the validation slice."""
     rows = []
     for task, found in results.references.items():
         if found.get("no_model"):
-            rows.append(_row(task, "", found["no_model"]))
+            rows.append(_row(task, "", "no_model", found["no_model"]))
         for encoder, mine in found.get("encoders", {}).items():
-            rows += [_row(task, encoder, mine[kind]) for kind in ("linear_probe", "untrained_cosine") if kind in mine]
-    return pd.DataFrame(rows, columns=["task", "encoder", "reference", "metric", "score", "chosen"])
+            rows += [_row(task, encoder, kind, mine[kind]) for kind in ("linear_probe", "untrained_cosine")
+                     if kind in mine]
+    return pd.DataFrame(rows, columns=["task", "encoder", "kind", "reference", "metric", "score", "chosen"])
 
 
-def _row(task: str, encoder: str, record: dict) -> dict:
+def _row(task: str, encoder: str, kind: str, record: dict) -> dict:
     chosen = {k: v for k, v in record.get("chosen", {}).items() if k != "validation_scores"}
-    return {"task": task, "encoder": encoder, "reference": record["name"], "metric": record["main_metric"],
-            "score": record["metrics"][f"eval_{record['main_metric']}"],
+    return {"task": task, "encoder": encoder, "kind": kind, "reference": record["name"],
+            "metric": record["main_metric"], "score": record["metrics"][f"eval_{record['main_metric']}"],
             "chosen": ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items())}
 
 
@@ -63,10 +64,12 @@ def section(results: StudyResults, setting_header: str, settings: Sequence) -> s
         mine = references[references["task"] == task]
         lines.append(f"### {display(task)}: references and convergence\n")
         if len(mine):
-            rows = [[r.reference, r.encoder or "–", points(r.score), r.chosen or "–"] for r in mine.itertuples()]
+            rows = [[r.reference, r.encoder or "–", points(r.score), literal(r.chosen) or "–"]  # a class name: data
+                    for r in mine.itertuples()]
             lines.append(markdown_table(["reference (no fine-tuning)", "encoder", f"{mine['metric'].iloc[0]} "
                                          "(points)", "chosen on the validation slice"], rows, "llrl"))
-            lines.append(_probe_check(task, mine, settings, layers))
+            if results.plan.spec.head.head == "linear":  # the probe is the optimum of a linear head only
+                lines.append(_probe_check(task, mine, settings, layers))
         lines.append(_convergence_text(convergence[convergence["task"] == task], setting_header))
     return "\n".join(lines)
 
@@ -75,13 +78,15 @@ def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers
     """The head alone against its probe (within a point, or how far short), and the settings that tune layers
     and stay below it."""
     sentences = []
-    for probe in references[references["reference"].str.startswith("linear probe")].itertuples():
+    for probe in references[references["kind"] == "linear_probe"].itertuples():
         own = [s for s in settings if (s.task, s.encoder) == (task, probe.encoder)]
         head = [s for s in own if layers.get((s.task, s.encoder, s.tunable_layers)) == 0]
         for setting in head:
             gap = probe.score - setting.mean
             verdict = ("reaches it (within a point)" if gap <= PROBE_TOLERANCE
-                       else f"is {points(gap)} points short of it: not converged, or held back by its regulariser")
+                       else f"is {points(gap)} points short of it: the probe fits its penalty (L2 on standardised "
+                            "features, chosen on the validation slice), which the early-stopped head does not have, "
+                            "or the head stopped too soon (its epochs are below)")
             sentences.append(f"{probe.encoder}: the head alone ({setting.tunable_layers}) scores "
                              f"{points(setting.mean)} against its linear probe's {points(probe.score)}, and {verdict}.")
         below = [f"{s.tunable_layers} ({points(s.mean)})" for s in own
@@ -92,12 +97,15 @@ def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers
 
 
 def _convergence_text(cells: pd.DataFrame, setting_header: str) -> str:
-    """Per setting: each seed's epochs trained (best epoch), and the cells the maximum stopped, named."""
+    """Per encoder and setting: each seed's epochs trained (best epoch), and the cells the maximum stopped, named."""
     rows = []
-    for setting, group in cells.groupby("setting", sort=False):
+    several = cells["encoder"].nunique() > 1
+    for (encoder, setting), group in cells.groupby(["encoder", "setting"], sort=False):
         per_seed = ", ".join(f"{r.epochs_trained} ({r.best_epoch})" for r in group.itertuples())
         stopped = ", ".join(sorted(set(group["stopped_by"])))
-        rows.append([setting, per_seed, stopped, str(group["max_epochs"].max())])
+        # an encoders study's settings are its encoders (at one K): the setting's name alone would merge them
+        name = encoder if setting_header == "encoder" else f"{encoder}, {setting}" if several else setting
+        rows.append([name, per_seed, stopped, str(group["max_epochs"].max())])
     text = markdown_table([setting_header, "epochs trained (best), per seed", "stopped by", "at most"], rows, "llll")
     capped = cells[(cells["stopped_by"] == "maximum") & cells["patience"].notna()]
     if len(capped):

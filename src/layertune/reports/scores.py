@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 # Training figures of a cell that reports show next to its scores.
 TRAINING_FIGURES = ("best_epoch", "train_time_s", "samples_per_s", "trainable_parameters", "total_parameters",
                     "peak_memory_mb")
-# How it trained (cells saved before early stopping lack them: their defaults), and the rates it trained at.
-CONVERGENCE = {"epochs_trained": None, "stopped_by": "max_epochs", "mixed_precision": "no"}
+# How it trained (cells saved before these were recorded lack them: what such a cell did, or "not recorded").
+CONVERGENCE = {"epochs_trained": None, "stopped_by": "max_epochs", "mixed_precision": "not recorded"}
 
 
 def score_cells(plan: StudyPlan, cells: Mapping[str, CellFolder], corpora: Mapping[str, Corpus]) -> pd.DataFrame:
@@ -55,7 +55,7 @@ def score_cells(plan: StudyPlan, cells: Mapping[str, CellFolder], corpora: Mappi
         if row["epochs_trained"] is None:  # a cell from before early stopping trained every epoch
             row["epochs_trained"] = len(folder.history())
         rates = cell.spec.training.learning_rates([e.model for e in cell.spec.encoders])
-        row["learning_rate"] = max(rates.language_models)
+        row["learning_rate"] = " ".join(f"{rate:g}" for rate in rates.language_models)  # one per language model
         row["head_learning_rate"] = rates.head
         rows.append(row)
     return pd.DataFrame(rows)
