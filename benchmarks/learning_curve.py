@@ -62,8 +62,15 @@ def figure(points: list[dict], path: Path) -> None:
         mine = sorted((p for p in points if p["task"] == task), key=lambda p: p["train_size"])
         sizes, scores = [p["train_size"] for p in mine], [100 * p["dev_score"] for p in mine]
         ax.plot(sizes, scores, marker="o")
+        # A point its epochs' cap stopped (not its patience) may be short of what its size can reach: hollow.
+        capped = [(s, v) for s, v, p in zip(sizes, scores, mine) if p["stopped_by"] != "early_stopping"]
+        if capped:
+            ax.scatter(*zip(*capped), s=90, facecolors="white", edgecolors="tab:blue", zorder=3,
+                       label="stopped by its epochs' cap")
         ax.axhspan(max(scores) - 3, max(scores), color="tab:green", alpha=0.12, label="within 3 points of the top")
         ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{size:,}" for size in sizes], rotation=30)
+        ax.minorticks_off()
         ax.set_xlabel("training examples")
         ax.set_ylabel(f"dev {mine[0]['metric']} (points)")
         ax.set_title(f"{task}: full fine-tuning, MiniLM-L6")
