@@ -1,7 +1,7 @@
 """The learning curve of full fine-tuning: dev score by training size, each point trained until it stops improving.
 
 What a default study's training size is chosen from: the smallest size at which full fine-tuning scores within 3
-points of the largest size measured (docs/pipeline.md, "How large a study is"). Each point is one cell through the
+points of the largest size measured (benchmarks/README.md, "How large a study is"). Each point is one cell through the
 library's one road (`layertune.cell.train_cell`): all-MiniLM-L6-v2, every layer tuned, the same validation slice
 carved from train at every size (data seed 42), early stopping on it, dev scored once with the best weights.
 
