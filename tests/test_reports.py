@@ -348,5 +348,6 @@ def test_references_stand_beside_the_settings_and_the_head_alone_is_held_to_its_
     assert "| majority class | – | 50.0 | class &lt;b&gt;positive&lt;/b&gt; |" in report.markdown  # data, escaped
     assert f"the head alone (0) scores {100 * means[0]:.1f} against its linear probe's {100 * probe:.1f}" \
         in report.markdown and "points short of it: the probe fits its penalty" in report.markdown
-    assert f"Settings that tune layers and score below the probe: 1 ({100 * means[1]:.1f})." in report.markdown
+    assert (f"m: settings that tune layers and score below its probe ({100 * probe:.1f}): 1 ({100 * means[1]:.1f})."
+            in report.markdown)
     assert set(report.tables["references"]["kind"]) == {"no_model", "linear_probe"}

@@ -91,8 +91,10 @@ def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers
                              f"{points(setting.mean)} against its linear probe's {points(probe.score)}, and {verdict}.")
         below = [f"{s.tunable_layers} ({points(s.mean)})" for s in own
                  if layers.get((s.task, s.encoder, s.tunable_layers)) != 0 and s.mean < probe.score]
-        sentences.append(f"Settings that tune layers and score below the probe: {', '.join(below)}." if below else
-                         "Every setting that tunes layers scores at or above the probe.")
+        # Named by encoder: a multi-encoder report has one probe per language model.
+        sentences.append(f"{probe.encoder}: settings that tune layers and score below its probe "
+                         f"({points(probe.score)}): {', '.join(below)}." if below else
+                         f"{probe.encoder}: every setting that tunes layers scores at or above its probe.")
     return " ".join(sentences) + "\n" if sentences else ""
 
 
