@@ -53,12 +53,13 @@ class Cell:
     dev: dict
     accuracy: float
     path: str = "data/04_models/s/cell"
+    train_time_s: float = 1.0
 
     def predictions(self):
         return {"dev": self.dev}
 
     def metrics(self):
-        return {"eval_accuracy": self.accuracy, "best_epoch": 1, "train_time_s": 1.0, "samples_per_s": 100.0,
+        return {"eval_accuracy": self.accuracy, "best_epoch": 1, "train_time_s": self.train_time_s, "samples_per_s": 100.0,
                 "trainable_parameters": 770, "total_parameters": 9000, "peak_memory_mb": 1.0}
 
     def history(self):
@@ -70,9 +71,9 @@ class Cell:
                              "reference_l2": [2.0, 2.0]})
 
 
-def synthetic_results(study: dict, accuracy: dict) -> StudyResults:
+def synthetic_results(study: dict, accuracy: dict, seconds: dict | None = None) -> StudyResults:
     """A study on 400 SST-2-like dev examples whose cells get each example right with the probability ``accuracy``
-    gives their setting (tunable layers or method)."""
+    gives their setting (tunable layers or method), and train for the ``seconds`` it gives (1 s by default)."""
     plan = plan_studies({"download": {"mirror": None}, "studies": {"s": study}}).studies["s"]
     rng = np.random.default_rng(0)
     references = rng.integers(0, 2, 400).tolist()
@@ -80,7 +81,8 @@ def synthetic_results(study: dict, accuracy: dict) -> StudyResults:
     for cell in plan.cells:
         predictions = [r if rng.random() < accuracy[str(cell.setting[2])] else 1 - r for r in references]
         cells[cell.key] = Cell({"predictions": predictions, "references": references},
-                               float(np.mean(np.equal(predictions, references))))
+                               float(np.mean(np.equal(predictions, references))),
+                               train_time_s=(seconds or {}).get(str(cell.setting[2]), 1.0))
     dev = pd.DataFrame({"sentence": ["x"] * 400, "label": references})
     import datasets
 
@@ -351,3 +353,20 @@ def test_references_stand_beside_the_settings_and_the_head_alone_is_held_to_its_
     assert (f"m: settings that tune layers and score below its probe ({100 * probe:.1f}): 1 ({100 * means[1]:.1f})."
             in report.markdown)
     assert set(report.tables["references"]["kind"]) == {"no_model", "linear_probe"}
+
+
+def test_each_setting_costs_its_training_time_in_full_fine_tunings(tiny_model_dirs):
+    """Convergence has a price, counted in the unit of one full fine-tuning of the same seed: per setting, and for
+    one seed of the whole grid; a grid without full fine-tuning has no such column."""
+    model = str(tiny_model_dirs["bert"])
+    study = {"report": {"kind": "layers", "resamples": 100}, "tasks": ["sst2"], "encoders": {"m": model},
+             "tunable_layers": [0, 1, "all"], "seeds": [1, 2]}
+    markdown = build_report(synthetic_results(study, {"0": 0.6, "1": 0.8, "all": 0.85},
+                                              {"0": 1.0, "1": 2.0, "all": 5.0})).markdown
+    assert "| at most | training time (× full fine-tuning) |" in markdown
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[-1].strip(" |")
+            for line in markdown.splitlines() if line.startswith("| ") and line.count(" | ") == 4}
+    assert (rows["0"], rows["1"], rows["all"]) == ("0.20", "0.40", "1.00")
+    assert "One seed of this grid trains in 1.6 full fine-tunings' time" in markdown
+    without = build_report(synthetic_results({**study, "tunable_layers": [0, 1]}, {"0": 0.6, "1": 0.8})).markdown
+    assert "full fine-tuning)" not in without and "full fine-tunings' time" not in without

@@ -49,9 +49,17 @@ def convergence_table(results: StudyResults) -> pd.DataFrame:
              "best_epoch": int(scores.loc[cell.key, "best_epoch"]),
              "stopped_by": STOPPED.get(scores.loc[cell.key, "stopped_by"], scores.loc[cell.key, "stopped_by"]),
              "max_epochs": cell.spec.training.epochs,
-             "patience": cell.spec.training.early_stopping_patience}
+             "patience": cell.spec.training.early_stopping_patience,
+             "train_time_s": float(scores.loc[cell.key, "train_time_s"]),
+             "full_fine_tuning": _full_fine_tuning(cell.spec)}
             for cell in results.plan.cells]
     return pd.DataFrame(rows)
+
+
+def _full_fine_tuning(spec) -> bool:
+    """One language model, every layer trained whole (no adapter): the unit a setting's training time is counted in."""
+    return len(spec.encoders) == 1 and spec.encoders[0].tunable_layers == "all" and \
+        spec.encoders[0].method.name == "top_k"
 
 
 def section(results: StudyResults, setting_header: str, settings: Sequence) -> str:
@@ -102,13 +110,25 @@ def _convergence_text(cells: pd.DataFrame, setting_header: str) -> str:
     """Per encoder and setting: each seed's epochs trained (best epoch), and the cells the maximum stopped, named."""
     rows = []
     several = cells["encoder"].nunique() > 1
+    # The cost of a setting in the unit the issue of convergence asks for: its training time over that of full
+    # fine-tuning, the same encoder and seed (where the grid has full fine-tuning).
+    full = cells[cells["full_fine_tuning"]].set_index(["encoder", "seed"])["train_time_s"]
+    costs = cells["train_time_s"] / [full.get((r.encoder, r.seed), float("nan")) for r in cells.itertuples()]
     for (encoder, setting), group in cells.groupby(["encoder", "setting"], sort=False):
         per_seed = ", ".join(f"{r.epochs_trained} ({r.best_epoch})" for r in group.itertuples())
         stopped = ", ".join(sorted(set(group["stopped_by"])))
         # an encoders study's settings are its encoders (at one K): the setting's name alone would merge them
         name = encoder if setting_header == "encoder" else f"{encoder}, {setting}" if several else setting
-        rows.append([name, per_seed, stopped, str(group["max_epochs"].max())])
-    text = markdown_table([setting_header, "epochs trained (best), per seed", "stopped by", "at most"], rows, "llll")
+        row = [name, per_seed, stopped, str(group["max_epochs"].max())]
+        rows.append(row + [f"{costs[group.index].mean():.2f}"] if len(full) else row)
+    header = [setting_header, "epochs trained (best), per seed", "stopped by", "at most"]
+    text = markdown_table(header + ["training time (× full fine-tuning)"] * bool(len(full)), rows,
+                          "llll" + "r" * bool(len(full)))
+    if len(full):
+        per_seed = costs.groupby(cells["seed"]).sum(min_count=1).dropna()
+        text += (f"\nOne seed of this grid trains in {per_seed.mean():.1f} full fine-tunings' time (every setting's "
+                 f"training time over full fine-tuning's, same seed, summed; mean over {len(per_seed)} seed(s)); the "
+                 "frozen-prefix pass, computed once per study before any cell trains, is not in it.\n")
     capped = cells[(cells["stopped_by"] == "maximum") & cells["patience"].notna()]
     if len(capped):
         text += (f"\nStopped by the maximum number of epochs before their patience ran out (they may not have "
