@@ -257,6 +257,7 @@ def test_two_cells_with_one_key_are_refused_naming_both(params):
     model = "sentence-transformers/all-MiniLM-L6-v2"
     layers = edited(params, "studies.ablation.tasks", {"a": {"task": "sst2"}, "a-b": {"task": "stsb"}})
     layers = edited(layers, "studies.ablation.encoders", {"b-c": model, "c": model})
+    layers = edited(layers, "studies.ablation.per_task", {})  # its sst2 is not a task here
     assert ("studies.ablation: cells (task a, encoder b-c, tunable layers 0) and (task a-b, encoder c, tunable "
             "layers 0) would both be named a-b-c-0-1" in error_of(layers))
     methods = edited(params, "studies.methods.encoders", {"b": model, "b-lora": model})
@@ -278,6 +279,28 @@ def test_per_tunable_layers_overrides_reach_only_their_cells(params):
     assert rates[0, 1] == rates[0, 2] == 3e-3 and rates[1, 1] == rates["all", 2] == head != 3e-3
     epochs = {(c.tunable_layers, c.seed): c.spec.training.epochs for c in cells}
     assert epochs[1, 1] == epochs[1, 2] == 7 != epochs["all", 1] == params["studies"]["ner"]["training"]["epochs"]
+
+
+def test_a_tasks_own_overrides_win_over_per_tunable_layers_for_that_task_only(params):
+    """An ablation over SST-2 and STS-B whose K = 2 rate STS-B chose: SST-2 keeps its own."""
+    ablation = edited(params, "studies.ablation.per_tunable_layers", {2: {"learning_rate": 4e-4, "epochs": 20}})
+    ablation = edited(ablation, "studies.ablation.per_task", {"sst2": {"2": {"learning_rate": 5e-5}}})  # "2": as JSON
+    cells = plan_studies(ablation).studies["ablation"].cells
+    training = {(c.task, c.tunable_layers): c.spec.training for c in cells if c.seed == 1}
+    assert (training["sst2", 2].learning_rate, training["sst2", 2].epochs) == (5e-5, 20)  # the rest of K's kept
+    assert (training["stsb", 2].learning_rate, training["stsb", 2].epochs) == (4e-4, 20)
+    assert training["sst2", 1] == training["stsb", 1]  # another K: the same for both tasks
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ({"sst": {2: {"epochs": 3}}}, "studies.ablation: per_task.sst: not a task of this study. Did you mean 'sst2'.*"
+                                  "Valid choices: sst2, stsb."),
+    ({"sst2": {2: {"epochs": 0}}}, r"per_task.sst2\[2\].epochs: Input should be greater than 0"),
+    ({"stsb": {0: {"max_length": 64}}}, "per_task.stsb.0: max_length can only be set for the whole study"),
+])
+def test_a_bad_per_task_override_is_named_by_its_key(params, value, message):
+    assert re.search(message, error_of(edited(params, "studies.ablation.per_task", value))), \
+        error_of(edited(params, "studies.ablation.per_task", value))
 
 
 def test_per_encoder_settings_and_rates(params):

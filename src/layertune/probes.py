@@ -219,7 +219,7 @@ def study_references(plan, corpora, cache_dir: str | Path | None = None) -> dict
         for encoder, definition in spec.encoders.items():
             if isinstance(definition, CombinedEncoder):
                 continue
-            args = spec.training_for(encoder, 0, seed=spec.seeds[0])
+            args = spec.training_for(encoder, 0, seed=spec.seeds[0], task=task)
             language_model = spec.encoder_specs(encoder, 0)[0].build()
             mine = entry["encoders"][encoder] = {}
             if corpus.validation is not None:

@@ -13,6 +13,7 @@ Every study has the same shape::
       head: {head: linear}                         # HeadSpec
       training: {learning_rate: 2.0e-4, ...}       # TrainingConfig (the seed comes from seeds)
       per_tunable_layers: {0: {head_learning_rate: 3.0e-3}}   # training overrides for one K
+      per_task: {sst2: {2: {learning_rate: 5.0e-5}}}          # one task's own, over per_tunable_layers'
 
 A study of *what* to tune has ``methods`` in place of ``tunable_layers``: named settings, each a tuning method
 (`layertune.tuning_methods`) and the layers it applies to, since not every method fits every K (LoRA on no layer is
@@ -40,7 +41,8 @@ learning rate of its own (``roberta: {model: roberta-base, hidden_dropout_prob: 
 several of the study's encoders combined (``dme: {members: [minilm, roberta], combine: dme}``, a `CombineSpec`).
 
 A learning rate has one spelling per level, and the most specific wins: a setting of the grid
-(``methods.<m>.learning_rate``, ``per_tunable_layers.<K>.learning_rate``), then an encoder
+(``methods.<m>.learning_rate``, ``per_task.<task>.<K>.learning_rate``, ``per_tunable_layers.<K>.learning_rate``),
+then an encoder
 (``encoders.<e>.learning_rate``), then the study (``training.learning_rate``, one rate). `StudySpec.training_for`
 resolves it once into the cell's `TrainingConfig`: one rate per language model of a combination.
 Each section is the library's own spec (`layertune.specs`), nested, never a copy. Names name folders, so each cell
@@ -293,6 +295,9 @@ class StudySpec(Spec):
     per_tunable_layers: dict[TunableLayers, dict[str, Any]] = Field(
         {}, description="training arguments for one tunable-layers value, e.g. {0: {head_learning_rate: 3.0e-3}} "
                         "(a value the grid lacks is kept for when it has it)")
+    per_task: dict[str, dict[TunableLayers, dict[str, Any]]] = Field(
+        {}, description="one task's own overrides for a tunable-layers value, over per_tunable_layers', e.g. "
+                        "{sst2: {2: {learning_rate: 5.0e-5}}}: a rate chosen on each task's validation slice")
     decide: DecideSpec | None = Field(None, description="decide in rounds (layers and methods reports): more seeds "
                                                         "for the settings still in question")
 
@@ -357,6 +362,13 @@ class StudySpec(Spec):
             return {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in overrides.items()}
         return overrides
 
+    @field_validator("per_task", mode="before")
+    @classmethod
+    def _numeric_keys_per_task(cls, overrides: Any) -> Any:
+        if isinstance(overrides, Mapping):
+            return {task: cls._numeric_keys(per_k) for task, per_k in overrides.items()}
+        return overrides
+
     @property
     def grid_axis(self) -> Literal["tunable_layers", "methods"]:
         """The grid's third axis: numbers of tunable layers, or named methods."""
@@ -394,19 +406,31 @@ class StudySpec(Spec):
                                          f"study.{choices_hint(member, single)}")
         # An override of a K the grid lacks is kept for when it has it: a profile or `dvc exp run -S` that shrinks the
         # grid need not touch the per-K settings (each is still checked below).
-        for k, overrides in self.per_tunable_layers.items():
+        if unknown := [task for task in self.per_task if task not in self.tasks]:
+            raise ValueError(f"per_task.{unknown[0]}: not a task of this study."
+                             f"{choices_hint(unknown[0], list(self.tasks))}")
+        per_k = [(f"per_tunable_layers.{k}", overrides) for k, overrides in self.per_tunable_layers.items()]
+        per_k += [(f"per_task.{task}.{k}", overrides) for task, mine in self.per_task.items()
+                  for k, overrides in mine.items()]
+        for where, overrides in per_k:
             if isinstance(rate := overrides.get("learning_rate"), list):
-                raise ValueError(f"per_tunable_layers.{k}.learning_rate: a setting's rate is one rate, got {rate}; "
+                raise ValueError(f"{where}.learning_rate: a setting's rate is one rate, got {rate}; "
                                  "give an encoder a rate of its own as encoders.<name>.learning_rate")
             if shared := sorted(set(overrides) & STUDY_WIDE_TRAINING):
-                raise ValueError(f"per_tunable_layers.{k}: {', '.join(shared)} can only be set for the whole study "
+                raise ValueError(f"{where}: {', '.join(shared)} can only be set for the whole study "
                                  "(in training): the tokenized features and cached states are shared by its cells")
-        for k in dict.fromkeys([*self.layer_values, *self.per_tunable_layers]):
-            training = self.training_for(next(iter(self.encoders)), k, seed=0)  # a bad override fails, naming its key
-            if training.early_stopping_patience is not None and self.data.validation_size is None \
-                    and k in self.layer_values:
-                where = "training" if k not in self.per_tunable_layers or "early_stopping_patience" not in \
-                    self.per_tunable_layers[k] else f"per_tunable_layers.{k}"
+        # Each override is checked where it is written (a bad one fails naming its key): per_tunable_layers' alone
+        # first (task None), so that an error with a task's own overrides on top is theirs.
+        for task in (None, *self.tasks):
+            for k in dict.fromkeys([*self.layer_values, *self.per_tunable_layers, *self.per_task.get(task, {})]):
+                training = self.training_for(next(iter(self.encoders)), k, seed=0, task=task)
+                if task is None or training.early_stopping_patience is None or k not in self.layer_values \
+                        or self.data.validation_size is not None:
+                    continue
+                where = next((f for f, o in (
+                    (f"per_task.{task}.{k}", self.per_task.get(task, {}).get(k, {})),
+                    (f"per_tunable_layers.{k}", self.per_tunable_layers.get(k, {})))
+                    if "early_stopping_patience" in o), "training")
                 raise ValueError(f"{where}.early_stopping_patience: {training.early_stopping_patience}, but "
                                  "data.validation_size is not set: early stopping needs a validation slice carved "
                                  "from the training data (dev is never used to stop); set data.validation_size, or "
@@ -542,15 +566,17 @@ class StudySpec(Spec):
                     include=single.model_fields_set - {"learning_rate"}), "tunable_layers": tunable_layers, **chosen})
                 for _, single in self.members(encoder)]
 
-    def training_for(self, encoder: str, tunable_layers: TunableLayers, seed: int, method: str | None = None
-                     ) -> TrainingConfig:
-        """A cell's training arguments: the study's, with ``per_tunable_layers[K]``'s overrides and the cell's seed.
+    def training_for(self, encoder: str, tunable_layers: TunableLayers, seed: int, method: str | None = None,
+                     task: str | None = None) -> TrainingConfig:
+        """A cell's training arguments: the study's, with ``per_tunable_layers[K]``'s overrides, then those of
+        ``per_task[task][K]``, and the cell's seed.
 
         Its learning rate is resolved here, once, most specific first: the setting's (``methods.<m>.learning_rate``,
         else ``per_tunable_layers.<K>.learning_rate``), else the encoder's own (``encoders.<e>.learning_rate``),
         else the study's (``training.learning_rate``); one rate per language model of a combination, a single rate
         where they agree."""
-        overrides = self.per_tunable_layers.get(tunable_layers, {})
+        overrides = {**self.per_tunable_layers.get(tunable_layers, {}),
+                     **self.per_task.get(task, {}).get(tunable_layers, {})}
         setting = next((rate for rate in (method and self.methods[method].learning_rate,
                                           overrides.get("learning_rate")) if rate is not None), None)
         rates = [next(rate for rate in (setting, single.learning_rate, self.training.learning_rate)
@@ -560,7 +586,9 @@ class StudySpec(Spec):
         try:
             return TrainingConfig.model_validate(values)
         except ValidationError as error:
-            raise _nested(error, ("per_tunable_layers", tunable_layers)) from None
+            where = ("per_task", task, tunable_layers) if tunable_layers in self.per_task.get(task, {}) else \
+                ("per_tunable_layers", tunable_layers)
+            raise _nested(error, where) from None
 
     def corpus_spec(self, task: str) -> CorpusSpec:
         """Task ``task``'s dataset and the study's subsample of it: what each of its cells trains on."""
@@ -572,7 +600,7 @@ class StudySpec(Spec):
         return CellSpec(corpus=self.corpus_spec(task),
                         encoders=self.encoder_specs(encoder, tunable_layers, method),
                         combine=entry.combine if isinstance(entry, CombinedEncoder) else None, head=self.head,
-                        training=self.training_for(encoder, tunable_layers, seed, method))
+                        training=self.training_for(encoder, tunable_layers, seed, method, task))
 
 
 def _nested(error: ValidationError, prefix: tuple) -> ParamsError:

@@ -234,6 +234,8 @@ def setup_text(results: StudyResults) -> str:
         f"{training.learning_rate:g} (head {training.head_rate:g})"
         + ("".join(f"; with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
                    for k, o in spec.per_tunable_layers.items() if k in spec.layer_values))
+        + ("".join(f"; on {display(task)} with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
+                   for task, per_k in spec.per_task.items() for k, o in per_k.items() if k in spec.layer_values))
         + f"; {kept}; computed in {computed}; seeds {', '.join(map(str, spec.seeds))}.\n"
         f"- Scores in points (×100): mean ± std over seeds, and in brackets a {options.confidence:.0%} interval that "
         f"covers both the choice of dev examples (bootstrap, {options.resamples:,} resamples, shared by all settings "
