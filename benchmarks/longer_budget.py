@@ -6,7 +6,8 @@ doubled, against the same seed at the default maxima.
 ``--project`` is a copy of this project with the default studies built (its data/ folder, cells included: the
 "same" side then trains nothing). The script writes two profiles into that copy and builds each as a DVC
 experiment (`dvc exp run`): ``seed-1`` (every study's first seed, the default maxima) and ``seed-1-longer`` (the
-same seed, every ``epochs`` of the study's training and of each ``per_tunable_layers`` entry doubled). It then sets
+same seed, every ``epochs`` of the study's training and of each ``per_tunable_layers`` and ``per_task`` entry
+doubled). It then sets
 each study's headline answers and per-setting scores side by side. A claim that holds only at the default maxima
 changes between the two; what early stopping made of each cell (epochs trained, stopped by) is in the cells' folders.
 """
@@ -33,10 +34,15 @@ def profiles(params: dict) -> dict[str, dict]:
                 profile[f"studies.{name}.decide.evaluation_size"] = None  # one seed: no rounds to add examples to
         longer[f"studies.{name}.training.epochs"] = 2 * study["training"]["epochs"]
         if overrides := study.get("per_tunable_layers"):
-            longer[f"studies.{name}.per_tunable_layers"] = {
-                k: {**entry, **({"epochs": 2 * entry["epochs"]} if "epochs" in entry else {})}
-                for k, entry in overrides.items()}
+            longer[f"studies.{name}.per_tunable_layers"] = _doubled(overrides)
+        if overrides := study.get("per_task"):
+            longer[f"studies.{name}.per_task"] = {task: _doubled(per_k) for task, per_k in overrides.items()}
     return {"seed-1": same, "seed-1-longer": longer}
+
+
+def _doubled(per_k: dict) -> dict:
+    """Per-K overrides with each ``epochs`` they set doubled."""
+    return {k: {**entry, **({"epochs": 2 * entry["epochs"]} if "epochs" in entry else {})} for k, entry in per_k.items()}
 
 
 def build(project: Path, profile: str) -> dict:
