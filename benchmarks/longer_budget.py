@@ -7,8 +7,7 @@ doubled, against the same seed at the default maxima.
 "same" side then trains nothing). The script writes two profiles into that copy and builds each as a DVC
 experiment (`dvc exp run`): ``seed-1`` (every study's first seed, the default maxima) and ``seed-1-longer`` (the
 same seed, every ``epochs`` of the study's training and of each ``per_tunable_layers`` and ``per_task`` entry
-doubled). It then sets
-each study's headline answers and per-setting scores side by side. A claim that holds only at the default maxima
+doubled). It then sets each study's headline answers and per-setting scores side by side. A claim that holds only at the default maxima
 changes between the two; what early stopping made of each cell (epochs trained, stopped by) is in the cells' folders.
 """
 
