@@ -67,7 +67,7 @@ def read_yaml(path: Path) -> Any:
                           "without a word; move long comments or data to a file of their own")
     text = path.read_text()
     try:
-        size = _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), {})
+        size = _expanded_size(yaml.compose(text, Loader=_loader()), {})
     except yaml.YAMLError as error:
         raise ParamsError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
     except RecursionError:
@@ -76,7 +76,22 @@ def read_yaml(path: Path) -> Any:
         raise ParamsError(f"{path}: its aliases (*name) expand it to more than {MAX_EXPANDED_VALUES:,} values, which "
                           "DVC and Kedro would take minutes or hours to read; write the values out, or use fewer, "
                           "unnested aliases")
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=_loader())  # noqa: S506 (a SafeLoader, one more float spelling)
+
+
+def _loader() -> type:
+    """PyYAML's SafeLoader, which reads ``3e-05`` as a float as YAML 1.2 does (1.1 wants a dot: ``3.0e-05``): DVC
+    (ruamel, YAML 1.2) writes floats so after ``dvc exp run -S``, and the rate would otherwise be read as text."""
+    import re
+
+    import yaml
+
+    class ParamsLoader(yaml.SafeLoader):
+        pass
+
+    ParamsLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                       list("-+0123456789"))
+    return ParamsLoader
 
 
 def _expanded_size(node, sizes: dict) -> float:

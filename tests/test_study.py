@@ -13,7 +13,7 @@ from layertune.specs import CombineSpec, CorpusSpec, EncoderSpec, HeadSpec
 from pipelines.profiles import apply_overrides, dvc_arguments, load_profile
 from layertune.specs import DatasetSpec, SampleSpec
 from layertune.study import ParamsError, ReportKind
-from pipelines.params import validate_params
+from pipelines.params import read_yaml, validate_params
 from pipelines.plans import dvc_stage, plan_studies
 from layertune.training_config import TrainingConfig
 
@@ -420,6 +420,21 @@ def test_profiles_become_dvc_arguments_that_replace_mappings(params):
     assert "++studies.ablation.tunable_layers=[0,1,2,3,4,5,'all']" in arguments
     with pytest.raises(FileNotFoundError, match="No profile 'glue-bert-bas'.*Did you mean 'glue-bert-base'"):
         load_profile("glue-bert-bas", ROOT)
+
+
+@pytest.mark.parametrize("profile", sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml")))
+def test_dvc_writes_each_profile_into_params_yaml_as_the_profile_says(profile, params, tmp_path, fake_hub):
+    """`dvc exp run -S` edits params.yaml in place (ruamel, comments kept): what it writes must parse, and be the
+    profile applied. A comment on a replaced key's line once left DVC writing YAML it could not read back."""
+    from dvc.utils.hydra import apply_overrides as dvc_apply
+
+    copy = tmp_path / "params.yaml"
+    copy.write_text((ROOT / "params.yaml").read_text())
+    overrides = load_profile(profile, ROOT)
+    arguments = [argument for argument in dvc_arguments(overrides, params) if argument != "-S"]
+    dvc_apply(copy, [argument for argument in arguments if not argument.startswith("rounds.yaml:")])  # params' own
+    written = {**read_yaml(copy), "decided": {}}  # as the stages read it (DVC writes 3e-05: a float in YAML 1.2)
+    assert validate_params(written).model_dump() == validate_params(apply_overrides(params, overrides)).model_dump()
 
 
 def test_dvc_stages_and_catalog_paths_agree_with_the_code(params):
