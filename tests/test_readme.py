@@ -130,20 +130,47 @@ def row(start: str) -> str:
     return next(line for line in README.splitlines() if line.startswith(start))
 
 
+def scores_named(text: str) -> dict[str, float]:
+    """The ``<setting>: <points>`` pairs a README cell writes (``4: 83.3``, ``ia3: 82.1``)."""
+    return {name: float(value) for name, value in re.findall(r"([\w-]+): (\d+\.\d)", text)}
+
+
+def settings_listed(text: str, before: str) -> list[str]:
+    """The settings a README cell lists before ``before`` (``2, 3, 4 and all shown worse`` → ['2', '3', '4', 'all'])."""
+    found = re.search(r"([\w-]+(?:, [\w-]+)*(?: and [\w-]+)?) " + re.escape(before), text)
+    return re.split(r", | and ", found.group(1)) if found else []
+
+
+def answer_agrees(line: str, details: dict) -> None:
+    """A layers or methods row: each score it names is the report's mean; the settings it calls undecided and worse
+    are the report's."""
+    answer = line.split(" | ")[1]
+    named = scores_named(answer)
+    assert named and all(agrees(shown, details["mean"][name]) for name, shown in named.items()), (answer, named)
+    worse = sorted(str(k) for k, claim in details["within_tolerance"].items() if claim == "no")
+    assert sorted(settings_listed(answer, "shown worse")) == worse, answer
+    undecided = [str(k) for k in (details.get("undecided_between") or details.get("undecided_by_trainable_parameters")
+                                  or [])]
+    if "cannot decide" in answer:
+        listed = settings_listed(answer.split("cannot decide")[1].removeprefix(" among").strip(), "(")
+        assert sorted(listed) == sorted(undecided), answer
+    else:
+        assert undecided == [], answer
+
+
 def test_the_answers_table_is_the_reports():
+    """Every figure and claim of "What the default studies say" is the committed reports' (and its references the
+    references' and the learning curve's)."""
     ablation = json.loads((ROOT / "reports" / "ablation" / "details.json").read_text())
-    sst2, stsb = ablation["sst2"]["all-MiniLM-L6-v2"], ablation["stsb"]["all-MiniLM-L6-v2"]
-    line = row("| SST-2: how many of 6 layers?")
-    assert agrees(quoted(line, "within a point of the best ("), sst2["mean"]["6"]) and sst2["recommended_layers"] is None
-    assert agrees(quoted(line, "; 4:"), sst2["mean"]["4"]) and sst2["within_tolerance"]["6"] == "yes"
-    assert "cannot decide among 2, 3, 4 and 6" in line and sst2["undecided_between"] == [2, 3, 4, 6]
-    assert "0 and 1 shown worse" in line and sst2["within_tolerance"]["0"] == sst2["within_tolerance"]["1"] == "no"
-    line = row("| STS-B: how many of 6 layers?")
-    assert agrees(quoted(line, "(6:"), stsb["mean"]["6"]) and agrees(quoted(line, ", 4:"), stsb["mean"]["4"])
-    assert "cannot decide between 4 and 6" in line and stsb["undecided_between"] == [4, 6]
-    ner = json.loads((ROOT / "reports" / "ner.json").read_text())["conll2003"]["all-MiniLM-L6-v2"]
-    line = row("| CoNLL-2003 NER")
-    assert f"**{ner['recommended_layers']}**" in line and agrees(quoted(line, "F1"), ner["best_score"])
+    answer_agrees(row("| SST-2: how many of 6 layers?"), ablation["sst2"]["all-MiniLM-L6-v2"])
+    answer_agrees(row("| STS-B: how many of 6 layers?"), ablation["stsb"]["all-MiniLM-L6-v2"])
+    methods = json.loads((ROOT / "reports" / "methods" / "details.json").read_text())["sst2"]["all-MiniLM-L6-v2"]
+    answer_agrees(row("| SST-2: top-K, LoRA"), methods)
+    ner = json.loads((ROOT / "reports" / "ner" / "details.json").read_text())
+    mine, line = ner["conll2003"]["all-MiniLM-L6-v2"], row("| CoNLL-2003 NER")
+    assert f"**{mine['recommended_layers']}**" in line and agrees(quoted(line, "F1"), mine["best_score"])
+    answer_agrees(line.replace(f"**{mine['recommended_layers']}** (F1", f"(all:"), mine)
+    assert agrees(quoted(line, "most frequent tag"), ner["conll2003"]["baselines"]["word_majority_tag"])
     encoders = json.loads((ROOT / "reports" / "multi_encoder" / "details.json").read_text())["sst2"]["2"]
     line = row("| two MiniLMs together")
     for name in ("concat", "dme"):
@@ -151,21 +178,34 @@ def test_the_answers_table_is_the_reports():
         assert agrees(quoted(line, name), versus["difference"]) and versus["verdict"] == "no difference shown"
         bounds = re.search(re.escape(name) + r" [^\[]*\[([^,]+), ([^\]]+)\]", line).groups()
         assert all(agrees(float(b.replace("−", "-")), v) for b, v in zip(bounds, (versus["low"], versus["high"])))
-    methods = json.loads((ROOT / "reports" / "methods" / "details.json").read_text())["sst2"]["all-MiniLM-L6-v2"]
-    line = row("| SST-2: top-K, LoRA")
-    assert agrees(quoted(line, "full fine-tuning best ("), methods["mean"]["top_k-all"])
-    assert methods["best_method"] == "top_k-all" and "the head alone shown worse" in line
-    assert [name for name, claim in methods["within_tolerance"].items() if claim == "no"] == ["top_k-0"]
+    import pandas as pd
+
+    references = pd.read_csv(ROOT / "reports" / "ablation" / "references.csv")
+    score = {(r.task, r.kind): r.score for r in references.itertuples()}
+    line = row("| SST-2: how many of 6 layers?")
+    assert agrees(quoted(line, "majority class"), score["sst2", "no_model"])
+    assert agrees(quoted(line, "linear probe"), score["sst2", "linear_probe"])
+    line = row("| STS-B: how many of 6 layers?")
+    assert agrees(quoted(line, "cosine **"), score["stsb", "untrained_cosine"])
+    assert agrees(quoted(line, "ridge probe"), score["stsb", "linear_probe"])
+    curve = json.loads((ROOT / "reports" / "benchmarks" / "learning_curve.json").read_text())["points"]
+    top = {task: max(p["dev_score"] for p in curve if p["task"] == task) for task in ("stsb", "conll2003")}
+    assert agrees(quoted(row("| STS-B: how many"), "full fine-tuning at 4,000 pairs"), top["stsb"])
+    assert agrees(quoted(row("| CoNLL-2003 NER"), "full fine-tuning at 8,000 sentences"), top["conll2003"])
 
 
 def test_build_times_quoted_are_the_benchmarks():
-    """The README's build time and first report are benchmarks/first_report.py's, with the machine's reference
-    figure (machines of one kind differ by 2x); docs/pipeline.md's figures are pipeline_speed.py's."""
-    first = json.loads((ROOT / "reports" / "benchmarks" / "first_report.json").read_text())
+    """The README's build time and first report are those of the build of the committed reports
+    (reports/benchmarks/default_build.json, with the machine's reference figure: machines of one kind differ by 2x);
+    docs/pipeline.md's figures are pipeline_speed.py's."""
+    build = json.loads((ROOT / "reports" / "benchmarks" / "default_build.json").read_text())
+    assert build["total_s"] == sum(build["study_s"].values())
     flat = " ".join(README.split())
-    assert f"{first['total_s'] / 60:.0f} minutes of `layertune repro`" in flat
-    assert f"the first report lands after {first['first']['s'] / 60:.0f} minutes" in flat
-    assert f"{first['machine']['matmul_gflops']:.0f} GFLOPS" in flat
+    assert f"{build['total_s'] / 60:.0f} minutes of `layertune repro`" in flat
+    assert f"the first report lands after {build['first']['s'] / 60:.0f} minutes" in flat
+    assert f"{build['machine']['matmul_gflops']:.0f} GFLOPS" in flat
+    benchmarks = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
+    assert f"about {build['total_s'] / 60:.0f} minutes of `layertune repro`" in benchmarks
     measured = json.loads((ROOT / "reports" / "benchmarks" / "pipeline.json").read_text())
     default = measured["default"]
     compute = default["compute_s"]
