@@ -3,6 +3,7 @@ each model's config files only, never its weights (docs/pipeline.md, "Parameters
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Collection, Mapping
@@ -79,11 +80,10 @@ def read_yaml(path: Path) -> Any:
     return yaml.load(text, Loader=_loader())  # noqa: S506 (a SafeLoader, one more float spelling)
 
 
+@functools.cache  # one class for every read (compose and load both use it)
 def _loader() -> type:
     """PyYAML's SafeLoader, which reads ``3e-05`` as a float as YAML 1.2 does (1.1 wants a dot: ``3.0e-05``): DVC
     (ruamel, YAML 1.2) writes floats so after ``dvc exp run -S``, and the rate would otherwise be read as text."""
-    import re
-
     import yaml
 
     class ParamsLoader(yaml.SafeLoader):

@@ -146,6 +146,13 @@ def settings_table(found: list[Setting]) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------------------- text
 
 
+def _per_k_text(overrides: Mapping, layer_values: list, where: str) -> str:
+    """The training overrides of each K on the grid, as the setup line lists them ("; on SST-2 with 2 tunable
+    layers: learning_rate 5e-05")."""
+    return "".join(f"; {where}with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
+                   for k, o in overrides.items() if k in layer_values)
+
+
 def display(task: str) -> str:
     return DISPLAY_NAMES.get(task, task)
 
@@ -232,10 +239,9 @@ def setup_text(results: StudyResults) -> str:
         f"- Encoders: {encoders}; pooling {pooling}; a {spec.head.head} head.\n"
         f"- Training: {epochs}, batch {training.batch_size}, learning rate "
         f"{training.learning_rate:g} (head {training.head_rate:g})"
-        + ("".join(f"; with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
-                   for k, o in spec.per_tunable_layers.items() if k in spec.layer_values))
-        + ("".join(f"; on {display(task)} with {k} tunable layers: " + ", ".join(f"{a} {v}" for a, v in o.items())
-                   for task, per_k in spec.per_task.items() for k, o in per_k.items() if k in spec.layer_values))
+        + _per_k_text(spec.per_tunable_layers, spec.layer_values, "")
+        + "".join(_per_k_text(per_k, spec.layer_values, f"on {display(task)} ")
+                  for task, per_k in spec.per_task.items())
         + f"; {kept}; computed in {computed}; seeds {', '.join(map(str, spec.seeds))}.\n"
         f"- Scores in points (×100): mean ± std over seeds, and in brackets a {options.confidence:.0%} interval that "
         f"covers both the choice of dev examples (bootstrap, {options.resamples:,} resamples, shared by all settings "
