@@ -174,6 +174,28 @@ def test_a_cells_record_names_the_precision_it_trained_in(tiny_bert, tmp_path, m
         assert json.loads((tmp_path / expected / "metrics.json").read_text())["mixed_precision"] == expected
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's attention kernels")
+def test_a_bfloat16_run_on_cpu_attends_with_the_math_kernel_and_a_float32_run_as_torch_chooses(tiny_bert, tmp_path,
+                                                                                                monkeypatch):
+    """The fused CPU kernel's bf16 backward is ~10x slower than its float32 one: a bf16 run uses the math kernel in
+    every forward (training and scoring alike, as the frozen-prefix pass); a float32 run keeps the fused kernel."""
+    seen = []  # (precision, whether gradients flow, whether the fused kernel may run) at each attention call
+    attend = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((precision, torch.is_grad_enabled(), torch.backends.cuda.flash_sdp_enabled()))
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    corpus = with_validation(toy_sentiment_corpus(32, 8), 8)
+    for precision in ("bf16", "no"):
+        ModelTrainer(classifier(tiny_bert, "all"), corpus, cache_dir=tmp_path).train(
+            progress=False, epochs=1, **{**FAST, "mixed_precision": precision})
+    assert set(seen) == {("bf16", True, False), ("bf16", False, False), ("no", True, True), ("no", False, True)}
+    assert torch.backends.cuda.flash_sdp_enabled()  # left as it was
+
+
 def test_eval_strategy_end_scores_the_slice_once_then_dev(tiny_bert, tmp_path, monkeypatch):
     corpus = with_validation(toy_sentiment_corpus(64, 40), 24)
     trainer = ModelTrainer(classifier(tiny_bert), corpus, cache_dir=tmp_path)

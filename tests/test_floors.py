@@ -13,7 +13,7 @@ LIBRARY = Path(layertune.__file__).resolve().parent
 # From the ground up. A package (corpora/, reports/) is one room; "__init__" is the package's face, which hands the
 # public names on (loaded on first use) and imports nothing itself.
 FLOORS = (
-    ("ground", ("errors", "io", "timing", "distributed", "training_config", "testing")),
+    ("ground", ("errors", "io", "timing", "distributed", "training_config", "host_memory", "testing")),
     ("data and tokens", ("corpus", "corpora", "metrics", "batching", "tokenization")),
     ("model parts and tuning methods", ("model_paths", "model_loading", "layer_stack", "tuning_methods")),
     ("the frozen-prefix cache", ("cache_costs", "frozen_prefix")),

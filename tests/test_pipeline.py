@@ -324,12 +324,30 @@ def test_dvc_builds_a_new_seed_and_a_new_study_from_params_alone_and_shows_the_p
     assert json.loads((project / "reports/other.json").read_text())["sst2"]["tiny"]["mean"].keys() == {"0"}
 
 
-def test_each_trained_cells_line_says_the_time_left_for_its_study_at_the_pace_so_far():
+def test_each_trained_cells_line_says_the_time_left_for_its_study_by_what_each_setting_costs():
+    from layertune.specs import CellSpec, CorpusSpec, EncoderSpec
+    from layertune.study import StudyCell
     from pipelines.train.nodes import time_left
 
-    assert time_left(30.0, 3, 9, "ablation") == "; about 1.0 min left for ablation"  # 10 s a cell, 6 to go
-    assert time_left(10.0, 2, 3, "ner") == "; about 5 s left for ner"
-    assert time_left(10.0, 3, 3, "ner") == "; none left for ner"
+    spec = CellSpec(corpus=CorpusSpec(task="sst2"), encoders=[EncoderSpec(model="m")])
+
+    def cell(task, layers, seed):
+        return StudyCell(study="ablation", task=task, encoder="m", tunable_layers=layers, seed=seed, spec=spec)
+
+    grid = [cell(task, layers, seed) for task in ("sst2", "stsb") for layers in (0, "all") for seed in (1, 2)]
+    cost = {("sst2", 0): 10.0, ("sst2", "all"): 50.0, ("stsb", 0): 20.0, ("stsb", "all"): 100.0}
+    took = [(c, cost[c.task, c.tunable_layers]) for c in grid[:5]]  # sst2's four cells and stsb's first
+
+    # stsb-0's second seed as its first (20 s); stsb's all as sst2's all (50 s), times stsb's cost against sst2's
+    # on the setting both have trained (20 s against 10): 100 s each. One process: wall time as the cells' sum.
+    assert time_left(140.0, took, grid[5:], "ablation") == "; about 3.7 min left for ablation"  # 220 s
+    # (the mean cell so far, 28 s, would have said 1.4 min)
+    assert time_left(70.0, took, grid[5:], "ablation") == "; about 1.8 min left for ablation"  # two jobs at once
+    # the first task: a setting not trained anywhere yet counts as the mean cell
+    assert time_left(20.0, took[:2], grid[2:4], "ablation") == "; about 20 s left for ablation"
+    assert time_left(140.0, took, [], "ner") == "; none left for ner"
+    untimed = [(c, None) for c, _ in took]  # a scheduler that reports no starts: the mean cell's wall time
+    assert time_left(50.0, untimed, grid[5:], "ner") == "; about 30 s left for ner"
 
 
 def test_the_committed_dvc_lock_holds_the_stages_of_dvc_yaml_and_no_other():

