@@ -1,16 +1,16 @@
 """float32 against bfloat16 on this CPU: per-step and whole-cell times, and the dev scores, for K = 0, 2 and all.
 
     python benchmarks/precision_speed.py --json reports/benchmarks/precision.json
-    python benchmarks/precision_speed.py --task stsb --tunable-layers all --json reports/benchmarks/precision_stsb.json
-    python benchmarks/precision_speed.py --glibc-malloc-defaults ...   # without `layertune.host_memory`'s setting
+    python benchmarks/precision_speed.py --task stsb --json reports/benchmarks/precision_stsb.json
+    python benchmarks/precision_speed.py --tunable-layers all --glibc-malloc-defaults --json ...  # glibc's malloc
 
-One process, the real all-MiniLM-L6-v2 and real SST-2 or STS-B (2,000 training examples, a 500-sentence validation slice,
-the 872 dev sentences; batch 16, max length 64, the studies' recipe with a fixed number of epochs, no early stopping,
-so that both precisions do the same work). Each K trains with ``mixed_precision="no"`` and ``"bf16"``, same seeds, the
-two alternating per seed so that the machine's other load hits both alike; K = 0 and 2 read the frozen-prefix cache
-(built once per precision and boundary before timing: its pass computes in the run's precision, and the cache keys
-say which), K = all cannot cache. Per run: the median step time (an epoch's training time over its batches), the
-whole cell's wall time (build, data, training, scoring), and the dev score.
+One process, the real all-MiniLM-L6-v2 and real SST-2 or STS-B (2,000 training examples, a 500-example validation
+slice, the whole dev split; batch 16, max length 64, the studies' recipe with a fixed number of epochs, no early
+stopping, so that both precisions do the same work). Each K trains with ``mixed_precision="no"`` and ``"bf16"``, same
+seeds, the two alternating per seed so that the machine's other load hits both alike; K = 0 and 2 read the frozen-
+prefix cache (built once per precision and boundary before timing: its pass computes in the run's precision, and the
+cache keys say which), K = all cannot cache. Per run: the median step time (an epoch's training time over its
+batches), the whole cell's wall time (build, data, training, scoring), and the dev score.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main() -> None:
                         help="SST-2: single sentences, 12.8 word pieces on average; STS-B: pairs, 27.5")
     parser.add_argument("--tunable-layers", nargs="+", default=["0", "2", "all"], choices=["0", "2", "all"])
     parser.add_argument("--glibc-malloc-defaults", action="store_true",
-                        help="leave glibc's malloc as it is (without layertune.host_memory.keep_freed_blocks)")
+                        help="leave glibc's malloc as it is (LAYERTUNE_KEEP_FREED_BLOCKS=0)")
     parser.add_argument("--data-mirror", default=os.environ.get("LAYERTUNE_DATA_MIRROR"))
     args = parser.parse_args()
 
@@ -69,9 +69,7 @@ def main() -> None:
         raise SystemExit("This CPU has no native bfloat16 (AVX-512 BF16 or AMX): there is nothing to compare; "
                          "mixed_precision auto trains in float32 here.")
     if args.glibc_malloc_defaults:
-        from layertune import host_memory
-
-        host_memory.keep_freed_blocks = lambda: False
+        os.environ["LAYERTUNE_KEEP_FREED_BLOCKS"] = "0"
     corpus = load_corpus(args.task, train_size=args.train_size, validation_size=500, seed=42,
                          data_mirror=args.data_mirror)
     settings = [int(k) if k != "all" else k for k in args.tunable_layers]
@@ -103,9 +101,10 @@ def main() -> None:
     args.json.write_text(json.dumps({
         "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                     "avx512_bf16": torch.cpu._is_avx512_bf16_supported(), "amx": torch.cpu._is_amx_tile_supported(),
-                    "malloc": "glibc defaults" if args.glibc_malloc_defaults else "freed blocks kept (layertune.host_memory)"},
-        "setup": {"model": MODEL, "task": args.task, "metric": corpus.main_metric, "train_size": args.train_size, "epochs": args.epochs, "seeds": args.seeds,
-                  **RECIPE}, "summary": summary, "runs": runs}, indent=2) + "\n")
+                    "malloc": "glibc defaults" if args.glibc_malloc_defaults else "freed blocks kept"},
+        "setup": {"model": MODEL, "task": args.task, "metric": corpus.main_metric, "train_size": args.train_size,
+                  "epochs": args.epochs, "seeds": args.seeds, **RECIPE},
+        "summary": summary, "runs": runs}, indent=2) + "\n")
 
 
 def _cpu_name() -> str:

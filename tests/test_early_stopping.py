@@ -13,7 +13,7 @@ from tests.conftest import toy_sentiment_corpus
 from layertune import LanguageModel, ModelTrainer, TextClassifier, TextRegressor
 from layertune.corpora import load_corpus
 from layertune.trainer import Selection
-from layertune.training_config import TrainingConfig, cpu_has_native_bf16, resolve_mixed_precision
+from layertune.training_config import TrainingConfig, autocast_context, cpu_has_native_bf16, resolve_mixed_precision
 
 FAST = dict(batch_size=8, learning_rate=1e-3, seed=3, frozen_prefix_cache=False, mixed_precision="no")
 
@@ -194,6 +194,16 @@ def test_a_bfloat16_run_on_cpu_attends_with_the_math_kernel_and_a_float32_run_as
             progress=False, epochs=1, **{**FAST, "mixed_precision": precision})
     assert set(seen) == {("bf16", True, False), ("bf16", False, False), ("no", True, True), ("no", False, True)}
     assert torch.backends.cuda.flash_sdp_enabled()  # left as it was
+
+
+def test_every_forward_of_a_bfloat16_run_on_cpu_runs_under_autocast_and_the_math_kernel():
+    """What the frozen-prefix pass, the probes and the trainer compute under (`autocast_context`)."""
+    cpu = torch.device("cpu")
+    with autocast_context(cpu, torch.bfloat16):
+        assert torch.is_autocast_enabled("cpu") and not torch.backends.cuda.flash_sdp_enabled()
+    with autocast_context(cpu, None):
+        assert not torch.is_autocast_enabled("cpu") and torch.backends.cuda.flash_sdp_enabled()
+    assert not torch.is_autocast_enabled("cpu") and torch.backends.cuda.flash_sdp_enabled()  # left as they were
 
 
 def test_eval_strategy_end_scores_the_slice_once_then_dev(tiny_bert, tmp_path, monkeypatch):

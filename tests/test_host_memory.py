@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
 
 import pytest
 import torch
+
+from tests.conftest import toy_sentiment_corpus
+from layertune import LanguageModel, ModelTrainer, TextClassifier, host_memory
 
 # Full fine-tuning steps of a real encoder (its word-embedding gradient alone is 47 MB, allocated at each step and
 # freed by zero_grad); the page faults of the last six steps, per step.
@@ -37,21 +41,20 @@ print(page_faults_per_step())
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_a_training_step_reuses_the_blocks_the_last_one_freed(minilm_l3):
-    def faults(allocator: str) -> float:  # each in a fresh process: the setting is process-wide and kept
-        run = subprocess.run([sys.executable, "-c", STEPS, str(minilm_l3), allocator], capture_output=True, text=True)
+    def faults(allocator: str, **environment) -> float:  # each in a fresh process: the setting is process-wide
+        run = subprocess.run([sys.executable, "-c", STEPS, str(minilm_l3), allocator], capture_output=True, text=True,
+                             env={**os.environ, **environment})
         assert run.returncode == 0, run.stderr[-2000:]
         return float(run.stdout.split()[-1])
 
     default, kept = faults("default"), faults("kept")
-    assert default > 5000, default  # glibc's defaults: each step's buffers mapped afresh (about 40,000 faults)
+    assert default > 5000, default  # glibc's defaults: each step's buffers mapped afresh (about 40,000)
     assert kept < 1000, kept  # served from the heap the last steps left (0 here)
+    assert faults("kept", LAYERTUNE_KEEP_FREED_BLOCKS="0") > 5000  # turned off: malloc left as glibc has it
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="training on the CPU")
 def test_the_trainer_keeps_freed_blocks_when_it_trains_on_a_cpu(tiny_bert, tmp_path, monkeypatch):
-    from tests.conftest import toy_sentiment_corpus
-    from layertune import LanguageModel, ModelTrainer, TextClassifier, host_memory
-
     calls = []
     monkeypatch.setattr(host_memory, "keep_freed_blocks", lambda: calls.append(1) or True)
     model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=1), 2)

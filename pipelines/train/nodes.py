@@ -57,7 +57,10 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                     runs.started(event.key, event.at_ms)
                     continue
                 runs.finished(event.key, event.started_ms)
-                seconds = time.monotonic() - started[event.key] if event.key in started else None
+                if event.key in started:
+                    seconds = time.monotonic() - started[event.key]
+                else:  # a scheduler that reports a cell's start as it ends (Ray), by the clock where it trained
+                    seconds = time.time() - event.started_ms / 1000 if event.started_ms else None
                 took.append((planned[event.key], seconds))
                 done = set(runs.done)
                 left = [job.cell for job in jobs if job.cell.key not in done]
@@ -70,7 +73,7 @@ def time_left(elapsed_s: float, took: list[tuple[StudyCell, float | None]], left
               study: str) -> str:
     """``; about 3.2 min left for <study>``: the cells ``left``, each at what `expected_seconds` says from the
     cells trained so far (``took``), at this build's pace (its wall time per second of cell: below one with
-    several jobs at once)."""
+    several jobs at once). With several jobs, cells still training count whole, so early lines say too much."""
     if not left:
         return f"; none left for {study}"
     timed = [(cell, seconds) for cell, seconds in took if seconds is not None]
@@ -86,9 +89,9 @@ def time_left(elapsed_s: float, took: list[tuple[StudyCell, float | None]], left
 def expected_seconds(cell: StudyCell, timed: list[tuple[StudyCell, float]]) -> float:
     """What ``cell`` should take, from the cells ``timed`` so far: its setting's mean (the seeds of one setting
     cost alike); else its tunable layers' (or method's) mean on the study's other tasks, times how this task's
-    cells compare with theirs on the settings both have trained (longer inputs, another size); else the mean cell.
-    A study trains task by task, fewer layers first: the mean cell so far alone undercounts the larger settings to
-    come."""
+    cells compare with theirs on the settings both have trained (longer inputs, another size); else the mean cell
+    (``timed`` holds at least one). A study trains task by task, fewer layers first: the mean cell so far alone
+    undercounts the larger settings to come."""
     def mean(values):
         return sum(values) / len(values)
 

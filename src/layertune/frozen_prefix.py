@@ -57,7 +57,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 CACHE_DTYPES = ("auto", *DTYPES)  # auto: the dtype the frozen layers hand on (exact)
 # 2: data hashed column-wise; 3: the config without the folder it was loaded from; 4: every file checksummed;
 # 5: the run's autocast in the key, rows in the pass's order (starts.npy), the pass's own measurements; 6: a bf16
-# pass on a CPU attends with the math kernel, as its run's training does (training_config.attention_kernels)
+# pass on a CPU attends with the math kernel, as its run's training does (training_config.autocast_context)
 _FORMAT_VERSION = 6
 _DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # no space left; a quota reached
 

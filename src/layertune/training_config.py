@@ -5,6 +5,7 @@ Kept free of torch so that checking a study's parameters (the plan stage) costs 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -194,37 +195,24 @@ def autocast_dtype(mixed_precision: str):
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
 
 
-def attention_kernels(device, dtype):
-    """The scaled-dot-product attention kernels a run on ``device`` computing in ``dtype`` uses, in every forward
-    of the run alike (training, the frozen-prefix pass, scoring), so that cached states are what an uncached run
-    computes.
+@contextlib.contextmanager
+def autocast_context(device, dtype):
+    """What every forward of a run on ``device`` (a torch.device) computing in ``dtype`` (None: float32) runs under:
+    training steps, scoring, the frozen-prefix pass and its cost estimate, the probes. One context for all, so that
+    cached states are what an uncached run computes.
 
-    On a CPU in bfloat16, the math kernel: torch 2.13's fused (flash) CPU kernel is quick forward, but its bfloat16
-    backward is about 10x slower than its float32 one (all-MiniLM-L6-v2, 16 x 40 tokens: 15 ms a layer against
+    Autocast to ``dtype``, as accelerate enters it around each forward; and on a CPU in bfloat16, the math
+    scaled-dot-product attention kernel: torch 2.13's fused (flash) CPU kernel is quick forward, but its bfloat16
+    backward is about 12x slower than its float32 one (all-MiniLM-L6-v2, 16 x 40 tokens: 15.3 ms a layer against
     1.2), which made a bf16 training step no faster than a float32 one; the math kernel's batched products run on the
-    CPU's bf16 units (benchmarks/README.md, "float32 against bfloat16"). Every other device and precision: torch's
-    choice."""
-    import contextlib
-
+    CPU's bf16 units (benchmarks/README.md, "float32 against bfloat16"). Every other device and precision attends as
+    torch chooses."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if device.type == "cpu" and dtype == torch.bfloat16:
-        return sdpa_kernel([SDPBackend.MATH])
-    return contextlib.nullcontext()
-
-
-def autocast_context(device, dtype):
-    """The run's autocast on ``device`` (a torch.device), computing in ``dtype`` (None: no autocast), as accelerate
-    enters it around each forward, with the run's `attention_kernels`: what the frozen-prefix pass, its cost
-    estimate and the probes compute under."""
-    import contextlib
-
-    import torch
-
-    if dtype is None:
-        return contextlib.nullcontext()
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.autocast(device.type, dtype=dtype))
-    stack.enter_context(attention_kernels(device, dtype))
-    return stack
+    with contextlib.ExitStack() as stack:
+        if dtype is not None:
+            stack.enter_context(torch.autocast(device.type, dtype=dtype))
+        if device.type == "cpu" and dtype == torch.bfloat16:
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        yield
