@@ -334,20 +334,21 @@ def test_each_trained_cells_line_says_the_time_left_for_its_study_by_what_each_s
     def cell(task, layers, seed):
         return StudyCell(study="ablation", task=task, encoder="m", tunable_layers=layers, seed=seed, spec=spec)
 
-    grid = [cell(task, layers, seed) for task in ("sst2", "stsb") for layers in (0, "all") for seed in (1, 2)]
-    cost = {("sst2", 0): 10.0, ("sst2", "all"): 50.0, ("stsb", 0): 20.0, ("stsb", "all"): 100.0}
-    took = [(c, cost[c.task, c.tunable_layers]) for c in grid[:5]]  # sst2's four cells and stsb's first
+    grid = [cell(task, layers, seed) for task in ("sst2", "stsb") for layers in (0, 1, "all") for seed in (1, 2)]
+    cost = {("sst2", 0): 10.0, ("sst2", 1): 20.0, ("sst2", "all"): 50.0,
+            ("stsb", 0): 20.0, ("stsb", 1): 60.0, ("stsb", "all"): 150.0}
+    took = [(c, cost[c.task, c.tunable_layers]) for c in grid[:9]]  # sst2's six cells, stsb's K = 0 and one K = 1
 
-    # stsb-0's second seed as its first (20 s); stsb's all as sst2's all (50 s), times stsb's cost against sst2's
-    # on the setting both have trained (20 s against 10): 100 s each. One process: wall time as the cells' sum.
-    assert time_left(140.0, took, grid[5:], "ablation") == "; about 3.7 min left for ablation"  # 220 s
-    # (the mean cell so far, 28 s, would have said 1.4 min)
-    assert time_left(70.0, took, grid[5:], "ablation") == "; about 1.8 min left for ablation"  # two jobs at once
-    # the first task: a setting not trained anywhere yet counts as the mean cell
-    assert time_left(20.0, took[:2], grid[2:4], "ablation") == "; about 20 s left for ablation"
-    assert time_left(140.0, took, [], "ner") == "; none left for ner"
+    # stsb-1's second seed as its first (60 s); stsb's all as sst2's all (50 s) times stsb's cost against sst2's on
+    # the most layers both have trained (1: 60 s against 20): 150 s each. One process: wall time as the cells' sum.
+    assert time_left(260.0, took, grid[9:], "ablation") == "; about 6.0 min left for ablation"  # 360 s
+    # (the mean cell so far, 29 s, would have said 1.4 min; the mean ratio over K = 0 and 1, 2.5x, 5.2 min)
+    assert time_left(130.0, took, grid[9:], "ablation") == "; about 3.0 min left for ablation"  # two jobs at once
+    # the study's first task: a setting not trained anywhere yet costs at least the costliest so far
+    assert time_left(20.0, took[:2], grid[2:6], "ablation") == "; at least 40 s left for ablation"
+    assert time_left(260.0, took, [], "ner") == "; none left for ner"
     untimed = [(c, None) for c, _ in took]  # a scheduler that reports no starts: the mean cell's wall time
-    assert time_left(50.0, untimed, grid[5:], "ner") == "; about 30 s left for ner"
+    assert time_left(90.0, untimed, grid[9:], "ner") == "; about 30 s left for ner"
 
 
 def test_the_committed_dvc_lock_holds_the_stages_of_dvc_yaml_and_no_other():

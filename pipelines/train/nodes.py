@@ -77,21 +77,29 @@ def time_left(elapsed_s: float, took: list[tuple[StudyCell, float | None]], left
     if not left:
         return f"; none left for {study}"
     timed = [(cell, seconds) for cell, seconds in took if seconds is not None]
+    bound = False
     if timed and sum(seconds for _, seconds in timed) > 0:
         pace = elapsed_s / sum(seconds for _, seconds in timed)
-        seconds = pace * sum(expected_seconds(cell, timed) for cell in left)
+        estimates = [expected_seconds(cell, timed) for cell in left]
+        seconds = pace * sum(estimate for estimate, _ in estimates)
+        bound = any(lower for _, lower in estimates)
     else:  # no cell timed (a scheduler that reports no starts): the mean cell's wall time
         seconds = elapsed_s / max(len(took), 1) * len(left)
-    return f"; about {seconds / 60:.1f} min left for {study}" if seconds >= 60 else \
-        f"; about {seconds:.0f} s left for {study}"
+    how = "at least" if bound else "about"
+    return f"; {how} {seconds / 60:.1f} min left for {study}" if seconds >= 60 else \
+        f"; {how} {seconds:.0f} s left for {study}"
 
 
-def expected_seconds(cell: StudyCell, timed: list[tuple[StudyCell, float]]) -> float:
-    """What ``cell`` should take, from the cells ``timed`` so far: its setting's mean (the seeds of one setting
-    cost alike); else its tunable layers' (or method's) mean on the study's other tasks, times how this task's
-    cells compare with theirs on the settings both have trained (longer inputs, another size); else the mean cell
-    (``timed`` holds at least one). A study trains task by task, fewer layers first: the mean cell so far alone
-    undercounts the larger settings to come."""
+def expected_seconds(cell: StudyCell, timed: list[tuple[StudyCell, float]]) -> tuple[float, bool]:
+    """What ``cell`` should take, from the cells ``timed`` so far (at least one), and whether that is only a lower
+    bound:
+    - its setting's mean: the seeds of one setting cost alike;
+    - else its tunable layers' (or method's) mean on the study's other tasks, times how this task's cells compare
+      with theirs on the closest setting both have trained (the most layers up to the cell's: a longer input costs
+      more the more layers train; for methods, the settings' mean);
+    - else, on a study's first task, the costliest setting of the task so far: a grid trains fewer layers first, so
+      what is left costs at least that (a lower bound: the log line then says "at least").
+    """
     def mean(values):
         return sum(values) / len(values)
 
@@ -105,15 +113,27 @@ def expected_seconds(cell: StudyCell, timed: list[tuple[StudyCell, float]]) -> f
 
     knob, mine = cell.setting[1:], by(cell.task)
     if knob in mine:
-        return mine[knob]
+        return mine[knob], False
     estimates = []
     for task in sorted({other.task for other, _ in timed} - {cell.task}):
         theirs = by(task)
         if knob in theirs:
-            shared = mine.keys() & theirs.keys()
-            scale = mean([mine[k] for k in shared]) / mean([theirs[k] for k in shared]) if shared else 1.0
+            shared = sorted(mine.keys() & theirs.keys(), key=_layers_order)
+            closest = [k for k in shared if _layers_order(k) <= _layers_order(knob)][-1:] or shared
+            scale = mean([mine[k] / theirs[k] for k in closest]) if closest else 1.0
             estimates.append(theirs[knob] * scale)
-    return mean(estimates) if estimates else mean([seconds for _, seconds in timed])
+    if estimates:
+        return mean(estimates), False
+    return (max(mine.values()), True) if mine else (mean([seconds for _, seconds in timed]), False)
+
+
+def _layers_order(knob: tuple) -> tuple:
+    """(encoder, tunable layers or method) in the order a grid trains them: fewer layers first, 'all' last; a
+    method, by name, after every number of layers."""
+    encoder, value = knob
+    if isinstance(value, int):
+        return encoder, 0, value, ""
+    return encoder, 1 if value == "all" else 2, 0, str(value)
 
 
 def scheduler_from_environment():
