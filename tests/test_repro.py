@@ -59,7 +59,8 @@ LAUGHS = "".join(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]\n"
      "params.yaml: its aliases (*name) expand it to more than 100,000 values"),
     (("# " + "x" * 98 + "\n") * 11_000, {}, "params.yaml: 1,111,000 bytes (1.1 MiB), more than the 1,048,576 bytes "
      "(1.0 MiB) a parameter file may hold: DVC, Kedro and every stage read it at each build"),
-])
+], ids=["bad-jobs", "path-as-name", "long-name", "alias-bomb", "over-1-MiB"])  # short: pytest puts the id in
+# $PYTEST_CURRENT_TEST, and a 1.1 MiB one made every process the fixtures start fail ("Argument list too long")
 def test_bad_params_or_environment_are_one_line_before_dvc_starts(project, tmp_path, monkeypatch, capsys, params,
                                                                    environment, message):
     """What DVC would trip on (a path for a study name: its own output-overlap error; a name longer than a file name;
