@@ -61,3 +61,10 @@ def test_the_trainer_keeps_freed_blocks_when_it_trains_on_a_cpu(tiny_bert, tmp_p
     ModelTrainer(model, toy_sentiment_corpus(16, 8), cache_dir=tmp_path).train(
         progress=False, epochs=1, batch_size=8, mixed_precision="no", frozen_prefix_cache=False)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("setting", ["false", "off", ""])
+def test_a_keep_freed_blocks_setting_other_than_0_or_1_is_refused_naming_both(monkeypatch, setting):
+    monkeypatch.setenv("LAYERTUNE_KEEP_FREED_BLOCKS", setting)
+    with pytest.raises(ValueError, match=f"LAYERTUNE_KEEP_FREED_BLOCKS={setting!r}: expected 0 .* or 1 "):
+        host_memory.keep_freed_blocks.__wrapped__()  # uncached: the process's own answer is kept

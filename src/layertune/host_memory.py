@@ -35,8 +35,13 @@ def keep_freed_blocks() -> bool:
     memory for reuse. Once per process; process-wide and kept (a process's resident memory stays near its peak,
     which a training process reaches every step anyway). ``LAYERTUNE_KEEP_FREED_BLOCKS=0`` leaves malloc as it is
     (a notebook that wants its memory back after training). True where it took; False where it was turned off or
-    the C library is not glibc (macOS, musl), which are left as they are."""
-    if os.environ.get(KEEP_FREED_BLOCKS_ENV, "1") == "0":
+    the C library is not glibc (macOS, musl), which are left as they are. Another value: `ValueError`, before the
+    run does any work."""
+    setting = os.environ.get(KEEP_FREED_BLOCKS_ENV, "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"${KEEP_FREED_BLOCKS_ENV}={setting!r}: expected 0 (leave malloc as it is) or 1 (keep the "
+                         "blocks a training step frees, the default).")
+    if setting == "0":
         return False
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
