@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from layertune.distributed import is_main_process, launched, state
-from layertune.study import StudyCell
+from layertune.study import StudyCell, layers_key
 from pipelines import scheduling, tracking
 from pipelines.datasets import SavedCorpus
 from pipelines.plans import TrainPlan
@@ -131,9 +131,9 @@ def _layers_order(knob: tuple) -> tuple:
     """(encoder, tunable layers or method) in the order a grid trains them: fewer layers first, 'all' last; a
     method, by name, after every number of layers."""
     encoder, value = knob
-    if isinstance(value, int):
-        return encoder, 0, value, ""
-    return encoder, 1 if value == "all" else 2, 0, str(value)
+    if isinstance(value, int) or value == "all":
+        return encoder, False, *layers_key(value), ""
+    return encoder, True, False, 0, str(value)
 
 
 def scheduler_from_environment():

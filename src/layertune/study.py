@@ -113,9 +113,14 @@ def cell_key(*values: object) -> str:
     return "-".join(str(v) for v in values)
 
 
+def layers_key(value: TunableLayers) -> tuple[bool, int]:
+    """Where a number of tunable layers sorts: 0, 1, 2, … then 'all'."""
+    return value == "all", value if value != "all" else 0
+
+
 def layers_order(values: Iterable[TunableLayers]) -> list[TunableLayers]:
     """0, 1, 2, … then 'all': the row order of an ablation table."""
-    return sorted(set(values), key=lambda k: (k == "all", k if k != "all" else 0))
+    return sorted(set(values), key=layers_key)
 
 
 # ------------------------------------------------------------------------------------------------------- schema
