@@ -355,6 +355,42 @@ def test_references_stand_beside_the_settings_and_the_head_alone_is_held_to_its_
     assert set(report.tables["references"]["kind"]) == {"no_model", "linear_probe"}
 
 
+@dataclass
+class ValidatedCell(Cell):
+    """A cell that kept its epoch on the validation slice, where it scored ``validation``."""
+
+    validation: float = 0.0
+
+    def history(self):
+        return [{**super().history()[0], "validation_accuracy": self.validation}]
+
+
+@pytest.mark.parametrize("head_validation, why", [
+    (0.795, "level with it (within a point): the two fits, chosen on that slice, differ in their regulariser"),
+    (0.70, "short there too: its optimiser has not reached the probe's fit"),
+])
+def test_a_head_alone_short_of_its_probe_is_told_why_from_the_validation_slice(results, head_validation, why):
+    """Short on dev, the head alone is set beside the probe on the validation slice, where both chose: level there,
+    the fits differ in their regulariser; short there too, the head did not converge to the probe's fit."""
+    import dataclasses
+
+    layers = {cell.key: cell.tunable_layers for cell in results.plan.cells}
+    cells = {key: ValidatedCell(cell.dev, cell.accuracy, validation=head_validation if layers[key] == 0 else 0.9)
+             for key, cell in results.cells.items()}
+    means = {s.tunable_layers: s.mean for s in settings(results)}
+    probe = {"name": "linear probe (logistic_regression)", "metrics": {"eval_accuracy": means[1] + 0.001},
+             "main_metric": "accuracy", "predictions": {},
+             "chosen": {"C": 0.1, "validation_scores": {"0.01": 0.78, "0.1": 0.80}}}
+    references = {"sst2": {"no_model": None, "encoders": {"m": {"linear_probe": probe}}}}
+    report = build_report(dataclasses.replace(results, cells=cells, references=references))
+    assert (f"is {100 * (means[1] + 0.001 - means[0]):.1f} points short of it; on the validation slice it scores {100 * head_validation:.1f} against the "
+            f"probe's 80.0, {why}") in report.markdown
+    assert report.tables["references"]["validation_score"].tolist() == [0.80]
+    # K = 1 scores 0.9 on the slice: above the probe there, below it on dev
+    assert (f"below its probe ({100 * (means[1] + 0.001):.1f}): 1 ({100 * means[1]:.1f}); on the validation slice "
+            "they score 1 90.0 against the probe's 80.0, all above it there") in report.markdown
+
+
 def test_each_setting_costs_its_training_time_in_full_fine_tunings(tiny_model_dirs):
     """Convergence has a price, counted in the unit of one full fine-tuning of the same seed: per setting, and for
     one seed of the whole grid; a grid without full fine-tuning has no such column."""

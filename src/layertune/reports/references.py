@@ -22,7 +22,8 @@ STOPPED = {"early_stopping": "patience", "max_epochs": "maximum"}
 
 def references_table(results: StudyResults) -> pd.DataFrame:
     """One row per task, encoder (empty for a no-model baseline) and reference (``kind``: no_model, linear_probe,
-    untrained_cosine): its dev score and what was chosen on the validation slice."""
+    untrained_cosine): its dev score, its score on the validation slice where it chose something there (the probe's
+    best; else NaN), and what it chose."""
     rows = []
     for task, found in results.references.items():
         if found.get("no_model"):
@@ -30,13 +31,16 @@ def references_table(results: StudyResults) -> pd.DataFrame:
         for encoder, mine in found.get("encoders", {}).items():
             rows += [_row(task, encoder, kind, mine[kind]) for kind in ("linear_probe", "untrained_cosine")
                      if kind in mine]
-    return pd.DataFrame(rows, columns=["task", "encoder", "kind", "reference", "metric", "score", "chosen"])
+    return pd.DataFrame(rows, columns=["task", "encoder", "kind", "reference", "metric", "score", "validation_score",
+                                       "chosen"])
 
 
 def _row(task: str, encoder: str, kind: str, record: dict) -> dict:
     chosen = {k: v for k, v in record.get("chosen", {}).items() if k != "validation_scores"}
+    tried = record.get("chosen", {}).get("validation_scores") or {}
     return {"task": task, "encoder": encoder, "kind": kind, "reference": record["name"],
             "metric": record["main_metric"], "score": record["metrics"][f"eval_{record['main_metric']}"],
+            "validation_score": max(tried.values()) if tried else float("nan"),
             "chosen": ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items())}
 
 
@@ -67,6 +71,7 @@ def section(results: StudyResults, setting_header: str, settings: Sequence) -> s
     head-only check against each probe, then how the cells' training ended."""
     references, convergence = references_table(results), convergence_table(results)
     layers = {cell.setting: cell.tunable_layers for cell in results.plan.cells}
+    validation = _validation_at_best_epoch(results)
     lines = []
     for task in results.plan.spec.tasks:
         mine = references[references["task"] == task]
@@ -77,14 +82,30 @@ def section(results: StudyResults, setting_header: str, settings: Sequence) -> s
             lines.append(markdown_table(["reference (no fine-tuning)", "encoder", f"{mine['metric'].iloc[0]} "
                                          "(points)", "chosen on the validation slice"], rows, "llrl"))
             if results.plan.spec.head.head == "linear":  # the probe is the optimum of a linear head only
-                lines.append(_probe_check(task, mine, settings, layers))
+                lines.append(_probe_check(task, mine, settings, layers, validation))
         lines.append(_convergence_text(convergence[convergence["task"] == task], setting_header))
     return "\n".join(lines)
 
 
-def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers: dict) -> str:
-    """The head alone against its probe (within a point, or how far short), and the settings that tune layers
-    and stay below it."""
+def _validation_at_best_epoch(results: StudyResults) -> dict[tuple, float]:
+    """Per setting (task, encoder, setting): the mean over its cells of the validation-slice score of the epoch each
+    kept, where every cell chose on the slice (a cell without one chose on dev: then the setting has none)."""
+    scores = results.scores.set_index("key")
+    found: dict[tuple, list[float]] = {}
+    for cell in results.plan.cells:
+        key = f"validation_{scores.loc[cell.key, 'metric']}"
+        best = int(scores.loc[cell.key, "best_epoch"])
+        kept = [record[key] for record in results.cells[cell.key].history()
+                if record.get("epoch") == best and key in record]
+        found.setdefault(cell.setting, []).append(kept[0] if kept else float("nan"))
+    return {setting: sum(values) / len(values) for setting, values in found.items()
+            if not any(value != value for value in values)}  # NaN: a cell that chose on dev
+
+
+def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers: dict,
+                 validation: dict[tuple, float]) -> str:
+    """The head alone against its probe (within a point, or how far short, and whether it is short on the
+    validation slice too, where both were chosen), and the settings that tune layers and stay below it."""
     sentences = []
     for probe in references[references["kind"] == "linear_probe"].itertuples():
         own = [s for s in settings if (s.task, s.encoder) == (task, probe.encoder)]
@@ -92,18 +113,48 @@ def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers
         for setting in head:
             gap = probe.score - setting.mean
             verdict = ("reaches it (within a point)" if gap <= PROBE_TOLERANCE
-                       else f"is {points(gap)} points short of it: the probe fits its penalty (L2 on standardised "
-                            "features, chosen on the validation slice), which the early-stopped head does not have, "
-                            "or the head stopped too soon (its epochs are below)")
+                       else f"is {points(gap)} points short of it{_short_why(setting, probe, validation)}")
             sentences.append(f"{probe.encoder}: the head alone ({setting.tunable_layers}) scores "
                              f"{points(setting.mean)} against its linear probe's {points(probe.score)}, and {verdict}.")
-        below = [f"{s.tunable_layers} ({points(s.mean)})" for s in own
-                 if layers.get((s.task, s.encoder, s.tunable_layers)) != 0 and s.mean < probe.score]
+        below = [s for s in own if layers.get((s.task, s.encoder, s.tunable_layers)) != 0 and s.mean < probe.score]
         # Named by encoder: a multi-encoder report has one probe per language model.
         sentences.append(f"{probe.encoder}: settings that tune layers and score below its probe "
-                         f"({points(probe.score)}): {', '.join(below)}." if below else
+                         f"({points(probe.score)}): {', '.join(f'{s.tunable_layers} ({points(s.mean)})' for s in below)}"
+                         f"{_below_why(below, probe, validation)}." if below else
                          f"{probe.encoder}: every setting that tunes layers scores at or above its probe.")
     return " ".join(sentences) + "\n" if sentences else ""
+
+
+def _below_why(below: Sequence, probe, validation: dict[tuple, float]) -> str:
+    """The settings below the probe on dev, set beside it on the validation slice: above it there, what they learned
+    from the training data holds on its own distribution and not on dev's."""
+    there = [(s, validation.get((s.task, s.encoder, s.tunable_layers))) for s in below]
+    if probe.validation_score != probe.validation_score or any(score is None for _, score in there):
+        return ""
+    scores = ", ".join(f"{s.tunable_layers} {points(score)}" for s, score in there)
+    above = [s.tunable_layers for s, score in there if score >= probe.validation_score]
+    verdict = ("all above it there: what they learned from the training split holds on data like it and not on dev"
+               if len(above) == len(there) else
+               f"{', '.join(map(str, above))} above it there" if above else "below it there too")
+    return f"; on the validation slice they score {scores} against the probe's {points(probe.validation_score)}, {verdict}"
+
+
+def _short_why(setting, probe, validation: dict[tuple, float]) -> str:
+    """Why a head alone is short of its probe on dev, as the validation slice (where the probe chose its penalty and
+    the head its epoch) tells: level with the probe there, the two fits differ in their regulariser (L2 on
+    standardised features against early stopping), which dev, not the data they were chosen on, tells apart; short
+    there too, the head's optimiser did not reach the probe's fit."""
+    head = validation.get((setting.task, setting.encoder, setting.tunable_layers))
+    if head is None or probe.validation_score != probe.validation_score:  # NaN: the probe recorded none
+        return (": the probe fits its penalty (L2 on standardised features, chosen on the validation slice), which "
+                "the early-stopped head does not have, or the head stopped too soon (its epochs are below)")
+    there = f"on the validation slice it scores {points(head)} against the probe's {points(probe.validation_score)}"
+    if probe.validation_score - head <= PROBE_TOLERANCE:
+        return (f"; {there}, level with it (within a point): the two fits, chosen on that slice, differ in their "
+                "regulariser (the probe's L2 on standardised features, the head's early stopping), and only dev tells "
+                "them apart")
+    return (f"; {there}, short there too: its optimiser has not reached the probe's fit in the epochs it trained "
+            "(below)")
 
 
 def _convergence_text(cells: pd.DataFrame, setting_header: str) -> str:
