@@ -2,12 +2,18 @@
 
     python benchmarks/rate_sweep.py --task sst2 --train-size 2000 --tunable-layers 1 2 3 \\
         --rates 5e-5 1e-4 2e-4 4e-4 --json reports/benchmarks/rate_sweep.json
-    python benchmarks/rate_sweep.py --task sst2 --train-size 2000 --tunable-layers 0 --head-rates 3e-3 1e-2 3e-2
+    python benchmarks/rate_sweep.py --task sst2 --train-size 2000 --tunable-layers 0 --head-rates 3e-3 1e-2 3e-2 \\
+        --head-weight-decays 0 0.1 1
+    python benchmarks/rate_sweep.py --task sst2 --train-size 2000 --tunable-layers all --method lora \\
+        --rates 1e-3 3e-3 1e-2 --json reports/benchmarks/method_sweep.json
 
 Each (K, rate) trains one cell as a default study trains it (`learning_curve.RECIPE`: the same validation slice,
 early stopping on it, the study's epochs and patience for that K) and records its best validation score; the rate
-kept for K is the one with the best validation score (ties: the smaller rate). Dev is scored too, and written
-beside, but chooses nothing. The chosen rates are what params.yaml's ``per_tunable_layers`` give each K.
+kept for K is the one with the best validation score (ties: the smaller rate). For the head alone the grid can also
+cross its rates with AdamW weight decays (`--head-weight-decays`), as its optimum, the probe, is a penalised linear
+model; `--method` sweeps a tuning method's rate (LoRA, IA3, BitFit: params.yaml's ``methods.<m>.learning_rate``).
+Dev is scored too, and written beside, but chooses nothing. The chosen rates are what params.yaml's
+``per_tunable_layers`` give each K.
 """
 
 from __future__ import annotations
@@ -25,33 +31,60 @@ HEAD_ONLY = {"epochs": 100, "early_stopping_patience": 10, "warmup_ratio": 0.0, 
 
 
 def sweep_point(task: str, size: int, tunable_layers, rate: float, head_rate: float, seed: int, corpus,
-                cache_dir: str | None) -> dict:
+                cache_dir: str | None, weight_decay: float | None = None, method: str = "top_k") -> dict:
     from layertune.cell import train_cell
     from layertune.specs import CellSpec
 
     training = {**RECIPE, **(HEAD_ONLY if tunable_layers == 0 else {}), "learning_rate": rate,
                 "head_learning_rate": head_rate, "seed": seed, "max_length": MAX_LENGTH[task]}
+    if weight_decay is not None:
+        training["weight_decay"] = weight_decay
     spec = CellSpec.model_validate({
         "corpus": {"task": task, "train_size": size, "validation_size": VALIDATION_SIZE, "seed": 42, "test": False},
-        "encoders": [{"model": MODEL, "tunable_layers": tunable_layers, "pooling": "mean"}], "training": training})
+        "encoders": [{"model": MODEL, "tunable_layers": tunable_layers, "pooling": "mean", "method": method}],
+        "training": training})
     started = time.perf_counter()
     result = train_cell(spec, corpus=corpus, cache_dir=cache_dir, progress=False).result
     best = result.history[result.best_epoch - 1]
-    return {"task": task, "train_size": size, "tunable_layers": str(tunable_layers), "learning_rate": rate,
-            "head_learning_rate": head_rate, "seed": seed, "validation_score": best[result.selection_metric],
+    return {"task": task, "train_size": size, "method": method, "tunable_layers": str(tunable_layers),
+            "learning_rate": rate, "head_learning_rate": head_rate, "weight_decay": training["weight_decay"],
+            "seed": seed, "validation_score": best[result.selection_metric],
             "dev_score": result.best_score, "best_epoch": result.best_epoch, "epochs_trained": result.epochs_trained,
             "stopped_by": result.stopped_by, "wall_s": round(time.perf_counter() - started, 1)}
 
 
+def default_decay(tunable_layers) -> float:
+    return HEAD_ONLY["weight_decay"] if str(tunable_layers) == "0" else RECIPE["weight_decay"]
+
+
+def settings(point: dict) -> dict:
+    """A point's settings, the keys older records lack at their values then (top-K, the default weight decay)."""
+    return {"method": "top_k", "weight_decay": default_decay(point["tunable_layers"]), **point}
+
+
 def chosen(points: list[dict]) -> dict:
-    """Per task, size and K: the rate (or head rate, for K = 0) with the best validation score."""
+    """Per task, size and K: the rate (or head rate and weight decay, for K = 0) with the best validation score of
+    the first seed swept (ties: the smaller rate, then the smaller decay)."""
+    def key_of(point: dict) -> str:
+        method = settings(point)["method"]
+        return f"{point['task']}@{point['train_size']}:" + ("" if method == "top_k" else f"{method}-") \
+            + point["tunable_layers"]
+
+    first_seed: dict = {}
+    for point in points:
+        first_seed[key_of(point)] = min(point["seed"], first_seed.get(key_of(point), point["seed"]))
     found: dict = {}
     for point in points:
-        key = f"{point['task']}@{point['train_size']}:{point['tunable_layers']}"
+        key = key_of(point)
+        if point["seed"] != first_seed[key]:
+            continue
         rate = point["head_learning_rate"] if point["tunable_layers"] == "0" else point["learning_rate"]
+        decay = settings(point)["weight_decay"]
         best = found.get(key)
-        if best is None or (point["validation_score"], -rate) > (best["validation_score"], -best["rate"]):
-            found[key] = {"rate": rate, "validation_score": point["validation_score"], "dev_score": point["dev_score"]}
+        if best is None or (point["validation_score"], -rate, -decay) > \
+                (best["validation_score"], -best["rate"], -best["weight_decay"]):
+            found[key] = {"rate": rate, "weight_decay": decay, "validation_score": point["validation_score"],
+                          "dev_score": point["dev_score"]}
     return found
 
 
@@ -62,6 +95,10 @@ def main() -> None:
     parser.add_argument("--tunable-layers", nargs="+", required=True)
     parser.add_argument("--rates", type=float, nargs="+", default=[RECIPE["learning_rate"]])
     parser.add_argument("--head-rates", type=float, nargs="+", default=[RECIPE["head_learning_rate"]])
+    parser.add_argument("--head-weight-decays", type=float, nargs="+", default=[HEAD_ONLY["weight_decay"]],
+                        help="AdamW weight decays crossed with --head-rates for the head alone (K = 0)")
+    parser.add_argument("--method", default="top_k", help="the tuning method by name, with its defaults: "
+                        "top_k, lora, ia3 or bitfit (layertune.tuning_methods)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=Path("reports/benchmarks/rate_sweep.json"))
     parser.add_argument("--data-mirror", default=os.environ.get("LAYERTUNE_DATA_MIRROR"))
@@ -75,15 +112,17 @@ def main() -> None:
                         test=False).load(args.data_mirror)
     for value in args.tunable_layers:
         tunable_layers = value if value == "all" else int(value)
-        rates = [(RECIPE["learning_rate"], head) for head in args.head_rates] if tunable_layers == 0 \
-            else [(rate, RECIPE["head_learning_rate"]) for rate in args.rates]
-        for rate, head_rate in rates:
-            if any(p["task"] == args.task and p["train_size"] == args.train_size and p["seed"] == args.seed
-                   and p["tunable_layers"] == str(tunable_layers) and p["learning_rate"] == rate
-                   and p["head_learning_rate"] == head_rate for p in record["points"]):
-                continue
+        grid = [(RECIPE["learning_rate"], head, decay) for head in args.head_rates
+                for decay in args.head_weight_decays] if tunable_layers == 0 \
+            else [(rate, RECIPE["head_learning_rate"], None) for rate in args.rates]
+        for rate, head_rate, decay in grid:
+            wanted = {"task": args.task, "train_size": args.train_size, "seed": args.seed, "method": args.method,
+                      "tunable_layers": str(tunable_layers), "learning_rate": rate, "head_learning_rate": head_rate,
+                      "weight_decay": decay if decay is not None else default_decay(tunable_layers)}
+            if any(all(settings(p)[k] == v for k, v in wanted.items()) for p in record["points"]):
+                continue  # swept already: a sweep resumes where it stopped
             point = sweep_point(args.task, args.train_size, tunable_layers, rate, head_rate, args.seed, corpus,
-                                args.cache_dir)
+                                args.cache_dir, decay, args.method)
             record["points"].append(point)
             record["chosen"] = chosen(record["points"])
             print(json.dumps(point), flush=True)

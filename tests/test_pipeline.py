@@ -139,6 +139,7 @@ def test_reports_of_all_four_kinds(built):
     assert cheapest in methods or tuning["undecided_by_trainable_parameters"]
     markdown = (project / "reports/tuning.md").read_text()
     assert "| method | what trains | trainable parameters |" in markdown and "lora (r 2, alpha 16.0" in markdown
+    assert "on the top layer, rate 0.003 |" in markdown and "on no layer (the head alone), head rate" in markdown
     assert "Cheapest method within tolerance, by trainable parameters:" in markdown
     for figure in ("score_vs_trainable_parameters", "score_vs_train_time_s"):
         assert (project / f"reports/tuning/figures/{figure}.png").stat().st_size > 1000

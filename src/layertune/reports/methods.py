@@ -133,14 +133,18 @@ def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
 
 
 def method_text(results: StudyResults, name: str) -> str:
-    """``lora (r 8, alpha 16, dropout 0.1) on the top 2 layers``."""
+    """``lora (r 8, alpha 16, dropout 0.1) on the top 2 layers, rate 0.001``: the rate its cells trained at (the
+    head's, for the head alone), as the study resolved it."""
     setting = results.plan.spec.methods[name]
     method = setting.method
     options = ", ".join(f"{k} {literal(v)}" for k, v in method.model_dump(exclude={"name"}).items() if v is not None)
     layers = "all layers" if setting.tunable_layers == "all" else (
         "no layer (the head alone)" if setting.tunable_layers == 0 else "the top layer" if setting.tunable_layers == 1
         else f"the top {setting.tunable_layers} layers")
-    return f"{method.name}" + (f" ({options})" if options else "") + f" on {layers}"
+    training = next(cell.spec.training for cell in results.plan.cells if cell.setting[2] == name)
+    rate = f"head rate {training.head_learning_rate or training.learning_rate:g}" if setting.tunable_layers == 0 \
+        else f"rate {training.learning_rate:g}"
+    return f"{method.name}" + (f" ({options})" if options else "") + f" on {layers}, {rate}"
 
 
 def answer_text(answer: MethodAnswer, cost: str) -> str:
