@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
@@ -99,7 +100,7 @@ def _validation_at_best_epoch(results: StudyResults) -> dict[tuple, float]:
                 if record.get("epoch") == best and key in record]
         found.setdefault(cell.setting, []).append(kept[0] if kept else float("nan"))
     return {setting: sum(values) / len(values) for setting, values in found.items()
-            if not any(value != value for value in values)}  # NaN: a cell that chose on dev
+            if not any(math.isnan(value) for value in values)}
 
 
 def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers: dict,
@@ -117,26 +118,28 @@ def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers
             sentences.append(f"{probe.encoder}: the head alone ({setting.tunable_layers}) scores "
                              f"{points(setting.mean)} against its linear probe's {points(probe.score)}, and {verdict}.")
         below = [s for s in own if layers.get((s.task, s.encoder, s.tunable_layers)) != 0 and s.mean < probe.score]
+        named = ", ".join(f"{s.tunable_layers} ({points(s.mean)})" for s in below)
         # Named by encoder: a multi-encoder report has one probe per language model.
         sentences.append(f"{probe.encoder}: settings that tune layers and score below its probe "
-                         f"({points(probe.score)}): {', '.join(f'{s.tunable_layers} ({points(s.mean)})' for s in below)}"
-                         f"{_below_why(below, probe, validation)}." if below else
+                         f"({points(probe.score)}): {named}{_below_why(below, probe, validation)}." if below else
                          f"{probe.encoder}: every setting that tunes layers scores at or above its probe.")
     return " ".join(sentences) + "\n" if sentences else ""
 
 
 def _below_why(below: Sequence, probe, validation: dict[tuple, float]) -> str:
-    """The settings below the probe on dev, set beside it on the validation slice: above it there, what they learned
-    from the training data holds on its own distribution and not on dev's."""
+    """The settings below the probe on dev, set beside it on the validation slice, drawn as their training data is:
+    above it there and below on dev, they beat the frozen features on data like their training data, not on dev."""
     there = [(s, validation.get((s.task, s.encoder, s.tunable_layers))) for s in below]
-    if probe.validation_score != probe.validation_score or any(score is None for _, score in there):
+    if math.isnan(probe.validation_score) or any(score is None for _, score in there):
         return ""
     scores = ", ".join(f"{s.tunable_layers} {points(score)}" for s, score in there)
-    above = [s.tunable_layers for s, score in there if score >= probe.validation_score]
-    verdict = ("all above it there: what they learned from the training split holds on data like it and not on dev"
-               if len(above) == len(there) else
-               f"{', '.join(map(str, above))} above it there" if above else "below it there too")
-    return f"; on the validation slice they score {scores} against the probe's {points(probe.validation_score)}, {verdict}"
+    above = [str(s.tunable_layers) for s, score in there if score >= probe.validation_score]
+    under = [str(s.tunable_layers) for s, score in there if score < probe.validation_score]
+    verdict = ("all above it there: they beat the frozen features on data drawn as their training data is, not on dev"
+               if not under else "below it there too" if not above else
+               f"{', '.join(above)} above it there, {', '.join(under)} below it there too")
+    return (f"; on the validation slice they score {scores} against the probe's {points(probe.validation_score)}, "
+            f"{verdict}")
 
 
 def _short_why(setting, probe, validation: dict[tuple, float]) -> str:
@@ -145,7 +148,7 @@ def _short_why(setting, probe, validation: dict[tuple, float]) -> str:
     standardised features against early stopping), which dev, not the data they were chosen on, tells apart; short
     there too, the head's optimiser did not reach the probe's fit."""
     head = validation.get((setting.task, setting.encoder, setting.tunable_layers))
-    if head is None or probe.validation_score != probe.validation_score:  # NaN: the probe recorded none
+    if head is None or math.isnan(probe.validation_score):  # the probe recorded no validation scores
         return (": the probe fits its penalty (L2 on standardised features, chosen on the validation slice), which "
                 "the early-stopped head does not have, or the head stopped too soon (its epochs are below)")
     there = f"on the validation slice it scores {points(head)} against the probe's {points(probe.validation_score)}"
