@@ -522,7 +522,9 @@ def test_a_methods_study_keys_its_cells_by_method_and_shares_top_k_states(params
     cells = {cell.key: cell for cell in plan.studies["methods"].cells}
     lora = cells["sst2-all-MiniLM-L6-v2-lora-top2-1"]
     assert (lora.method, lora.tunable_layers, lora.spec.encoders[0].method.name) == ("lora-top2", 2, "lora")
-    assert lora.spec.training.learning_rate == 3.0e-3  # the setting's own rate for the encoder
+    # the setting's own rate for the encoder, not the study's
+    assert lora.spec.training.learning_rate == params["studies"]["methods"]["methods"]["lora-top2"]["learning_rate"]
+    assert lora.spec.training.learning_rate != params["studies"]["methods"]["training"]["learning_rate"]
     top2 = params["studies"]["methods"].get("per_tunable_layers", {}).get(2, params["studies"]["methods"]["training"])
     assert cells["sst2-all-MiniLM-L6-v2-top_k-2-1"].spec.training.learning_rate == top2["learning_rate"]
     assert len(cells) == len(params["studies"]["methods"]["methods"]) * 2
