@@ -2,12 +2,14 @@
 doubled, against the same seed at the default maxima.
 
     python benchmarks/longer_budget.py --project /tmp/copy --json reports/benchmarks/longer_budget.json
+    python benchmarks/longer_budget.py --project /tmp/copy --studies methods --json longer_budget_methods.json
 
 ``--project`` is a copy of this project with the default studies built (its data/ folder, cells included: the
 "same" side then trains nothing). The script writes two profiles into that copy and builds each as a DVC
 experiment (`dvc exp run`): ``seed-1`` (every study's first seed, the default maxima) and ``seed-1-longer`` (the
 same seed, every ``epochs`` of the study's training and of each ``per_tunable_layers`` and ``per_task`` entry
-doubled). It then sets each study's headline answers and per-setting scores side by side. A claim that holds only at the default maxima
+doubled). ``--studies`` limits both to some studies: the others keep their params and recorded rounds, so DVC
+has nothing of theirs to rebuild. It then sets each study's headline answers and per-setting scores side by side. A claim that holds only at the default maxima
 changes between the two; what early stopping made of each cell (epochs trained, stopped by) is in the cells' folders.
 """
 
@@ -23,10 +25,13 @@ from pathlib import Path
 import yaml
 
 
-def profiles(params: dict) -> dict[str, dict]:
-    """``seed-1`` and ``seed-1-longer`` overrides of ``params`` (`pipelines.profiles`' dotted keys)."""
-    same, longer = {"decided": {}}, {"decided": {}}
-    for name, study in params["studies"].items():
+def profiles(params: dict, studies: list[str], decided: dict) -> dict[str, dict]:
+    """``seed-1`` and ``seed-1-longer`` overrides of ``params`` (`pipelines.profiles`' dotted keys) for ``studies``;
+    the other studies keep their recorded rounds (``decided``, rounds.yaml's record)."""
+    kept = {name: record for name, record in decided.items() if name not in studies}
+    same, longer = {"decided": kept}, {"decided": kept}
+    for name in studies:
+        study = params["studies"][name]
         for profile in (same, longer):
             profile[f"studies.{name}.seeds"] = study["seeds"][:1]
             if "decide" in study:
@@ -44,14 +49,13 @@ def _doubled(per_k: dict) -> dict:
     return {k: {**entry, **({"epochs": 2 * entry["epochs"]} if "epochs" in entry else {})} for k, entry in per_k.items()}
 
 
-def build(project: Path, profile: str) -> dict:
-    """Build ``profile`` in ``project``; each study's headline (reports/<study>.json) and its seconds."""
+def build(project: Path, profile: str, studies: list[str]) -> dict:
+    """Build ``profile`` in ``project``; each of ``studies``' headline (reports/<study>.json) and the seconds."""
     arguments = subprocess.run([sys.executable, "-m", "pipelines.profiles", profile], cwd=project, check=True,
                                capture_output=True, text=True).stdout.split()
     started = time.perf_counter()
     subprocess.run(["dvc", "exp", "run", "--quiet", *arguments], cwd=project, check=True)
     seconds = time.perf_counter() - started
-    studies = yaml.safe_load((project / "params.yaml").read_text())["studies"]
     return {"seconds": round(seconds), "reports": {name: json.loads((project / "reports" / f"{name}.json").read_text())
                                                    for name in studies}}
 
@@ -60,20 +64,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project", type=Path, required=True)
     parser.add_argument("--json", type=Path, default=Path("reports/benchmarks/longer_budget.json"))
+    parser.add_argument("--studies", nargs="+", metavar="STUDY", help="only these studies (default: all)")
     args = parser.parse_args()
 
     params = yaml.safe_load((args.project / "params.yaml").read_text())
-    for name, overrides in profiles(params).items():
+    studies = args.studies or list(params["studies"])
+    if unknown := sorted(set(studies) - set(params["studies"])):
+        parser.error(f"--studies: {', '.join(map(repr, unknown))} not in {args.project / 'params.yaml'}. "
+                     f"Valid choices: {', '.join(params['studies'])}")
+    decided = (yaml.safe_load((args.project / "rounds.yaml").read_text()) or {}).get("decided") or {}
+    overrides_by_profile = profiles(params, studies, decided)
+    for name, overrides in overrides_by_profile.items():
         (args.project / "profiles" / f"{name}.yaml").write_text(yaml.safe_dump(overrides, sort_keys=False))
     built = {}
     for name in ("seed-1", "seed-1-longer"):
         subprocess.run(["git", "checkout", "--", "params.yaml", "rounds.yaml"], cwd=args.project, check=True)
-        built[name] = build(args.project, name)
+        built[name] = build(args.project, name, studies)
         print(name, json.dumps(built[name]), flush=True)
     subprocess.run(["git", "checkout", "--", "params.yaml", "rounds.yaml"], cwd=args.project, check=True)
     same, longer = (built[name]["reports"] for name in ("seed-1", "seed-1-longer"))
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"profiles": profiles(params), "seed-1": built["seed-1"],
+    args.json.write_text(json.dumps({"profiles": overrides_by_profile, "seed-1": built["seed-1"],
                                      "seed-1-longer": built["seed-1-longer"],
                                      "answers_equal": {name: _answers(same[name]) == _answers(longer[name])
                                                        for name in same}}, indent=2) + "\n")

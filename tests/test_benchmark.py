@@ -72,3 +72,24 @@ def test_benchmark_takes_any_model_folder_and_imdb(data_mirror, tiny_bert, tmp_p
     # 8 + 8 balanced dev reviews: an accuracy is a positive multiple of 100/16 (an F1 mostly is not, or is 0).
     scores = [row[f"{side}_metric"] for row in report["results"] for side in ("common", "uncached", "cached")]
     assert all(score > 0 and (score * 16 / 100).is_integer() for score in scores), scores
+
+
+def test_the_longer_budget_doubles_only_the_named_studies_and_keeps_the_others_rounds():
+    spec = importlib.util.spec_from_file_location("longer_budget", BENCHMARK.parent / "longer_budget.py")
+    longer_budget = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(longer_budget)
+    params = {"studies": {
+        "ablation": {"seeds": [1, 2], "training": {"epochs": 10}, "decide": {"evaluation_size": 2000},
+                     "per_tunable_layers": {0: {"epochs": 100, "head_learning_rate": 1e-2}}},
+        "methods": {"seeds": [1, 2], "training": {"epochs": 10}, "decide": {"evaluation_size": 2000},
+                    "per_tunable_layers": {0: {"epochs": 100}, 1: {"learning_rate": 2e-4}}}}}
+    decided = {"ablation": {"rounds": {"a": 1}}, "methods": {"rounds": {"m": 1}}}
+    same, longer = longer_budget.profiles(params, ["methods"], decided).values()
+    assert same["decided"] == longer["decided"] == {"ablation": {"rounds": {"a": 1}}}  # the ablation as built
+    assert not any(key.startswith("studies.ablation") for key in {**same, **longer})
+    assert same["studies.methods.seeds"] == longer["studies.methods.seeds"] == [1]
+    assert longer["studies.methods.training.epochs"] == 20
+    assert longer["studies.methods.per_tunable_layers"] == {0: {"epochs": 200}, 1: {"learning_rate": 2e-4}}
+    assert "studies.methods.training.epochs" not in same
+    _, everything = longer_budget.profiles(params, list(params["studies"]), decided).values()
+    assert everything["decided"] == {} and everything["studies.ablation.per_tunable_layers"][0]["epochs"] == 200
