@@ -307,7 +307,10 @@ def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_m
                                             {"0": 0.6, "1": 0.855, "2": 0.86}))
     found = closer.details["sst2"]["m"]["decided"]
     assert found["next_round"] == {"seeds": [5, 6], "settings": ["1", "2"]} and found["stalled"] == {"1": 0.053}
-    assert "(the chance of a claim: 1: 5%)" in closer.markdown
+    assert ("the next round would train seed(s) 5, 6 of 1, 2 (`layertune repro --decide s`); 1 only as what the "
+            "others are compared with, since the seeds the rounds left give could hardly settle their own claims (the "
+            "chance of a claim: 1: 5%).") in closer.markdown
+    assert "none for settings" not in closer.markdown  # it is trained: the report must not say it gets none
 
 
 def test_where_no_seeds_could_settle_anything_the_rounds_stop_early_and_say_so(tiny_model_dirs, monkeypatch):

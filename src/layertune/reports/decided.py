@@ -232,11 +232,18 @@ def rounds_section(results: StudyResults, decision: Decision, setting_header: st
                    "evaluation examples (scored from the saved cells; nothing trains) "
                    f"(`layertune repro --decide {study}`).")
     elif decision.next is not None:
+        # A stalled setting can still get seeds: as what a setting in question is compared with.
+        partners = [name for name in decision.stalled if name in decision.next.settings]
+        left_out = [name for name in decision.stalled if name not in decision.next.settings]
+        chances = {name: f"{name}: {chance:.0%}" for name, chance in decision.stalled.items()}
         outcome = (f"Not decided after round {len(decision.rounds)} of at most {decision.looks.maximum}: the next "
                    f"round would train seed(s) {', '.join(map(str, decision.next.seeds))} of "
                    f"{', '.join(decision.next.settings)} (`layertune repro --decide {study}`)"
+                   + (f"; {', '.join(partners)} only as what the others are compared with, since the seeds the rounds "
+                      f"left give could hardly settle their own claims (the chance of a claim: "
+                      f"{'; '.join(chances[name] for name in partners)})" if partners else "")
                    + (f"; none for settings the seeds the rounds left give could hardly settle (the chance of "
-                      f"a claim: {stalled})" if stalled else "") + ".")
+                      f"a claim: {'; '.join(chances[name] for name in left_out)})" if left_out else "") + ".")
     else:
         outcome = (f"Not decided, and all {decision.looks.maximum} rounds are spent: what would settle each "
                    "comparison in question is below.")
