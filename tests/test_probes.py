@@ -42,6 +42,9 @@ def test_the_probe_chooses_its_regularisation_on_the_validation_slice(minilm_l3,
     probe = linear_probe(lm, sst2, TrainingConfig(**HEAD_ONLY), cache_dir=tmp_path)
     scores = probe.chosen["validation_scores"]
     assert probe.chosen["C"] == max(map(float, scores), key=lambda c: (scores[str(c)], -c))
+    # The same fit with no penalty, scored on the slice too: on 600 sentences and 384 features it overfits, below
+    # the penalty the slice chose
+    assert 0.5 < probe.chosen["unpenalised_validation_score"] < max(scores.values()) - 0.03, probe.chosen
     assert len(probe.predictions["predictions"]) == len(sst2.dev) == 600
     with pytest.raises(ValueError, match="chooses its regularisation on a validation slice"):
         linear_probe(lm, load_corpus("sst2", train_size=100, data_mirror=data_mirror), cache_dir=tmp_path)

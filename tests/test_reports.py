@@ -367,11 +367,15 @@ class ValidatedCell(Cell):
 
 @pytest.mark.parametrize("head_validation, why", [
     (0.795, "level with it (within a point): the two fits, chosen on that slice, differ in their regulariser"),
-    (0.70, "short there too: its optimiser has not reached the probe's fit"),
+    (0.75, "short there too, but level with or above the same fit with no penalty (74.0): the head has trained as "
+           "far as an unpenalised fit goes, and what it lacks is the probe's penalty"),
+    (0.70, "short there too, and short of the same fit with no penalty (74.0): its optimiser has not reached the "
+           "fit in the epochs it trained"),
 ])
 def test_a_head_alone_short_of_its_probe_is_told_why_from_the_validation_slice(results, head_validation, why):
     """Short on dev, the head alone is set beside the probe on the validation slice, where both chose: level there,
-    the fits differ in their regulariser; short there too, the head did not converge to the probe's fit."""
+    the fits differ in their regulariser; short there too, the probe's fit with no penalty tells whether the head
+    lacks the penalty (it reaches that fit) or training (it does not)."""
     import dataclasses
 
     layers = {cell.key: cell.tunable_layers for cell in results.plan.cells}
@@ -380,13 +384,16 @@ def test_a_head_alone_short_of_its_probe_is_told_why_from_the_validation_slice(r
     means = {s.tunable_layers: s.mean for s in settings(results)}
     probe = {"name": "linear probe (logistic_regression)", "metrics": {"eval_accuracy": means[1] + 0.001},
              "main_metric": "accuracy", "predictions": {},
-             "chosen": {"C": 0.1, "validation_scores": {"0.01": 0.78, "0.1": 0.80}}}
+             "chosen": {"C": 0.1, "validation_scores": {"0.01": 0.78, "0.1": 0.80},
+                        "unpenalised_validation_score": 0.74}}
     references = {"sst2": {"no_model": None, "encoders": {"m": {"linear_probe": probe}}}}
     report = build_report(dataclasses.replace(results, cells=cells, references=references))
     gap = 100 * (means[1] + 0.001 - means[0])
     assert (f"is {gap:.1f} points short of it; on the validation slice it scores {100 * head_validation:.1f} "
             f"against the probe's 80.0, {why}") in report.markdown
     assert report.tables["references"]["validation_score"].tolist() == [0.80]
+    assert report.tables["references"]["unpenalised_validation_score"].tolist() == [0.74]
+    assert "| C 0.1 |" in report.markdown  # what the probe chose; its scores on the slice are in the table's columns
     # K = 1 scores 0.9 on the slice: above the probe there, below it on dev
     assert (f"below its probe ({100 * (means[1] + 0.001):.1f}): 1 ({100 * means[1]:.1f}); on the validation slice "
             "they score 1 90.0 against the probe's 80.0, all above it there: they beat the frozen features on data "

@@ -4,7 +4,7 @@
   model's features, the same features a head-only cell (``tunable_layers=0``) trains its head on: the pooled vector
   per text, or each word's first word-piece state. Its regularisation is chosen on the corpus's validation slice,
   never on dev. A converged head-only cell must reach it: the probe is the optimum of a linear head on these
-  features, up to the regulariser.
+  features, up to the regulariser; the same fit with no penalty, scored on the slice too, tells which is missing.
 - `untrained_cosine`: a sentence-pair regression task scored as sentence-transformers users score it, by the cosine
   of the two sentences' pooled embeddings, with no training at all.
 - `no_model_baseline`: the training data's majority class (classification; a constant has no correlation, and
@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def linear_probe(language_model, corpus: Corpus, args: TrainingConfig | None = N
     ``args`` their training settings (max_length, mixed_precision, cache_dtype, eval_batch_size): the features are
     computed (or read from the frozen-prefix cache in ``cache_dir``, where those cells left them) as they compute
     them."""
-    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
@@ -72,11 +74,11 @@ def linear_probe(language_model, corpus: Corpus, args: TrainingConfig | None = N
     features = _features(language_model, corpus, args, cache_dir)
     tagging = corpus.task_type == "token_classification"
 
-    def fitted(strength: float):
+    def fitted(strength: float | None):  # None: no penalty
         if corpus.task_type == "regression":
-            estimator = Ridge(alpha=1.0 / strength)
+            estimator = LinearRegression() if strength is None else Ridge(alpha=1.0 / strength)
         else:
-            estimator = LogisticRegression(C=strength, max_iter=2000)
+            estimator = LogisticRegression(C=np.inf if strength is None else strength, max_iter=2000)
         return make_pipeline(StandardScaler(), estimator).fit(*_flat(features["train"], tagging))
 
     def scored(model, split: str) -> tuple[dict[str, float], dict[str, list]]:
@@ -91,9 +93,15 @@ def linear_probe(language_model, corpus: Corpus, args: TrainingConfig | None = N
     validation = {strength: scored(model, "validation")[0][key] for strength, model in trials}
     best = max(strengths, key=lambda strength: (validation[strength], -strength))  # ties: the stronger regulariser
     metrics, predictions = scored(dict(trials)[best], "dev")
+    # The same fit with no penalty: a head trained without one (weight decay 0) that falls short of it has not
+    # converged; one that reaches it and is still short of the probe lacks the probe's penalty, not training.
+    with warnings.catch_warnings():  # unpenalised, a separable class split has no finite optimum: lbfgs says so
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        unpenalised = scored(fitted(None), "validation")[0][key]
     name = "ridge" if corpus.task_type == "regression" else "logistic_regression"
     chosen = {"C" if name != "ridge" else "alpha": best if name != "ridge" else 1.0 / best,
-              "validation_scores": {str(s): round(v, 6) for s, v in validation.items()}}
+              "validation_scores": {str(s): round(v, 6) for s, v in validation.items()},
+              "unpenalised_validation_score": round(unpenalised, 6)}
     return ProbeResult(f"linear probe ({name})", metrics, corpus.main_metric, chosen, predictions)
 
 

@@ -24,7 +24,7 @@ STOPPED = {"early_stopping": "patience", "max_epochs": "maximum"}
 def references_table(results: StudyResults) -> pd.DataFrame:
     """One row per task, encoder (empty for a no-model baseline) and reference (``kind``: no_model, linear_probe,
     untrained_cosine): its dev score, its score on the validation slice where it chose something there (the probe's
-    best; else NaN), and what it chose."""
+    best, and its fit with no penalty; else NaN), and what it chose."""
     rows = []
     for task, found in results.references.items():
         if found.get("no_model"):
@@ -33,15 +33,17 @@ def references_table(results: StudyResults) -> pd.DataFrame:
             rows += [_row(task, encoder, kind, mine[kind]) for kind in ("linear_probe", "untrained_cosine")
                      if kind in mine]
     return pd.DataFrame(rows, columns=["task", "encoder", "kind", "reference", "metric", "score", "validation_score",
-                                       "chosen"])
+                                       "unpenalised_validation_score", "chosen"])
 
 
 def _row(task: str, encoder: str, kind: str, record: dict) -> dict:
-    chosen = {k: v for k, v in record.get("chosen", {}).items() if k != "validation_scores"}
-    tried = record.get("chosen", {}).get("validation_scores") or {}
+    found = record.get("chosen", {})
+    chosen = {k: v for k, v in found.items() if k not in ("validation_scores", "unpenalised_validation_score")}
+    tried = found.get("validation_scores") or {}
     return {"task": task, "encoder": encoder, "kind": kind, "reference": record["name"],
             "metric": record["main_metric"], "score": record["metrics"][f"eval_{record['main_metric']}"],
             "validation_score": max(tried.values()) if tried else float("nan"),
+            "unpenalised_validation_score": found.get("unpenalised_validation_score", float("nan")),
             "chosen": ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items())}
 
 
@@ -145,8 +147,9 @@ def _below_why(below: Sequence, probe, validation: dict[tuple, float]) -> str:
 def _short_why(setting, probe, validation: dict[tuple, float]) -> str:
     """Why a head alone is short of its probe on dev, as the validation slice (where the probe chose its penalty and
     the head its epoch) tells: level with the probe there, the two fits differ in their regulariser (L2 on
-    standardised features against early stopping), which dev, not the data they were chosen on, tells apart; short
-    there too, the head's optimiser did not reach the probe's fit."""
+    standardised features against early stopping), which dev, not the data they were chosen on, tells apart. Short
+    there too: at or above the probe's fit with no penalty, the head has trained as far as that fit goes and lacks
+    only the penalty; below it, its optimiser has not reached the fit."""
     head = validation.get((setting.task, setting.encoder, setting.tunable_layers))
     if head is None or math.isnan(probe.validation_score):  # the probe recorded no validation scores
         return (": the probe fits its penalty (L2 on standardised features, chosen on the validation slice), which "
@@ -156,8 +159,15 @@ def _short_why(setting, probe, validation: dict[tuple, float]) -> str:
         return (f"; {there}, level with it (within a point): the two fits, chosen on that slice, differ in their "
                 "regulariser (the probe's L2 on standardised features, the head's early stopping), and only dev tells "
                 "them apart")
-    return (f"; {there}, short there too: its optimiser has not reached the probe's fit in the epochs it trained "
-            "(below)")
+    unpenalised = probe.unpenalised_validation_score
+    if math.isnan(unpenalised):  # a probe recorded before the unpenalised fit was
+        return f"; {there}, short there too"
+    if unpenalised - head <= PROBE_TOLERANCE:
+        return (f"; {there}, short there too, but level with or above the same fit with no penalty "
+                f"({points(unpenalised)}): the head has trained as far as an unpenalised fit goes, and what it lacks "
+                "is the probe's penalty (L2 on standardised features), not epochs")
+    return (f"; {there}, short there too, and short of the same fit with no penalty ({points(unpenalised)}): its "
+            "optimiser has not reached the fit in the epochs it trained (below)")
 
 
 def _convergence_text(cells: pd.DataFrame, setting_header: str) -> str:
