@@ -292,6 +292,29 @@ def test_a_tasks_own_overrides_win_over_per_tunable_layers_for_that_task_only(pa
     assert training["sst2", 1] == training["stsb", 1]  # another K: the same for both tasks
 
 
+def test_a_per_k_head_override_reaches_only_its_cells_and_leaves_the_others_keys_as_they_were(params):
+    """The head alone on STS-B without dropout: its cells' head changes; every other cell's spec, so its build key
+    (what decides whether it retrains), stays as it was."""
+    before = {c.key: c.spec for c in plan_studies(params).studies["ablation"].cells}
+    dropless = edited(params, "studies.ablation.per_task.stsb", {0: {"head_dropout": 0.0, "epochs": 40}})
+    after = {c.key: c.spec for c in plan_studies(dropless).studies["ablation"].cells}
+    changed = sorted(key for key in before if before[key] != after[key])
+    assert changed == ["stsb-all-MiniLM-L6-v2-0-1", "stsb-all-MiniLM-L6-v2-0-2"]
+    assert after["stsb-all-MiniLM-L6-v2-0-1"].head.head_dropout == 0.0
+    assert after["stsb-all-MiniLM-L6-v2-0-1"].training.epochs == 40  # training keys beside it still reach training
+    assert after["sst2-all-MiniLM-L6-v2-0-1"].head.head_dropout == 0.1
+    assert before["sst2-all-MiniLM-L6-v2-0-1"].model_dump_json() == after["sst2-all-MiniLM-L6-v2-0-1"].model_dump_json()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ({0: {"head_dropot": 0.0}}, r"per_tunable_layers.0.head_dropot: not a training or head argument. Did you mean "
+                                r"'head_dropout'.*Valid choices: learning_rate, .*head_dropout\."),
+    ({0: {"head_dropout": 1.5}}, r"per_tunable_layers\[0\].head_dropout: Input should be less than 1"),
+])
+def test_a_bad_per_k_key_is_named_with_the_valid_ones(params, value, message):
+    assert re.search(message, error_of(edited(params, "studies.ner.per_tunable_layers", value)))
+
+
 @pytest.mark.parametrize(("value", "message"), [
     ({"sst": {2: {"epochs": 3}}}, "studies.ablation: per_task.sst: not a task of this study. Did you mean 'sst2'.*"
                                   "Valid choices: sst2, stsb."),

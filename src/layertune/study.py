@@ -12,7 +12,7 @@ Every study has the same shape::
       encoder: {pooling: mean}                     # EncoderSettings of every language model
       head: {head: linear}                         # HeadSpec
       training: {learning_rate: 2.0e-4, ...}       # TrainingConfig (the seed comes from seeds)
-      per_tunable_layers: {0: {head_learning_rate: 3.0e-3}}   # training overrides for one K
+      per_tunable_layers: {0: {head_learning_rate: 3.0e-3}}   # training (and head) overrides for one K
       per_task: {sst2: {2: {learning_rate: 5.0e-5}}}          # one task's own, over per_tunable_layers'
 
 A study of *what* to tune has ``methods`` in place of ``tunable_layers``: named settings, each a tuning method
@@ -94,6 +94,9 @@ from layertune.tuning_methods import TopK, TuningMethod
 # Training keys that decide what the tokenize stage caches for every cell (mixed_precision: the autocast its pass
 # computes in), and the seed (the seeds axis).
 STUDY_WIDE_TRAINING = {"max_length", "cache_dtype", "frozen_prefix_cache", "mixed_precision", "seed"}
+# Keys of a per-K override that set the head (HeadSpec) rather than training: the head alone, a linear model on
+# frozen features, may be best without the dropout that helps a head over tuned layers.
+HEAD_KEYS = frozenset(HeadSpec.model_fields)
 
 
 class ParamsError(ValueError):
@@ -298,8 +301,9 @@ class StudySpec(Spec):
     head: HeadSpec = HeadSpec()
     training: TrainingConfig = TrainingConfig()
     per_tunable_layers: dict[TunableLayers, dict[str, Any]] = Field(
-        {}, description="training arguments for one tunable-layers value, e.g. {0: {head_learning_rate: 3.0e-3}} "
-                        "(a value the grid lacks is kept for when it has it)")
+        {}, description="training arguments, and the head's (HeadSpec: head_dropout, ...), for one tunable-layers "
+                        "value, e.g. {0: {head_learning_rate: 3.0e-3, head_dropout: 0.0}} (a value the grid lacks is "
+                        "kept for when it has it)")
     per_task: dict[str, dict[TunableLayers, dict[str, Any]]] = Field(
         {}, description="one task's own overrides for a tunable-layers value, over per_tunable_layers', e.g. "
                         "{sst2: {2: {learning_rate: 5.0e-5}}}: a rate chosen on each task's validation slice")
@@ -421,6 +425,9 @@ class StudySpec(Spec):
             if isinstance(rate := overrides.get("learning_rate"), list):
                 raise ValueError(f"{where}.learning_rate: a setting's rate is one rate, got {rate}; "
                                  "give an encoder a rate of its own as encoders.<name>.learning_rate")
+            if unknown := [key for key in overrides if key not in TrainingConfig.model_fields and key not in HEAD_KEYS]:
+                raise ValueError(f"{where}.{unknown[0]}: not a training or head argument."
+                                 f"{choices_hint(unknown[0], [*TrainingConfig.model_fields, *HEAD_KEYS])}")
             if shared := sorted(set(overrides) & STUDY_WIDE_TRAINING):
                 raise ValueError(f"{where}: {', '.join(shared)} can only be set for the whole study "
                                  "(in training): the tokenized features and cached states are shared by its cells")
@@ -429,6 +436,7 @@ class StudySpec(Spec):
         for task in (None, *self.tasks):
             for k in dict.fromkeys([*self.layer_values, *self.per_tunable_layers, *self.per_task.get(task, {})]):
                 training = self.training_for(next(iter(self.encoders)), k, seed=0, task=task)
+                self.head_for(k, task)
                 if task is None or training.early_stopping_patience is None or k not in self.layer_values \
                         or self.data.validation_size is not None:
                     continue
@@ -580,8 +588,8 @@ class StudySpec(Spec):
         else ``per_tunable_layers.<K>.learning_rate``), else the encoder's own (``encoders.<e>.learning_rate``),
         else the study's (``training.learning_rate``); one rate per language model of a combination, a single rate
         where they agree."""
-        overrides = {**self.per_tunable_layers.get(tunable_layers, {}),
-                     **self.per_task.get(task, {}).get(tunable_layers, {})}
+        overrides = {key: value for key, value in self._overrides(tunable_layers, task).items()
+                     if key not in HEAD_KEYS}
         setting = next((rate for rate in (method and self.methods[method].learning_rate,
                                           overrides.get("learning_rate")) if rate is not None), None)
         rates = [next(rate for rate in (setting, single.learning_rate, self.training.learning_rate)
@@ -591,9 +599,25 @@ class StudySpec(Spec):
         try:
             return TrainingConfig.model_validate(values)
         except ValidationError as error:
-            where = ("per_task", task, tunable_layers) if tunable_layers in self.per_task.get(task, {}) else \
-                ("per_tunable_layers", tunable_layers)
-            raise _nested(error, where) from None
+            raise _nested(error, self._where(tunable_layers, task)) from None
+
+    def head_for(self, tunable_layers: TunableLayers, task: str | None = None) -> HeadSpec:
+        """A cell's head: the study's ``head``, with the head keys of ``per_tunable_layers[K]`` and then of
+        ``per_task[task][K]`` (``head_dropout: 0.0`` for the head alone, say)."""
+        overrides = {key: value for key, value in self._overrides(tunable_layers, task).items() if key in HEAD_KEYS}
+        if not overrides:
+            return self.head  # as given: a head rebuilt from its values would read as set, and change the cells' keys
+        try:
+            return HeadSpec.model_validate({**self.head.model_dump(exclude_unset=True), **overrides})
+        except ValidationError as error:
+            raise _nested(error, self._where(tunable_layers, task)) from None
+
+    def _overrides(self, tunable_layers: TunableLayers, task: str | None) -> dict[str, Any]:
+        return {**self.per_tunable_layers.get(tunable_layers, {}), **self.per_task.get(task, {}).get(tunable_layers, {})}
+
+    def _where(self, tunable_layers: TunableLayers, task: str | None) -> tuple:
+        return ("per_task", task, tunable_layers) if tunable_layers in self.per_task.get(task, {}) else \
+            ("per_tunable_layers", tunable_layers)
 
     def corpus_spec(self, task: str) -> CorpusSpec:
         """Task ``task``'s dataset and the study's subsample of it: what each of its cells trains on."""
@@ -604,7 +628,8 @@ class StudySpec(Spec):
         entry = self.encoders[encoder]
         return CellSpec(corpus=self.corpus_spec(task),
                         encoders=self.encoder_specs(encoder, tunable_layers, method),
-                        combine=entry.combine if isinstance(entry, CombinedEncoder) else None, head=self.head,
+                        combine=entry.combine if isinstance(entry, CombinedEncoder) else None,
+                        head=self.head_for(tunable_layers, task),
                         training=self.training_for(encoder, tunable_layers, seed, method, task))
 
 

@@ -84,7 +84,7 @@ def section(results: StudyResults, setting_header: str, settings: Sequence) -> s
                     for r in mine.itertuples()]
             lines.append(markdown_table(["reference (no fine-tuning)", "encoder", f"{mine['metric'].iloc[0]} "
                                          "(points)", "chosen on the validation slice"], rows, "llrl"))
-            if results.plan.spec.head.head == "linear":  # the probe is the optimum of a linear head only
+            if results.plan.spec.head_for(0, task).head == "linear":  # the probe is the optimum of a linear head only
                 lines.append(_probe_check(task, mine, settings, layers, validation))
         lines.append(_convergence_text(convergence[convergence["task"] == task], setting_header))
     return "\n".join(lines)
