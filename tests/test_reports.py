@@ -332,6 +332,28 @@ def test_the_convergence_table_names_each_encoder_of_an_encoders_study(tiny_mode
     assert "| a | 1 (1), 1 (1) | maximum | 3 |" in table and "| b | 1 (1), 1 (1) | maximum | 3 |" in table
 
 
+def test_cells_the_maximum_stopped_are_named_with_their_best_epoch_and_a_whole_schedule_told_apart():
+    """A patience as long as the maximum cannot run out (the schedule runs to its end by design); a shorter one the
+    maximum beat may have cut the cell short. Both are named, each with its best epoch; patience-stopped cells not."""
+    import pandas as pd
+
+    from layertune.reports.references import _capped_text
+
+    cells = pd.DataFrame([
+        {"key": "whole", "stopped_by": "maximum", "patience": 40, "max_epochs": 40, "best_epoch": 30,
+         "epochs_trained": 40},
+        {"key": "cut", "stopped_by": "maximum", "patience": 2, "max_epochs": 15, "best_epoch": 15, "epochs_trained": 15},
+        {"key": "done", "stopped_by": "patience", "patience": 2, "max_epochs": 10, "best_epoch": 4, "epochs_trained": 6},
+        {"key": "no patience", "stopped_by": "maximum", "patience": None, "max_epochs": 3, "best_epoch": 3,
+         "epochs_trained": 3}])
+    text = _capped_text(cells)
+    assert "Ran their whole schedule by design (a patience as long as the maximum; the rate decays to zero and the " \
+        "best epoch is kept): whole (best 30 of 40)." in text
+    assert "before their patience ran out (they may not have converged): cut (best 15 of 15)." in text
+    assert "done" not in text and "no patience" not in text
+    assert _capped_text(cells[cells["key"] == "done"]) == ""
+
+
 def test_references_stand_beside_the_settings_and_the_head_alone_is_held_to_its_probe(results):
     """The probe is the head alone's optimum: a head-only setting below it by more than a point is named as not
     converged, and every setting that tunes layers below it is listed."""

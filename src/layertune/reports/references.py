@@ -193,10 +193,26 @@ def _convergence_text(cells: pd.DataFrame, setting_header: str) -> str:
         text += (f"\nOne seed of this grid trains in {per_seed.mean():.1f} full fine-tunings' time (every setting's "
                  f"training time over full fine-tuning's, same seed, summed; mean over {len(per_seed)} seed(s)); the "
                  "frozen-prefix pass, computed once per study before any cell trains, is not in it.\n")
+    return text + _capped_text(cells)
+
+
+def _capped_text(cells: pd.DataFrame) -> str:
+    """The cells the maximum stopped, each with its best epoch. A patience as long as the maximum can never run out:
+    such a cell runs its whole schedule by design (its rate decaying to zero, the best epoch kept); any other the
+    maximum stopped may have been cut short."""
     capped = cells[(cells["stopped_by"] == "maximum") & cells["patience"].notna()]
-    if len(capped):
-        text += (f"\nStopped by the maximum number of epochs before their patience ran out (they may not have "
-                 f"converged): {', '.join(capped['key'])}.\n")
+    whole = capped["patience"] >= capped["max_epochs"]
+
+    def named(group: pd.DataFrame) -> str:
+        return ", ".join(f"{r.key} (best {r.best_epoch} of {r.epochs_trained})" for r in group.itertuples())
+
+    text = ""
+    if whole.any():
+        text += ("\nRan their whole schedule by design (a patience as long as the maximum; the rate decays to zero "
+                 f"and the best epoch is kept): {named(capped[whole])}.\n")
+    if (~whole).any():
+        text += ("\nStopped by the maximum number of epochs before their patience ran out (they may not have "
+                 f"converged): {named(capped[~whole])}.\n")
     return text
 
 
