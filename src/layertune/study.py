@@ -96,7 +96,7 @@ from layertune.tuning_methods import TopK, TuningMethod
 STUDY_WIDE_TRAINING = {"max_length", "cache_dtype", "frozen_prefix_cache", "mixed_precision", "seed"}
 # Keys of a per-K override that set the head (HeadSpec) rather than training: the head alone, a linear model on
 # frozen features, may be best without the dropout that helps a head over tuned layers.
-HEAD_KEYS = frozenset(HeadSpec.model_fields)
+HEAD_KEYS = tuple(HeadSpec.model_fields)  # in its order: error messages list them so
 
 
 class ParamsError(ValueError):
