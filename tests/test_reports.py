@@ -2,6 +2,7 @@
 are byte-identical between builds, figures, and evaluate's checks."""
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -375,6 +376,40 @@ def test_references_stand_beside_the_settings_and_the_head_alone_is_held_to_its_
     assert (f"m: settings that tune layers and score below its probe ({100 * probe:.1f}): 1 ({100 * means[1]:.1f})."
             in report.markdown)
     assert set(report.tables["references"]["kind"]) == {"no_model", "linear_probe"}
+
+
+@pytest.mark.parametrize("probe_accuracy", [0.7, None])
+def test_the_head_alones_gap_to_its_probe_is_paired_over_dev_examples_and_seeds(results, probe_accuracy):
+    """The probe scored on the same dev examples: head − probe with an interval over dev examples (the settings'
+    own bootstrap draws) and the head's seeds. A probe right far more often is shown above the head; a probe that
+    predicts as one of the head's own cells is not (the head's other seed alone cannot show it)."""
+    import dataclasses
+
+    head = [c for c in results.plan.cells if c.tunable_layers == 0]
+    references_ = results.cells[head[0].key].predictions()["dev"]["references"]
+    if probe_accuracy is None:
+        predicted = results.cells[head[0].key].predictions()["dev"]["predictions"]
+    else:
+        rng = np.random.default_rng(5)
+        predicted = [r if rng.random() < probe_accuracy else 1 - r for r in references_]
+    score = float(np.mean(np.equal(predicted, references_)))
+    probe = {"name": "linear probe (logistic_regression)", "metrics": {"eval_accuracy": score},
+             "main_metric": "accuracy", "chosen": {"C": 0.1},
+             "predictions": {"predictions": predicted, "references": references_}}
+    report = build_report(dataclasses.replace(results, references={"sst2": {"encoders": {"m": {"linear_probe": probe}}}}))
+    mean = next(s.mean for s in settings(results) if s.tunable_layers == 0)
+    found = re.search(r"head − probe ([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\] points, paired over dev examples "
+                      r"and seeds: (shown|not shown) below it", report.markdown)
+    assert found, report.markdown
+    difference, low, high = (float(found.group(i)) for i in (1, 2, 3))
+    assert difference == pytest.approx(round(100 * (mean - score), 1)) and low < difference < high
+    if probe_accuracy is None:
+        assert found.group(4) == "not shown" and low < 0 < high
+    else:
+        assert found.group(4) == "shown" and high < 0
+    other = dataclasses.replace(results, references={"sst2": {"encoders": {"m": {"linear_probe": {
+        **probe, "predictions": {"predictions": predicted[:-1], "references": references_[:-1]}}}}}})
+    assert "head − probe" not in build_report(other).markdown  # other examples: no pairing claimed
 
 
 @dataclass

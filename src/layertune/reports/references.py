@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from layertune.reports.common import StudyResults, display, literal, markdown_table, points
+from layertune.reports.common import StudyResults, display, literal, markdown_table, points, signed_points
+from layertune.statistics import Resamples, interval
 
 PROBE_TOLERANCE = 0.01  # a converged head-only cell is within a point of its linear probe
 STOPPED = {"early_stopping": "patience", "max_epochs": "maximum"}
@@ -85,7 +86,8 @@ def section(results: StudyResults, setting_header: str, settings: Sequence) -> s
             lines.append(markdown_table(["reference (no fine-tuning)", "encoder", f"{mine['metric'].iloc[0]} "
                                          "(points)", "chosen on the validation slice"], rows, "llrl"))
             if results.plan.spec.head_for(0, task).head == "linear":  # the probe is the optimum of a linear head only
-                lines.append(_probe_check(task, mine, settings, layers, validation))
+                gaps = _gaps_to_probe(results, task, settings, layers)
+                lines.append(_probe_check(task, mine, settings, layers, validation, gaps))
         lines.append(_convergence_text(convergence[convergence["task"] == task], setting_header))
     return "\n".join(lines)
 
@@ -105,18 +107,52 @@ def _validation_at_best_epoch(results: StudyResults) -> dict[tuple, float]:
             if not any(math.isnan(value) for value in values)}
 
 
+def _gaps_to_probe(results: StudyResults, task: str, settings: Sequence, layers: dict) -> dict[tuple, tuple]:
+    """Per head-alone setting of ``task`` (keyed as `Setting`s are: task, encoder, tunable layers): the interval of
+    head − probe, paired on the dev examples (the settings' own bootstrap draws, the probe scored on each) and over the
+    head's seeds (the probe is one deterministic fit: the seed part is the head's spread, pooled as its interval's).
+    None where the probe kept no dev predictions, or scored other examples."""
+    from layertune.metrics import metric_for
+
+    corpus = results.corpora[task]()
+    metrics = metric_for(corpus.main_metric, corpus.metrics)
+    found = {}
+    for encoder, mine in results.references.get(task, {}).get("encoders", {}).items():
+        probe = mine.get("linear_probe") or {}
+        predicted = probe.get("predictions") or {}
+        for setting in settings:
+            key = (setting.task, setting.encoder, setting.tunable_layers)
+            if (setting.task, setting.encoder) != (task, encoder) or layers.get(key) != 0:
+                continue
+            cell = next(c for c in results.plan.cells if c.setting == key)
+            if predicted.get("references") is None or \
+                    predicted["references"] != results.cells[cell.key].predictions()["dev"]["references"]:
+                found[key] = None
+                continue
+            seeds = setting.estimate.seeds
+            draws = Resamples.draw(len(predicted["references"]), results.options.resamples)  # the settings' draws
+            fixed = draws.estimate(metrics, corpus.main_metric, [predicted["predictions"]] * seeds,
+                                   predicted["references"], [probe["metrics"][f"eval_{corpus.main_metric}"]] * seeds)
+            found[key] = interval(setting.estimate.minus(fixed), setting.confidence, setting.spread)
+    return found
+
+
 def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers: dict,
-                 validation: dict[tuple, float]) -> str:
-    """The head alone against its probe (within a point, or how far short, and whether it is short on the
-    validation slice too, where both were chosen), and the settings that tune layers and stay below it."""
+                 validation: dict[tuple, float], gaps: dict[tuple, tuple] | None = None) -> str:
+    """The head alone against its probe (within a point, or how far short, whether the dev examples and seeds show
+    it short, and whether it is short on the validation slice too, where both were chosen), and the settings that
+    tune layers and stay below it."""
     sentences = []
+    gaps = gaps or {}
     for probe in references[references["kind"] == "linear_probe"].itertuples():
         own = [s for s in settings if (s.task, s.encoder) == (task, probe.encoder)]
         head = [s for s in own if layers.get((s.task, s.encoder, s.tunable_layers)) == 0]
         for setting in head:
             gap = probe.score - setting.mean
-            verdict = ("reaches it (within a point)" if gap <= PROBE_TOLERANCE
-                       else f"is {points(gap)} points short of it{_short_why(setting, probe, validation)}")
+            paired = _paired_text(setting.mean - probe.score, gaps.get((setting.task, setting.encoder,
+                                                                        setting.tunable_layers)))
+            verdict = (f"reaches it (within a point{paired})" if gap <= PROBE_TOLERANCE
+                       else f"is {points(gap)} points short of it{paired}{_short_why(setting, probe, validation)}")
             sentences.append(f"{probe.encoder}: the head alone ({setting.tunable_layers}) scores "
                              f"{points(setting.mean)} against its linear probe's {points(probe.score)}, and {verdict}.")
         below = [s for s in own if layers.get((s.task, s.encoder, s.tunable_layers)) != 0 and s.mean < probe.score]
@@ -126,6 +162,16 @@ def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers
                          f"({points(probe.score)}): {named}{_below_why(below, probe, validation)}." if below else
                          f"{probe.encoder}: every setting that tunes layers scores at or above its probe.")
     return " ".join(sentences) + "\n" if sentences else ""
+
+
+def _paired_text(difference: float, bounds: tuple | None) -> str:
+    """Head − probe with its interval, and whether the dev examples and seeds show the head below the probe."""
+    if bounds is None:
+        return ""
+    low, high = bounds
+    shown = "shown below it" if high < 0 else "not shown below it"
+    return (f"; head − probe {signed_points(difference)} [{signed_points(low)}, {signed_points(high)}] points, paired "
+            f"over dev examples and seeds: {shown}")
 
 
 def _below_why(below: Sequence, probe, validation: dict[tuple, float]) -> str:
