@@ -29,9 +29,11 @@ from pathlib import Path
 
 from learning_curve import MAX_LENGTH, MODEL, RECIPE, VALIDATION_SIZE
 
+from layertune.specs import HeadSpec
+
 # The head alone trains from cached final states: many cheap epochs, a patience to match.
 HEAD_ONLY = {"epochs": 100, "early_stopping_patience": 10, "warmup_ratio": 0.0, "weight_decay": 0.0}
-HEAD_DROPOUT = 0.1  # HeadSpec's default
+HEAD_DROPOUT = HeadSpec.model_fields["head_dropout"].default  # the study's head, unless swept
 
 
 def sweep_point(task: str, size: int, tunable_layers, rate: float, head_rate: float, seed: int, corpus,
@@ -82,7 +84,7 @@ def settings(point: dict) -> dict:
 def chosen(points: list[dict]) -> dict:
     """Per task, size and K: the rate (or, for K = 0, head rate, weight decay, dropout and schedule) with the best
     validation score of the first seed swept (ties: the smaller rate, then the smaller decay, the larger dropout, the
-    shorter schedule)."""
+    shorter schedule, the shorter patience)."""
     def key_of(point: dict) -> str:
         method = settings(point)["method"]
         return f"{point['task']}@{point['train_size']}:" + ("" if method == "top_k" else f"{method}-") \
@@ -103,7 +105,8 @@ def chosen(points: list[dict]) -> dict:
                      "validation_score": point["validation_score"], "dev_score": point["dev_score"]}
 
         def order(c: dict) -> tuple:
-            return c["validation_score"], -c["rate"], -c["weight_decay"], c["head_dropout"], -c["epochs"]
+            return (c["validation_score"], -c["rate"], -c["weight_decay"], c["head_dropout"], -c["epochs"],
+                    -c["early_stopping_patience"])
 
         if key not in found or order(candidate) > order(found[key]):
             found[key] = candidate

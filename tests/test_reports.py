@@ -334,24 +334,29 @@ def test_the_convergence_table_names_each_encoder_of_an_encoders_study(tiny_mode
 
 
 def test_cells_the_maximum_stopped_are_named_with_their_best_epoch_and_a_whole_schedule_told_apart():
-    """A patience as long as the maximum cannot run out (the schedule runs to its end by design); a shorter one the
-    maximum beat may have cut the cell short. Both are named, each with its best epoch; patience-stopped cells not."""
+    """No patience, or one as long as the maximum or longer, cannot run out: the schedule runs to its end by design;
+    a shorter patience the maximum beat, or a whole schedule still improving at its last epoch, may have cut the
+    cell short. Both kinds are named with their best epoch; patience-stopped and fixed-epoch cells are not."""
     import pandas as pd
 
     from layertune.reports.references import _capped_text
 
+    def cell(key, stopped_by, patience, max_epochs, best, trained, selects_best=True):
+        return {"key": key, "stopped_by": stopped_by, "patience": patience, "max_epochs": max_epochs,
+                "best_epoch": best, "epochs_trained": trained, "selects_best": selects_best}
+
     cells = pd.DataFrame([
-        {"key": "whole", "stopped_by": "maximum", "patience": 40, "max_epochs": 40, "best_epoch": 30,
-         "epochs_trained": 40},
-        {"key": "cut", "stopped_by": "maximum", "patience": 2, "max_epochs": 15, "best_epoch": 15, "epochs_trained": 15},
-        {"key": "done", "stopped_by": "patience", "patience": 2, "max_epochs": 10, "best_epoch": 4, "epochs_trained": 6},
-        {"key": "no patience", "stopped_by": "maximum", "patience": None, "max_epochs": 3, "best_epoch": 3,
-         "epochs_trained": 3}])
+        cell("as long", "maximum", 40, 40, 30, 40), cell("longer", "maximum", 50, 40, 28, 40),
+        cell("no patience", "maximum", None, 40, 31, 40), cell("still improving", "maximum", None, 40, 40, 40),
+        cell("cut", "maximum", 2, 15, 15, 15), cell("done", "patience", 2, 10, 4, 6),
+        cell("fixed epochs", "maximum", None, 3, 3, 3, selects_best=False)])
     text = _capped_text(cells)
-    assert "Ran their whole schedule by design (a patience as long as the maximum; the rate decays to zero and the " \
-        "best epoch is kept): whole (best 30 of 40)." in text
-    assert "before their patience ran out (they may not have converged): cut (best 15 of 15)." in text
-    assert "done" not in text and "no patience" not in text
+    assert "Ran their whole schedule by design (no patience, or one as long as the maximum; the rate decays to zero " \
+        "and the best epoch is kept): as long (best 30 of 40), longer (best 28 of 40), no patience (best 31 of 40)." \
+        in text
+    assert "or still improving at their last epoch (they may not have converged): still improving (best 40 of 40), " \
+        "cut (best 15 of 15)." in text
+    assert "done" not in text and "fixed epochs" not in text
     assert _capped_text(cells[cells["key"] == "done"]) == ""
 
 
@@ -378,12 +383,15 @@ def test_references_stand_beside_the_settings_and_the_head_alone_is_held_to_its_
     assert set(report.tables["references"]["kind"]) == {"no_model", "linear_probe"}
 
 
-@pytest.mark.parametrize("probe_accuracy", [0.7, None])
-def test_the_head_alones_gap_to_its_probe_is_paired_over_dev_examples_and_seeds(results, probe_accuracy):
-    """The probe scored on the same dev examples: head − probe with an interval over dev examples (the settings'
-    own bootstrap draws) and the head's seeds. A probe right far more often is shown above the head; a probe that
-    predicts as one of the head's own cells is not (the head's other seed alone cannot show it)."""
+@pytest.mark.parametrize("probe_accuracy", [0.7, 0.45, None])
+def test_the_head_alones_gap_to_its_probe_is_paired_over_dev_examples_with_the_heads_seeds(results, probe_accuracy):
+    """The probe scored on the settings' own bootstrap draws of the same dev examples: head − probe with an interval
+    whose dev part is paired and whose seed part is the head's alone (the probe is one fixed fit). A probe right far
+    more (less) often is shown above (below) the head; one that predicts as a head cell is shown neither."""
     import dataclasses
+
+    from layertune.metrics import metric_for
+    from layertune.statistics import Resamples, interval, shrunk_spread
 
     head = [c for c in results.plan.cells if c.tunable_layers == 0]
     references_ = results.cells[head[0].key].predictions()["dev"]["references"]
@@ -397,16 +405,21 @@ def test_the_head_alones_gap_to_its_probe_is_paired_over_dev_examples_and_seeds(
              "main_metric": "accuracy", "chosen": {"C": 0.1},
              "predictions": {"predictions": predicted, "references": references_}}
     report = build_report(dataclasses.replace(results, references={"sst2": {"encoders": {"m": {"linear_probe": probe}}}}))
-    mean = next(s.mean for s in settings(results) if s.tunable_layers == 0)
-    found = re.search(r"head − probe ([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\] points, paired over dev examples "
-                      r"and seeds: (shown|not shown) below it", report.markdown)
+    setting = next(s for s in settings(results) if s.tunable_layers == 0)
+    found = re.search(r"head − probe ([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\] points \(dev examples paired, and "
+                      r"the head's seeds\): (shown below it|shown above it|not shown above or below it)", report.markdown)
     assert found, report.markdown
-    difference, low, high = (float(found.group(i)) for i in (1, 2, 3))
-    assert difference == pytest.approx(round(100 * (mean - score), 1)) and low < difference < high
-    if probe_accuracy is None:
-        assert found.group(4) == "not shown" and low < 0 < high
-    else:
-        assert found.group(4) == "shown" and high < 0
+    # The interval computed apart: the probe on the settings' draws, the head's seeds shrunk toward the pooled spread.
+    draws = Resamples.draw(len(references_), results.options.resamples)
+    fixed = draws.estimate(metric_for("accuracy", ("accuracy",)), "accuracy", [predicted] * setting.estimate.seeds,
+                           references_, [score] * setting.estimate.seeds)
+    difference = setting.estimate.minus(fixed)
+    low, high = interval(difference, setting.confidence, shrunk_spread(difference, setting.spread, sides=1))
+    assert [float(found.group(i)) for i in (1, 2, 3)] == [round(100 * x, 1) for x in (difference.mean, low, high)]
+    assert found.group(4) == {None: "not shown above or below it", 0.7: "shown below it",
+                              0.45: "shown above it"}[probe_accuracy]
+    table = report.tables["references"].set_index("kind").loc["linear_probe"]
+    assert (table["head_minus_probe_low"], table["head_minus_probe_high"]) == pytest.approx((low, high))
     other = dataclasses.replace(results, references={"sst2": {"encoders": {"m": {"linear_probe": {
         **probe, "predictions": {"predictions": predicted[:-1], "references": references_[:-1]}}}}}})
     assert "head − probe" not in build_report(other).markdown  # other examples: no pairing claimed

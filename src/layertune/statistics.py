@@ -167,14 +167,16 @@ def difference_spread(candidate: Estimate, reference: Estimate, pooled: SeedSpre
     return shrunk_spread(paired_difference(candidate, reference), pooled)
 
 
-def shrunk_spread(difference: Estimate, pooled: SeedSpread | None) -> SeedSpread | None:
-    """`difference_spread` of a paired ``difference``."""
+def shrunk_spread(difference: Estimate, pooled: SeedSpread | None, sides: int = 2) -> SeedSpread | None:
+    """`difference_spread` of a paired ``difference``. ``sides``: how many of its two sides vary from seed to seed,
+    each by ``pooled`` (1 where the reference is one fixed fit, such as a linear probe: the difference then varies
+    as the setting alone)."""
     own_df = difference.seeds - 1
     prior_df = PRIOR_DF if pooled is not None else 0
     if own_df + prior_df == 0:
         return None
     own = float(difference.scores.var(ddof=1)) if own_df else 0.0
-    prior = 2 * pooled.sd ** 2 if pooled is not None else 0.0
+    prior = sides * pooled.sd ** 2 if pooled is not None else 0.0
     return SeedSpread(float(np.sqrt((prior_df * prior + own_df * own) / (prior_df + own_df))), prior_df + own_df)
 
 

@@ -97,6 +97,7 @@ STUDY_WIDE_TRAINING = {"max_length", "cache_dtype", "frozen_prefix_cache", "mixe
 # Keys of a per-K override that set the head (HeadSpec) rather than training: the head alone, a linear model on
 # frozen features, may be best without the dropout that helps a head over tuned layers.
 HEAD_KEYS = tuple(HeadSpec.model_fields)  # in its order: error messages list them so
+PER_K_TRAINING = tuple(key for key in TrainingConfig.model_fields if key not in STUDY_WIDE_TRAINING)
 
 
 class ParamsError(ValueError):
@@ -427,7 +428,7 @@ class StudySpec(Spec):
                                  "give an encoder a rate of its own as encoders.<name>.learning_rate")
             if unknown := [key for key in overrides if key not in TrainingConfig.model_fields and key not in HEAD_KEYS]:
                 raise ValueError(f"{where}.{unknown[0]}: not a training or head argument."
-                                 f"{choices_hint(unknown[0], [*TrainingConfig.model_fields, *HEAD_KEYS])}")
+                                 f"{choices_hint(unknown[0], [*PER_K_TRAINING, *HEAD_KEYS])}")
             if shared := sorted(set(overrides) & STUDY_WIDE_TRAINING):
                 raise ValueError(f"{where}: {', '.join(shared)} can only be set for the whole study "
                                  "(in training): the tokenized features and cached states are shared by its cells")
@@ -606,7 +607,7 @@ class StudySpec(Spec):
         ``per_task[task][K]`` (``head_dropout: 0.0`` for the head alone, say)."""
         overrides = {key: value for key, value in self._overrides(tunable_layers, task).items() if key in HEAD_KEYS}
         if not overrides:
-            return self.head  # as given: a head rebuilt from its values would read as set, and change the cells' keys
+            return self.head  # the study's own object, as every cell without an override has always had
         try:
             return HeadSpec.model_validate({**self.head.model_dump(exclude_unset=True), **overrides})
         except ValidationError as error:

@@ -152,7 +152,7 @@ def encoders_report(results: StudyResults) -> Report:
     sections += ["## References and convergence\n", references.section(results, "encoder", found),
                  "## Figures\n", f"![encoders]({results.plan.name}/figures/encoders.png)\n"]
     return Report("\n".join(sections), headline(details), details, {"settings": table, "cells": results.scores,
-                                                                     **references.tables(results)},
+                                                                     **references.tables(results, found)},
                   {"encoders": encoders_figure(table)})
 
 

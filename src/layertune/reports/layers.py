@@ -231,4 +231,4 @@ def layers_report(results: StudyResults) -> Report:
     ])
     details = report_details(found, chosen, options.tolerance)
     return Report(markdown, headline(details), details, {"settings": settings_table(found), "cells": results.scores,
-                                                         **references.tables(results)}, figures)
+                                                         **references.tables(results, found)}, figures)

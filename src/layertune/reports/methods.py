@@ -275,4 +275,4 @@ def methods_report(results: StudyResults) -> Report:
                            "train_time_s": r.train_time_s, "peak_memory_mb": r.peak_memory_mb,
                            "within_tolerance": r.comparison.verdict} for a in chosen for r in a.rows])
     return Report(markdown, headline(details), details, {"methods": table, "cells": results.scores,
-                                                         **references.tables(results)}, figures)
+                                                         **references.tables(results, found)}, figures)

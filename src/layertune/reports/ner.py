@@ -123,4 +123,4 @@ def ner_report(results: StudyResults) -> Report:
     metrics = headline({task: {e: entry for e, entry in encoders.items() if e != "baselines"}
                         for task, encoders in details.items()})
     return Report("\n".join(sections), metrics, details, {"settings": settings_table(found), "cells": results.scores,
-                                                         **references.tables(results)}, figures)
+                                                         **references.tables(results, found)}, figures)

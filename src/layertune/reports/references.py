@@ -2,21 +2,26 @@
 
 - References (`layertune.probes`): a no-model baseline, a linear probe on each frozen encoder, an untrained model's
   cosine similarity. The head alone (0 tunable layers) trains a linear head on the probe's very features, so a
-  converged head-only cell reaches its probe (within `PROBE_TOLERANCE`); a setting that tunes layers and stays below
-  the probe has learned less than its frozen features already hold.
+  converged head-only cell reaches its probe (within `PROBE_TOLERANCE`; the gap with its interval, `GapToProbe`,
+  says whether dev examples and seeds show it above or below); a setting that tunes layers and stays below the
+  probe has learned less than its frozen features already hold.
 - Convergence: per cell, the epochs it trained, its best validation epoch, and what stopped it (the patience, or
-  the maximum number of epochs: then it may not have converged, and the report names it).
+  the maximum number of epochs). The maximum's cells are named: those that ran their whole schedule by design (no
+  patience, or one as long as the maximum), and those it may have cut short (it beat the patience, or the cell was
+  still improving at its last epoch).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from layertune.reports.common import StudyResults, display, literal, markdown_table, points, signed_points
-from layertune.statistics import Resamples, interval
+from layertune.statistics import Estimate, Resamples, SeedSpread, interval, shrunk_spread
 
 PROBE_TOLERANCE = 0.01  # a converged head-only cell is within a point of its linear probe
 STOPPED = {"early_stopping": "patience", "max_epochs": "maximum"}
@@ -58,6 +63,7 @@ def convergence_table(results: StudyResults) -> pd.DataFrame:
              "stopped_by": STOPPED.get(scores.loc[cell.key, "stopped_by"], scores.loc[cell.key, "stopped_by"]),
              "max_epochs": cell.spec.training.epochs,
              "patience": cell.spec.training.early_stopping_patience,
+             "selects_best": cell.spec.training.selects_best,
              "train_time_s": float(scores.loc[cell.key, "train_time_s"]),
              "full_fine_tuning": _full_fine_tuning(cell.spec)}
             for cell in results.plan.cells]
@@ -75,6 +81,7 @@ def section(results: StudyResults, setting_header: str, settings: Sequence) -> s
     head-only check against each probe, then how the cells' training ended."""
     references, convergence = references_table(results), convergence_table(results)
     layers = {cell.setting: cell.tunable_layers for cell in results.plan.cells}
+    gaps = gaps_to_probe(results, settings)
     validation = _validation_at_best_epoch(results)
     lines = []
     for task in results.plan.spec.tasks:
@@ -86,7 +93,6 @@ def section(results: StudyResults, setting_header: str, settings: Sequence) -> s
             lines.append(markdown_table(["reference (no fine-tuning)", "encoder", f"{mine['metric'].iloc[0]} "
                                          "(points)", "chosen on the validation slice"], rows, "llrl"))
             if results.plan.spec.head_for(0, task).head == "linear":  # the probe is the optimum of a linear head only
-                gaps = _gaps_to_probe(results, task, settings, layers)
                 lines.append(_probe_check(task, mine, settings, layers, validation, gaps))
         lines.append(_convergence_text(convergence[convergence["task"] == task], setting_header))
     return "\n".join(lines)
@@ -107,52 +113,76 @@ def _validation_at_best_epoch(results: StudyResults) -> dict[tuple, float]:
             if not any(math.isnan(value) for value in values)}
 
 
-def _gaps_to_probe(results: StudyResults, task: str, settings: Sequence, layers: dict) -> dict[tuple, tuple]:
-    """Per head-alone setting of ``task`` (keyed as `Setting`s are: task, encoder, tunable layers): the interval of
-    head − probe, paired on the dev examples (the settings' own bootstrap draws, the probe scored on each) and over the
-    head's seeds (the probe is one deterministic fit: the seed part is the head's spread, pooled as its interval's).
-    None where the probe kept no dev predictions, or scored other examples."""
+@dataclass(frozen=True)
+class GapToProbe:
+    """The head alone's dev score minus its probe's, and that difference's interval: the dev part paired (the
+    settings' bootstrap draws, the probe scored on each), the seed part the head's own (the probe is one fixed fit),
+    None where one seed measured none."""
+
+    difference: float
+    low: float
+    high: float
+    seed_spread: SeedSpread | None
+
+    @property
+    def shown(self) -> str:
+        return "below it" if self.high < 0 else "above it" if self.low > 0 else "neither"
+
+    def text(self) -> str:
+        over = "dev examples paired, and the head's seeds" if self.seed_spread else "dev examples paired (one seed)"
+        shown = "not shown above or below it" if self.shown == "neither" else f"shown {self.shown}"
+        return (f"head − probe {signed_points(self.difference)} [{signed_points(self.low)}, "
+                f"{signed_points(self.high)}] points ({over}): {shown}")
+
+
+def gaps_to_probe(results: StudyResults, settings: Sequence) -> dict[tuple, GapToProbe]:
+    """Per head-alone setting (keyed as `Setting`s are: task, encoder, tunable layers, or the method setting's
+    name) whose encoder has a linear probe scored on the same dev examples: its `GapToProbe`."""
     from layertune.metrics import metric_for
 
-    corpus = results.corpora[task]()
-    metrics = metric_for(corpus.main_metric, corpus.metrics)
+    layers = {cell.setting: cell.tunable_layers for cell in results.plan.cells}
     found = {}
-    for encoder, mine in results.references.get(task, {}).get("encoders", {}).items():
-        probe = mine.get("linear_probe") or {}
+    for setting in settings:
+        key = (setting.task, setting.encoder, setting.tunable_layers)
+        probe = results.references.get(setting.task, {}).get("encoders", {}).get(setting.encoder, {}) \
+            .get("linear_probe") or {}
         predicted = probe.get("predictions") or {}
-        for setting in settings:
-            key = (setting.task, setting.encoder, setting.tunable_layers)
-            if (setting.task, setting.encoder) != (task, encoder) or layers.get(key) != 0:
-                continue
-            cell = next(c for c in results.plan.cells if c.setting == key)
-            if predicted.get("references") is None or \
-                    predicted["references"] != results.cells[cell.key].predictions()["dev"]["references"]:
-                found[key] = None
-                continue
-            seeds = setting.estimate.seeds
-            draws = Resamples.draw(len(predicted["references"]), results.options.resamples)  # the settings' draws
-            fixed = draws.estimate(metrics, corpus.main_metric, [predicted["predictions"]] * seeds,
-                                   predicted["references"], [probe["metrics"][f"eval_{corpus.main_metric}"]] * seeds)
-            found[key] = interval(setting.estimate.minus(fixed), setting.confidence, setting.spread)
+        if layers.get(key) != 0 or predicted.get("references") is None:
+            continue
+        cell = next(c for c in results.plan.cells if c.setting == key)
+        if predicted["references"] != results.cells[cell.key].predictions()["dev"]["references"]:
+            continue  # scored on other examples: nothing to pair
+        corpus = results.corpora[setting.task]()
+        metric = corpus.main_metric
+        # The draws `settings` scored every setting on: Resamples.draw is a function of the count and resamples alone.
+        draws = Resamples.draw(len(predicted["references"]), results.options.resamples)
+        once = draws.estimate(metric_for(metric, corpus.metrics), metric, [predicted["predictions"]],
+                              predicted["references"], [probe["metrics"][f"eval_{metric}"]])
+        seeds = setting.estimate.seeds
+        fixed = Estimate(np.repeat(once.scores, seeds), np.repeat(once.samples, seeds, axis=0), once.examples)
+        difference = setting.estimate.minus(fixed)
+        spread = shrunk_spread(difference, setting.spread, sides=1)
+        found[key] = GapToProbe(difference.mean, *interval(difference, setting.confidence, spread), spread)
     return found
 
 
 def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers: dict,
-                 validation: dict[tuple, float], gaps: dict[tuple, tuple] | None = None) -> str:
-    """The head alone against its probe (within a point, or how far short, whether the dev examples and seeds show
-    it short, and whether it is short on the validation slice too, where both were chosen), and the settings that
-    tune layers and stay below it."""
+                 validation: dict[tuple, float], gaps: dict[tuple, GapToProbe] | None = None) -> str:
+    """The head alone against its probe (within a point, above or short of it; whether the dev examples and seeds
+    show it above or below; whether it is short on the validation slice too, where both were chosen), and the
+    settings that tune layers and stay below it."""
     sentences = []
     gaps = gaps or {}
     for probe in references[references["kind"] == "linear_probe"].itertuples():
         own = [s for s in settings if (s.task, s.encoder) == (task, probe.encoder)]
         head = [s for s in own if layers.get((s.task, s.encoder, s.tunable_layers)) == 0]
         for setting in head:
-            gap = probe.score - setting.mean
-            paired = _paired_text(setting.mean - probe.score, gaps.get((setting.task, setting.encoder,
-                                                                        setting.tunable_layers)))
-            verdict = (f"reaches it (within a point{paired})" if gap <= PROBE_TOLERANCE
-                       else f"is {points(gap)} points short of it{paired}{_short_why(setting, probe, validation)}")
+            gap = setting.mean - probe.score
+            found = gaps.get((setting.task, setting.encoder, setting.tunable_layers))
+            paired = f"; {found.text()}" if found else ""
+            verdict = (f"reaches it (within a point{paired})" if abs(gap) <= PROBE_TOLERANCE else
+                       f"is {points(gap)} points above it{paired}" if gap > 0 else
+                       f"is {points(-gap)} points short of it{paired}{_short_why(setting, probe, validation)}")
             sentences.append(f"{probe.encoder}: the head alone ({setting.tunable_layers}) scores "
                              f"{points(setting.mean)} against its linear probe's {points(probe.score)}, and {verdict}.")
         below = [s for s in own if layers.get((s.task, s.encoder, s.tunable_layers)) != 0 and s.mean < probe.score]
@@ -162,16 +192,6 @@ def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers
                          f"({points(probe.score)}): {named}{_below_why(below, probe, validation)}." if below else
                          f"{probe.encoder}: every setting that tunes layers scores at or above its probe.")
     return " ".join(sentences) + "\n" if sentences else ""
-
-
-def _paired_text(difference: float, bounds: tuple | None) -> str:
-    """Head − probe with its interval, and whether the dev examples and seeds show the head below the probe."""
-    if bounds is None:
-        return ""
-    low, high = bounds
-    shown = "shown below it" if high < 0 else "not shown below it"
-    return (f"; head − probe {signed_points(difference)} [{signed_points(low)}, {signed_points(high)}] points, paired "
-            f"over dev examples and seeds: {shown}")
 
 
 def _below_why(below: Sequence, probe, validation: dict[tuple, float]) -> str:
@@ -243,26 +263,34 @@ def _convergence_text(cells: pd.DataFrame, setting_header: str) -> str:
 
 
 def _capped_text(cells: pd.DataFrame) -> str:
-    """The cells the maximum stopped, each with its best epoch. A patience as long as the maximum can never run out:
-    such a cell runs its whole schedule by design (its rate decaying to zero, the best epoch kept); any other the
-    maximum stopped may have been cut short."""
-    capped = cells[(cells["stopped_by"] == "maximum") & cells["patience"].notna()]
-    whole = capped["patience"] >= capped["max_epochs"]
+    """The cells the maximum stopped, each with its best epoch. A cell that keeps its best epoch with no patience, or
+    one as long as the maximum, runs its whole schedule by design (its rate decaying to zero); it may still have
+    been cut short if its best epoch was its last. A shorter patience the maximum beat may have cut a cell short."""
+    capped = cells[cells["stopped_by"] == "maximum"]
+    whole = capped["selects_best"] & (capped["patience"].isna() | (capped["patience"] >= capped["max_epochs"]))
+    improving = capped["best_epoch"] >= capped["epochs_trained"]
+    short = capped[~whole & capped["patience"].notna() | whole & improving]
 
     def named(group: pd.DataFrame) -> str:
         return ", ".join(f"{r.key} (best {r.best_epoch} of {r.epochs_trained})" for r in group.itertuples())
 
     text = ""
-    if whole.any():
-        text += ("\nRan their whole schedule by design (a patience as long as the maximum; the rate decays to zero "
-                 f"and the best epoch is kept): {named(capped[whole])}.\n")
-    if (~whole).any():
-        text += ("\nStopped by the maximum number of epochs before their patience ran out (they may not have "
-                 f"converged): {named(capped[~whole])}.\n")
+    if (done := capped[whole & ~improving]).size:
+        text += ("\nRan their whole schedule by design (no patience, or one as long as the maximum; the rate decays to "
+                 f"zero and the best epoch is kept): {named(done)}.\n")
+    if len(short):
+        text += ("\nStopped by the maximum number of epochs before their patience ran out, or still improving at "
+                 f"their last epoch (they may not have converged): {named(short)}.\n")
     return text
 
 
-def tables(results: StudyResults) -> dict[str, pd.DataFrame]:
-    """The report's tables of this module: ``references.csv`` (empty where none were computed) and
-    ``convergence.csv``."""
-    return {"references": references_table(results), "convergence": convergence_table(results)}
+def tables(results: StudyResults, settings: Sequence) -> dict[str, pd.DataFrame]:
+    """The report's tables of this module: ``references.csv`` (empty where none were computed; a probe's row with
+    its head alone's paired gap, where there is one) and ``convergence.csv``."""
+    references = references_table(results)
+    gaps = {(task, encoder): gap for (task, encoder, _), gap in gaps_to_probe(results, settings).items()}
+    mine = [gaps.get((r.task, r.encoder)) if r.kind == "linear_probe" else None for r in references.itertuples()]
+    for column, part in (("head_minus_probe", "difference"), ("head_minus_probe_low", "low"),
+                         ("head_minus_probe_high", "high")):
+        references[column] = [getattr(gap, part) if gap else float("nan") for gap in mine]
+    return {"references": references, "convergence": convergence_table(results)}
