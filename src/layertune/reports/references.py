@@ -180,7 +180,7 @@ def _probe_check(task: str, references: pd.DataFrame, settings: Sequence, layers
             gap = setting.mean - probe.score
             found = gaps.get((setting.task, setting.encoder, setting.tunable_layers))
             paired = f"; {found.text()}" if found else ""
-            verdict = (f"reaches it (within a point{paired})" if abs(gap) <= PROBE_TOLERANCE else
+            verdict = (f"reaches it (within a point){paired}" if abs(gap) <= PROBE_TOLERANCE else
                        f"is {points(gap)} points above it{paired}" if gap > 0 else
                        f"is {points(-gap)} points short of it{paired}{_short_why(setting, probe, validation)}")
             sentences.append(f"{probe.encoder}: the head alone ({setting.tunable_layers}) scores "
