@@ -352,6 +352,35 @@ def test_each_trained_cells_line_says_the_time_left_for_its_study_by_what_each_s
     assert time_left(90.0, untimed, grid[9:], "ner") == "; about 30 s left for ner"
 
 
+def test_a_setting_no_task_has_trained_is_estimated_by_its_layers_and_an_unstarted_task_by_its_text():
+    """On a study's first task a top-K setting not trained yet costs its layers at the task's per-layer cost so far
+    (not only 'at least' the costliest so far); a task none of whose cells has trained costs the others' times as
+    much as its training text is larger."""
+    from layertune.specs import CellSpec, CorpusSpec, EncoderSpec
+    from layertune.study import StudyCell
+    from pipelines.train.nodes import time_left, training_text_size
+
+    spec = CellSpec(corpus=CorpusSpec(task="sst2"), encoders=[EncoderSpec(model="m")])
+
+    def cell(task, layers, seed=1):
+        return StudyCell(study="ablation", task=task, encoder="m", tunable_layers=layers, seed=seed, spec=spec)
+
+    took = [(cell("sst2", 0), 5.0), (cell("sst2", 1), 10.0), (cell("sst2", 2), 22.0)]  # 10 and 11 s a layer
+    assert time_left(37.0, took, [cell("sst2", 4)], "ablation") == "; about 42 s left for ablation"  # 4 x 10.5 s
+    assert time_left(37.0, took, [cell("sst2", 1, seed=2)], "ablation") == "; about 10 s left for ablation"
+    # with no layered cell timed, the costliest so far is a bound again
+    assert time_left(5.0, took[:1], [cell("sst2", 3)], "ablation") == "; at least 5 s left for ablation"
+    sizes = {"sst2": 1_000, "stsb": 2_500}
+    assert time_left(37.0, took, [cell("stsb", 2)], "ablation", sizes) == "; about 55 s left for ablation"
+    assert time_left(37.0, took, [cell("stsb", 2)], "ablation") == "; about 22 s left for ablation"  # as sst2's
+
+    class Tagged:  # a corpus's text columns as training_text_size reads them: words of a tagged sentence joined
+        text_columns = ("tokens",)
+        train = {"tokens": [["EU", "rejects"], ["Peter"]]}
+
+    assert training_text_size(Tagged()) == len("EU rejects") + len("Peter")
+
+
 def test_the_committed_dvc_lock_holds_the_stages_of_dvc_yaml_and_no_other():
     """The committed build: an entry per stage. DVC keeps the entry of a stage that dvc.yaml no longer has, and every
     `dvc` command parses the whole file: the 150 entries of earlier designs it held cost about 1 s per stage of every

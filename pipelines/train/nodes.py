@@ -6,9 +6,11 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from layertune.distributed import is_main_process, launched, state
+from layertune.model_paths import model_layers
 from layertune.study import StudyCell, layers_key
 from pipelines import scheduling, tracking
 from pipelines.datasets import SavedCorpus
@@ -27,7 +29,9 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
         scheduler = scheduler_from_environment()  # first: a bad LAYERTUNE_JOBS stops the stage before any work
     except ValueError as error:
         raise InvalidParams(str(error)) from None
-    data = {task: scheduling.loaded(corpora[task]).fingerprint for task in {cell.task for cell in plan.cells}}
+    tasks = sorted({cell.task for cell in plan.cells})
+    data = {task: scheduling.loaded(corpora[task]).fingerprint for task in tasks}
+    text_sizes = {task: training_text_size(scheduling.loaded(corpora[task])) for task in tasks}
     builds = {cell.key: build_record(cell, plan.code, data[cell.task]) for cell in plan.cells}
     build_keys = {key: build["key"] for key, build in builds.items()}
     if is_main_process():  # in a cell trained by several processes, the main one moves folders; the others wait
@@ -66,21 +70,22 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                 left = [job.cell for job in jobs if job.cell.key not in done]
                 logger.info("[%d/%d] %s trained%s%s", len(runs.done), len(jobs), event.key,
                             f" in {seconds:.1f} s" if seconds is not None else "",
-                            time_left(time.monotonic() - training_since, took, left, plan.study))
+                            time_left(time.monotonic() - training_since, took, left, plan.study, text_sizes))
 
 
 def time_left(elapsed_s: float, took: list[tuple[StudyCell, float | None]], left: list[StudyCell],
-              study: str) -> str:
+              study: str, text_sizes: Mapping[str, float] | None = None) -> str:
     """``; about 3.2 min left for <study>``: the cells ``left``, each at what `expected_seconds` says from the
-    cells trained so far (``took``), at this build's pace (its wall time per second of cell: below one with
-    several jobs at once). With several jobs, cells still training count whole, so early lines say too much."""
+    cells trained so far (``took``) and the tasks' ``text_sizes`` (`training_text_size`), at this build's pace (its
+    wall time per second of cell: below one with several jobs at once). With several jobs, cells still training
+    count whole, so early lines say too much."""
     if not left:
         return f"; none left for {study}"
     timed = [(cell, seconds) for cell, seconds in took if seconds is not None]
     bound = False
     if timed and sum(seconds for _, seconds in timed) > 0:
         pace = elapsed_s / sum(seconds for _, seconds in timed)
-        estimates = [expected_seconds(cell, timed) for cell in left]
+        estimates = [expected_seconds(cell, timed, text_sizes) for cell in left]
         seconds = pace * sum(estimate for estimate, _ in estimates)
         bound = any(lower for _, lower in estimates)
     else:  # no cell timed (a scheduler that reports no starts): the mean cell's wall time
@@ -90,15 +95,18 @@ def time_left(elapsed_s: float, took: list[tuple[StudyCell, float | None]], left
         f"; {how} {seconds:.0f} s left for {study}"
 
 
-def expected_seconds(cell: StudyCell, timed: list[tuple[StudyCell, float]]) -> tuple[float, bool]:
+def expected_seconds(cell: StudyCell, timed: list[tuple[StudyCell, float]],
+                     text_sizes: Mapping[str, float] | None = None) -> tuple[float, bool]:
     """What ``cell`` should take, from the cells ``timed`` so far (at least one), and whether that is only a lower
     bound:
     - its setting's mean: the seeds of one setting cost alike;
     - else its tunable layers' (or method's) mean on the study's other tasks, times how this task's cells compare
       with theirs on the closest setting both have trained (the most layers up to the cell's: a longer input costs
-      more the more layers train; for methods, the settings' mean);
-    - else, on a study's first task, the costliest setting of the task so far: a grid trains fewer layers first, so
-      what is left costs at least that (a lower bound: the log line then says "at least").
+      more the more layers train; for methods, the settings' mean); on a task none of whose cells has trained, as
+      its training text compares with theirs (``text_sizes``);
+    - else, on a study's first task, a top-K cell at its task's per-layer cost so far (`_per_layer_seconds`), or at
+      least the costliest setting of the task so far: a grid trains fewer layers first (a lower bound: the log line
+      then says "at least").
     """
     def mean(values):
         return sum(values) / len(values)
@@ -120,11 +128,46 @@ def expected_seconds(cell: StudyCell, timed: list[tuple[StudyCell, float]]) -> t
         if knob in theirs:
             shared = sorted(mine.keys() & theirs.keys(), key=_layers_order)
             closest = [k for k in shared if _layers_order(k) <= _layers_order(knob)][-1:] or shared
-            scale = mean([mine[k] / theirs[k] for k in closest]) if closest else 1.0
+            scale = mean([mine[k] / theirs[k] for k in closest]) if closest else \
+                text_sizes[cell.task] / text_sizes[task] if text_sizes and text_sizes.get(task) else 1.0
             estimates.append(theirs[knob] * scale)
     if estimates:
         return mean(estimates), False
-    return (max(mine.values()), True) if mine else (mean([seconds for _, seconds in timed]), False)
+    if not mine:
+        return mean([seconds for _, seconds in timed]), False
+    if (per_layer := _per_layer_seconds(cell, timed)) is not None:
+        return max(per_layer, max(mine.values())), False
+    return max(mine.values()), True
+
+
+def training_text_size(corpus) -> int:
+    """Characters of text in ``corpus``'s training split (a tagged sentence's words joined): what an epoch of one
+    task costs against another's before any of its cells has trained, as steps grow with examples and length."""
+    return sum(len(" ".join(value)) if isinstance(value, list) else len(str(value))
+               for column in corpus.text_columns for value in corpus.train[column])
+
+
+def _top_k_layers(cell: StudyCell) -> int | None:
+    """How many layers ``cell`` trains whole (top-K, one language model), 'all' as the model's layer count; None for
+    another method, a combination, or a model whose config cannot be read."""
+    if len(cell.spec.encoders) != 1 or cell.spec.encoders[0].method.name != "top_k":
+        return None
+    if cell.tunable_layers != "all":
+        return cell.tunable_layers
+    with contextlib.suppress(Exception):
+        encoder = cell.spec.encoders[0]
+        return model_layers(encoder.model, revision=encoder.revision)
+    return None
+
+
+def _per_layer_seconds(cell: StudyCell, timed: list[tuple[StudyCell, float]]) -> float | None:
+    """``cell``'s seconds at the per-layer cost of its task's and encoder's timed top-K cells (of one layer or more):
+    a top-K cell's step costs about its number of tuned layers (the frozen ones run once, from the cache), and
+    early stopping ends most after a like number of epochs. None where nothing of the kind was timed."""
+    layers = _top_k_layers(cell)
+    rates = [seconds / k for other, seconds in timed if other.task == cell.task and other.encoder == cell.encoder
+             and (k := _top_k_layers(other))]
+    return layers * sum(rates) / len(rates) if layers and rates else None
 
 
 def _layers_order(knob: tuple) -> tuple:
