@@ -3,6 +3,7 @@
 folder is written whole as it ends, and is one MLflow run under the build's (`pipelines.tracking.StudyRuns`)."""
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -154,9 +155,14 @@ def _top_k_layers(cell: StudyCell) -> int | None:
         return None
     if cell.tunable_layers != "all":
         return cell.tunable_layers
+    return _layer_count(cell.spec.encoders[0].model, cell.spec.encoders[0].revision)
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_count(model: str, revision: str | None) -> int | None:
+    """`model_layers`, read once per model: the time-left estimate asks on every cell line."""
     with contextlib.suppress(Exception):
-        encoder = cell.spec.encoders[0]
-        return model_layers(encoder.model, revision=encoder.revision)
+        return model_layers(model, revision=revision)
     return None
 
 

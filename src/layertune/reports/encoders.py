@@ -149,10 +149,11 @@ def encoders_report(results: StudyResults) -> Report:
                                         "high": round_metric(c.high), "verdict": VERDICTS[c.verdict]}
                                  for name, c in comparisons.items()}}
     table = settings_table(found)
-    sections += ["## References and convergence\n", references.section(results, "encoder", found),
+    gaps = references.gaps_to_probe(results, found)
+    sections += ["## References and convergence\n", references.section(results, "encoder", found, gaps),
                  "## Figures\n", f"![encoders]({results.plan.name}/figures/encoders.png)\n"]
     return Report("\n".join(sections), headline(details), details, {"settings": table, "cells": results.scores,
-                                                                     **references.tables(results, found)},
+                                                                     **references.tables(results, gaps)},
                   {"encoders": encoders_figure(table)})
 
 

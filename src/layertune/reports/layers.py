@@ -218,6 +218,7 @@ def layers_report(results: StudyResults) -> Report:
     found = settings(results)
     chosen = recommendations(found, options.tolerance, options.confidence, results)
     figures = layer_figures(results, settings_table(found))
+    gaps = references.gaps_to_probe(results, found)
     markdown = "\n".join([
         f"# Layer ablation: {results.plan.name}\n",
         setup_text(results),
@@ -225,10 +226,10 @@ def layers_report(results: StudyResults) -> Report:
         *([decided_rule(results)] if results.plan.spec.decide else []),
         task_section(results, found, chosen),
         "## References and convergence\n",
-        references.section(results, "tunable layers", found),
+        references.section(results, "tunable layers", found, gaps),
         "## Figures\n",
         *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures],
     ])
     details = report_details(found, chosen, options.tolerance)
     return Report(markdown, headline(details), details, {"settings": settings_table(found), "cells": results.scores,
-                                                         **references.tables(results, found)}, figures)
+                                                         **references.tables(results, gaps)}, figures)

@@ -257,6 +257,7 @@ def methods_report(results: StudyResults) -> Report:
     found = settings(results)
     chosen = answers(results, found)
     figures = {f"score_vs_{cost}": pareto_figure(chosen, cost) for cost in COSTS}
+    gaps = references.gaps_to_probe(results, found)
     markdown = "\n".join([
         f"# Tuning methods: {results.plan.name}\n",
         setup_text(results),
@@ -264,7 +265,7 @@ def methods_report(results: StudyResults) -> Report:
         *([decided_rule(results)] if results.plan.spec.decide else []),
         task_sections(results, chosen),
         "## References and convergence\n",
-        references.section(results, "method", found),
+        references.section(results, "method", found, gaps),
         "## Figures\n",
         *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures],
     ])
@@ -275,4 +276,4 @@ def methods_report(results: StudyResults) -> Report:
                            "train_time_s": r.train_time_s, "peak_memory_mb": r.peak_memory_mb,
                            "within_tolerance": r.comparison.verdict} for a in chosen for r in a.rows])
     return Report(markdown, headline(details), details, {"methods": table, "cells": results.scores,
-                                                         **references.tables(results, found)}, figures)
+                                                         **references.tables(results, gaps)}, figures)

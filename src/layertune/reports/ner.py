@@ -117,10 +117,11 @@ def ner_report(results: StudyResults) -> Report:
             sections += [f"Mean absolute change from the starting weights ({encoder}; frozen tensors stay at 0):\n",
                          markdown_table(["tunable layers", *drift.columns],
                                         [[k, *[f"{v:.2e}" for v in row]] for k, row in drift.iterrows()])]
-    sections += ["## References and convergence\n", references.section(results, "tunable layers", found)]
+    gaps = references.gaps_to_probe(results, found)
+    sections += ["## References and convergence\n", references.section(results, "tunable layers", found, gaps)]
     figures = layer_figures(results, settings_table(found))
     sections += ["## Figures\n", *[f"![{name}]({results.plan.name}/figures/{name}.png)\n" for name in figures]]
     metrics = headline({task: {e: entry for e, entry in encoders.items() if e != "baselines"}
                         for task, encoders in details.items()})
     return Report("\n".join(sections), metrics, details, {"settings": settings_table(found), "cells": results.scores,
-                                                         **references.tables(results, found)}, figures)
+                                                         **references.tables(results, gaps)}, figures)

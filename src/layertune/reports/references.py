@@ -76,12 +76,11 @@ def _full_fine_tuning(spec) -> bool:
         spec.encoders[0].method.name == "top_k"
 
 
-def section(results: StudyResults, setting_header: str, settings: Sequence) -> str:
+def section(results: StudyResults, setting_header: str, settings: Sequence, gaps: dict[tuple, GapToProbe]) -> str:
     """Per task: the references beside the settings' means (``settings``: the report's `Setting` objects), the
-    head-only check against each probe, then how the cells' training ended."""
+    head-only check against each probe (``gaps``: `gaps_to_probe`'s), then how the cells' training ended."""
     references, convergence = references_table(results), convergence_table(results)
     layers = {cell.setting: cell.tunable_layers for cell in results.plan.cells}
-    gaps = gaps_to_probe(results, settings)
     validation = _validation_at_best_epoch(results)
     lines = []
     for task in results.plan.spec.tasks:
@@ -275,7 +274,7 @@ def _capped_text(cells: pd.DataFrame) -> str:
         return ", ".join(f"{r.key} (best {r.best_epoch} of {r.epochs_trained})" for r in group.itertuples())
 
     text = ""
-    if (done := capped[whole & ~improving]).size:
+    if len(done := capped[whole & ~improving]):
         text += ("\nRan their whole schedule by design (no patience, or one as long as the maximum; the rate decays to "
                  f"zero and the best epoch is kept): {named(done)}.\n")
     if len(short):
@@ -284,11 +283,11 @@ def _capped_text(cells: pd.DataFrame) -> str:
     return text
 
 
-def tables(results: StudyResults, settings: Sequence) -> dict[str, pd.DataFrame]:
+def tables(results: StudyResults, gaps: dict[tuple, GapToProbe]) -> dict[str, pd.DataFrame]:
     """The report's tables of this module: ``references.csv`` (empty where none were computed; a probe's row with
-    its head alone's paired gap, where there is one) and ``convergence.csv``."""
+    its head alone's paired gap, from ``gaps``, where there is one) and ``convergence.csv``."""
     references = references_table(results)
-    gaps = {(task, encoder): gap for (task, encoder, _), gap in gaps_to_probe(results, settings).items()}
+    gaps = {(task, encoder): gap for (task, encoder, _), gap in gaps.items()}
     mine = [gaps.get((r.task, r.encoder)) if r.kind == "linear_probe" else None for r in references.itertuples()]
     for column, part in (("head_minus_probe", "difference"), ("head_minus_probe_low", "low"),
                          ("head_minus_probe_high", "high")):
