@@ -36,6 +36,7 @@ SPEC_TAG = "layertune.spec"  # digest of the cell's spec
 BUILD_KEY_TAG = "layertune.build_key"  # the cell folder's build key (`pipelines.trained_cells`): which folder it logs
 SUPERSEDED_TAG = "layertune.superseded_by"  # a FINISHED run whose cell was trained again: the run that did
 LOGGED_FROM_TAG = "layertune.logged_from"  # a run created by `sync` from a folder MLflow had not seen
+COPIED_FROM_TAG = "layertune.copied_from"  # a cell copied from another study's folder of the same build: which
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 # The kind of experiment the MLflow UI (3.x) shows: a model-training experiment opens on its runs table. Without it
 # the UI guesses, and opens ours on its GenAI overview page.
@@ -148,13 +149,14 @@ class SavedCell:
     history: list
     run_info: dict
     build_key: str | None  # what `pipelines.trained_cells` recorded with it (None: a folder written elsewhere)
+    copied_from: str | None = None  # ``<study>/<cell>``: the folder it was copied from, not trained (`copy_built`)
 
     @classmethod
     def read(cls, folder: str | Path) -> SavedCell:
         """The folder's files; a `ValueError` naming the file and what is wrong with it (a missing one is an
         `OSError` naming it)."""
         from layertune.specs import CellSpec
-        from pipelines.trained_cells import recorded_build_key
+        from pipelines.trained_cells import read_record
 
         folder = Path(folder).resolve()
 
@@ -173,13 +175,15 @@ class SavedCell:
         except ValidationError as error:
             raise ValueError(f"cell.json is not a cell's spec ({error.error_count()} error(s), the first: "
                              f"{error.errors()[0]['msg']})") from None
+        record = read_record(folder) or {}
         return cls(folder, spec, read_json("metrics.json"), read_json("history.json"), read_json("run_info.json", {}),
-                   recorded_build_key(folder))
+                   record.get("key"), record.get("copied_from"))
 
     def tags(self) -> dict[str, str]:
         from pipelines.trained_cells import spec_digest
 
-        return {SPEC_TAG: spec_digest(self.spec), **({BUILD_KEY_TAG: self.build_key} if self.build_key else {})}
+        return {SPEC_TAG: spec_digest(self.spec), **({BUILD_KEY_TAG: self.build_key} if self.build_key else {}),
+                **({COPIED_FROM_TAG: self.copied_from} if self.copied_from else {})}
 
 
 def log_cell(client, run, saved: SavedCell) -> None:
@@ -264,6 +268,17 @@ class StudyRuns:
         if key not in self.open:
             self.started(key, start_time)
         self.open.pop(key).finish(SavedCell.read(self.cells[key].path))
+
+    def copied(self, key: str) -> None:
+        """Cell ``key``'s folder was copied from another study's (`TrainedCells.copy_built`): a run of this build,
+        as a trained cell's, FINISHED at once (its tags name the source)."""
+        if not self.enabled:
+            return
+        cell = self.planned[key]
+        with signals_deferred():
+            run = CellRun.start(self.store, key, cell_params(cell), tags=self._tags(cell),
+                                datasets=self._inputs(cell.task))
+        run.finish(SavedCell.read(self.cells[key].path))
 
     def __exit__(self, kind, error, traceback) -> None:
         if not self.enabled:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from layertune.cell import CellFolder, TrainedCell
 from layertune.io import (DiskFull, atomic_directory, disk_full, file_digest, file_digests, free_bytes, in_bytes,
-                          remove_stale_partials)
+                          remove_stale_partials, write_json)
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,45 @@ class TrainedCells(Mapping):
                 self._set_aside(folder, key, why)
         return False
 
+    def built_elsewhere(self) -> dict[str, Path]:
+        """The cells the project's other studies have built, ``{build key: folder}``: the study folders beside this
+        one (the catalog keeps every study's below one folder), as their build records name them. Read from the
+        records alone; `copy_built` proves a folder before it takes it."""
+        found: dict[str, Path] = {}
+        studies = sorted(folder for folder in self.path.parent.iterdir()
+                         if folder != self.path and not folder.name.startswith(".") and not folder.is_symlink()
+                         and folder.is_dir()) if self.path.parent.is_dir() else []
+        for study in studies:
+            for folder in sorted(study.iterdir()):
+                if not folder.name.startswith(".") and not folder.is_symlink() and (record := read_record(folder)):
+                    found.setdefault(record["key"], folder)
+        return found
+
     # -- writing
+
+    def copy_built(self, key: str, build: dict, source: Path) -> bool:
+        """Cell ``key`` built by copying ``source``, another study's folder of the same build (``build``, this
+        cell's record, has its key: the same spec, models, code and data, so the same weights and predictions as
+        training it here); whether it did. The copy takes the recorded files only, and its place in one atomic step
+        once it proves the build; a source that does not prove it is left as it is, and the cell trains."""
+        if (problem := proof_problem(source, build["key"])) is not None:
+            logger.warning("cell %s is trained, not copied from %s: %s", key, source, problem)
+            return False
+        record = read_record(source)
+        try:
+            with _disk_full_said(self.path / key, lambda: _folder_bytes(source)), \
+                    atomic_directory(self.path / key) as staging:
+                for name in record["files"]:  # a folder's other files are not the build's (`_unrecorded`)
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source / name, staging / name, follow_symlinks=False)
+                write_json(staging / BUILD_FILE, {**record, "cell": key,
+                                                  "copied_from": f"{source.parent.name}/{source.name}"})
+                if (problem := proof_problem(staging, build["key"])) is not None:  # changed while it was copied
+                    raise _NotCopied(problem)
+        except _NotCopied as error:
+            logger.warning("cell %s is trained, not copied from %s: %s", key, source, error)
+            return False
+        return True
 
     def write(self, key: str, trained: TrainedCell, build: dict) -> Path:
         """Cell ``key``'s folder, its build record (``build`` and every other file's digest) written last, replacing
@@ -245,6 +283,10 @@ def _unrecorded(folder: Path, files: set[str]) -> list[Path]:
     return sorted(found)
 
 
+class _NotCopied(Exception):
+    """A copy that did not prove its build (its source changed meanwhile): nothing of it is kept."""
+
+
 class CellDiskFull(DiskFull):
     """No room for a cell's folder (nothing of it was written). Pickled as any OSError: a worker sends it on."""
 
@@ -263,6 +305,11 @@ def _disk_full_said(folder: Path, needed) -> Iterator[None]:
                                          f"up to {in_bytes(needed())} and {in_bytes(free_bytes(folder))} are free. "
                                          "Free space there; every cell built so far is kept, and the next build trains "
                                          "only the rest") from error
+
+
+def _folder_bytes(folder: Path) -> int:
+    """The bytes of the files below ``folder``."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file() and not path.is_symlink())
 
 
 def _state_bytes(model) -> int:

@@ -22,7 +22,9 @@ PARAMS = {
                       per_tunable_layers={0: {"head_learning_rate": 3.0e-3}}),
         "combo": study("encoders", ["sst2"], {"a": "models/tiny-a", "b": "models/tiny-b",
                                               "dme": {"combine": "dme", "members": ["a", "b"]}}, [1], [1]),
-        "tuning": {**study("methods", ["sst2"], {"tiny": "models/tiny-a"}, None, [1, 2]), "tunable_layers": None,
+        # its top_k-0 cells are the layers study's 0-layer cells (the same spec, models, code and data): copied
+        "tuning": {**study("methods", ["sst2"], {"tiny": "models/tiny-a"}, None, [1, 2], encoder={"pooling": "mean"}),
+                   "tunable_layers": None,
                    "methods": {"top_k-0": {"tunable_layers": 0}, "top_k-all": {"tunable_layers": "all"},
                                "lora-top1": {"method": {"name": "lora", "r": 2}, "tunable_layers": 1,
                                              "learning_rate": 3.0e-3},
@@ -86,7 +88,9 @@ def test_one_finished_mlflow_run_per_cell_under_the_builds_with_params_history_a
         experiment = client.get_experiment_by_name(f"layertune-{name}")
         runs = {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
         [build] = [run for run_name, run in runs.items() if run_name.startswith("build ")]
-        assert build.info.status == "FINISHED" and build.data.params["cells"] == str(len(plan.cells))
+        copied = {cell.key: f"layers/sst2-tiny-0-{cell.seed}" for cell in plan.cells if cell.method == "top_k-0"}
+        assert build.info.status == "FINISHED" and build.data.params["cells"] == str(len(plan.cells) - len(copied))
+        assert build.data.params.get("copied") == (str(len(copied)) if copied else None)
         runs = {run_name: run for run_name, run in runs.items() if run is not build}
         assert set(runs) == {cell.key for cell in plan.cells}
         for cell in plan.cells:
@@ -103,6 +107,25 @@ def test_one_finished_mlflow_run_per_cell_under_the_builds_with_params_history_a
             assert (project / run.data.tags["model_path"] / "config.json").is_file()
             assert run.data.tags["dvc_stage"] == f"train@{name}"
             assert run.data.tags["mlflow.parentRunId"] == build.info.run_id
+            assert run.data.tags.get("layertune.copied_from") == copied.get(cell.key)
+
+
+@reads_the_build
+def test_a_cell_another_study_built_is_copied_not_trained_and_holds_its_sources_results(built):
+    """The methods study's top_k-0 cells are the layers study's 0-layer cells: copied from their folders (the train
+    stage trained only the others: its MLflow build says so), they hold their sources' weights and predictions."""
+    project, plans = built
+    models = project / "data" / "04_models"
+    for cell in plans["tuning"].cells:
+        record = json.loads((models / cell.path / "build.json").read_text())
+        if cell.method != "top_k-0":
+            assert "copied_from" not in record
+            continue
+        source = models / record["copied_from"]
+        assert record["copied_from"] == f"layers/sst2-tiny-0-{cell.seed}" and record["cell"] == cell.key
+        assert record["key"] == json.loads((source / "build.json").read_text())["key"]
+        for name in ("predictions.json", "metrics.json", "model/model.safetensors"):
+            assert (models / cell.path / name).read_bytes() == (source / name).read_bytes()
 
 
 @reads_the_build

@@ -200,6 +200,55 @@ def test_a_folder_no_build_wrote_is_set_aside_never_followed_or_deleted(tmp_path
     assert ("it is a link" if "link" in kind else f"no readable {BUILD_FILE}") in caplog.text
 
 
+def other_study(tmp_path, name: str = "t") -> TrainedCells:
+    """Another study of the same project: its folders beside `cells`'s."""
+    return TrainedCells(tmp_path / "models" / name, tmp_path / "models" / ".retired" / name)
+
+
+def test_a_cell_another_study_built_is_copied_whole_under_its_own_name_and_the_source_is_untouched(tmp_path):
+    """The default methods study's top-K cells are the ablation's SST-2 cells (the same spec, models, code and data):
+    a study finds them built beside it and copies them instead of training them again."""
+    donor, study = other_study(tmp_path), cells(tmp_path)
+    source_key, build = write(donor, 1)
+    (donor.path / source_key / "notes.txt").write_text("mine")  # not the build's: not copied
+    before = {path: path.read_bytes() for path in (donor.path / source_key).rglob("*") if path.is_file()}
+    found = study.built_elsewhere()
+    assert found == {build["key"]: donor.path / source_key}
+    assert study.copy_built("methods-top_k-0-1", build, found[build["key"]])
+    copied = study.path / "methods-top_k-0-1"
+    assert study.is_built("methods-top_k-0-1", build["key"])
+    record = json.loads((copied / BUILD_FILE).read_text())
+    assert record["cell"] == "methods-top_k-0-1" and record["copied_from"] == f"t/{source_key}"
+    assert not (copied / "notes.txt").exists() and (copied / "model" / "model.safetensors").read_bytes() == WEIGHTS
+    assert {path: path.read_bytes() for path in (donor.path / source_key).rglob("*") if path.is_file()} == before
+    assert study.settle("methods-top_k-0-1", build["key"])  # a later build finds it built, in place
+
+
+def test_a_cell_is_not_copied_from_a_folder_that_does_not_prove_its_build_and_nothing_is_written(tmp_path, caplog):
+    donor, study = other_study(tmp_path), cells(tmp_path)
+    source_key, build = write(donor, 1)
+    (donor.path / source_key / "model" / "model.safetensors").write_bytes(WEIGHTS[::-1])  # changed by hand
+    with caplog.at_level(logging.WARNING):
+        assert not study.copy_built("methods-top_k-0-1", build, study.built_elsewhere()[build["key"]])
+        assert not study.copy_built("methods-top_k-0-2", {**build, "key": "another build"}, donor.path / source_key)
+    assert not study.path.exists() or not list(study.path.iterdir())
+    assert "cell methods-top_k-0-1 is trained, not copied" in caplog.text and "its digest differs" in caplog.text
+    assert (donor.path / source_key / "model" / "model.safetensors").read_bytes() == WEIGHTS[::-1]
+
+
+def test_only_other_studies_folders_are_looked_at_never_through_a_link(tmp_path):
+    study, donor = cells(tmp_path), other_study(tmp_path)
+    own_key, own = write(study, 1)  # its own cells are `settle`'s
+    donor_key, build = write(donor, 2)
+    elsewhere = tmp_path / "elsewhere"
+    linked_key, linked = write(TrainedCells(elsewhere / "x", elsewhere / ".retired"), 3)
+    (tmp_path / "models" / "linked-study").symlink_to(elsewhere / "x")
+    (donor.path / "linked-cell").symlink_to(elsewhere / "x" / linked_key)
+    write(TrainedCells(tmp_path / "models" / ".retired" / "u", tmp_path / "r"), 4)  # retired: not another study
+    assert study.built_elsewhere() == {build["key"]: donor.path / donor_key}
+    assert own["key"] not in study.built_elsewhere() and linked["key"] not in study.built_elsewhere()
+
+
 def test_a_packed_cell_is_received_whole_once_it_proves_its_build(tmp_path):
     node = cells(tmp_path / "node")
     key, build = write(node, 1)

@@ -35,9 +35,12 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
     text_sizes = {task: training_text_size(scheduling.loaded(corpora[task])) for task in tasks}
     builds = {cell.key: build_record(cell, plan.code, data[cell.task]) for cell in plan.cells}
     build_keys = {key: build["key"] for key, build in builds.items()}
+    copied: set[str] = set()  # cells another study has built, copied here (by the main process)
     if is_main_process():  # in a cell trained by several processes, the main one moves folders; the others wait
         cells.set_aside(builds)
         built = {cell.key for cell in plan.cells if cells.settle(cell.key, build_keys[cell.key], build_keys)}
+        copied = copied_from_other_studies([cell for cell in plan.cells if cell.key not in built], builds, cells)
+        built |= copied
     if launched():
         state().wait_for_everyone()
     if not is_main_process():
@@ -51,8 +54,11 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
     started: dict[str, float] = {}
     with terminated_as_interrupt(), tracking.StudyRuns(plan.study, cells, planned, prepared, build_keys,
                                                         enabled=is_main_process()) as runs:
-        if jobs:
-            runs.open_build({"cells": len(jobs), "where": scheduler.description})
+        if jobs or copied:
+            runs.open_build({"cells": len(jobs), "where": scheduler.description,
+                             **({"copied": len(copied)} if copied else {})})
+        for key in sorted(copied):
+            runs.copied(key)
         training_since = time.monotonic()
         took: list[tuple[StudyCell, float | None]] = []  # each cell trained in this build, and its seconds
         with contextlib.closing(scheduler.cells(jobs)) as events:
@@ -72,6 +78,20 @@ def train_cells(plan: TrainPlan, corpora: dict[str, SavedCorpus], cache_root: Pa
                 logger.info("[%d/%d] %s trained%s%s", len(runs.done), len(jobs), event.key,
                             f" in {seconds:.1f} s" if seconds is not None else "",
                             time_left(time.monotonic() - training_since, took, left, plan.study, text_sizes))
+
+
+def copied_from_other_studies(cells_to_build: list[StudyCell], builds: Mapping[str, dict],
+                               cells: TrainedCells) -> set[str]:
+    """The cells of ``cells_to_build`` that another study of the project has built (the same build key: spec,
+    models, code and data), copied from its folder rather than trained again: the default methods study's top-K
+    cells are the ablation's SST-2 cells. Returns their keys."""
+    elsewhere = cells.built_elsewhere()
+    copied = {cell.key for cell in cells_to_build if (source := elsewhere.get(builds[cell.key]["key"]))
+              and cells.copy_built(cell.key, builds[cell.key], source)}
+    if copied:
+        logger.info("%d cell(s) copied from another study's folder, the same build: %s", len(copied),
+                    ", ".join(f"{key} ({elsewhere[builds[key]['key']].parent.name})" for key in sorted(copied)))
+    return copied
 
 
 def time_left(elapsed_s: float, took: list[tuple[StudyCell, float | None]], left: list[StudyCell],
