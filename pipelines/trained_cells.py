@@ -76,6 +76,8 @@ def proof_problem(folder: Path, build_key: str | None = None) -> str | None:
         return f"its {BUILD_FILE} lists no files (written before layertune recorded them)"
     for name, digest in files.items():
         path = folder / name
+        if (why := _not_inside(folder, name)) is not None:
+            return why
         if path.is_symlink() or not path.is_file():
             return f"{name} is missing"
         if file_digest(path) != digest:
@@ -265,6 +267,18 @@ def _not_an_older_build(folder: Path, key: str, planned: Mapping[str, str]) -> s
     record = read_record(folder)
     owner = record.get("cell") or next((cell for cell, build in planned.items() if build == record["key"]), key)
     return None if owner == key else f"it holds the build of cell {owner}, not of {key}"
+
+
+def _not_inside(folder: Path, name: str) -> str | None:
+    """None if the recorded file ``name`` is a plain path below ``folder``, through no link; else why not (a record
+    written by hand could name a file anywhere: its proof, or a copy of it, must never read or write there)."""
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        return f"its {BUILD_FILE} names {name!r}, not a path inside the folder"
+    for parent in list(reversed(relative.parents))[1:]:  # the folders on the way, below ``folder``
+        if (folder / parent).is_symlink():
+            return f"{parent} is a link, not a folder (a cell folder is never followed out of itself)"
+    return None
 
 
 def _unrecorded(folder: Path, files: set[str]) -> list[Path]:

@@ -249,6 +249,39 @@ def test_only_other_studies_folders_are_looked_at_never_through_a_link(tmp_path)
     assert own["key"] not in study.built_elsewhere() and linked["key"] not in study.built_elsewhere()
 
 
+@pytest.mark.parametrize("how", ["a path out of the folder", "an absolute path", "through a linked folder"])
+def test_a_record_naming_files_outside_its_folder_proves_nothing_and_nothing_is_read_or_written_there(tmp_path, how,
+                                                                                                 caplog):
+    """A build record written by hand could name any file, with its digest: its folder proves no build, and a study
+    that finds it beside it copies nothing from there, nor to there."""
+    from layertune.io import file_digest
+
+    donor, study = other_study(tmp_path), cells(tmp_path)
+    key, build = write(donor, 1)
+    folder = donor.path / key
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a cell's")
+    record = json.loads((folder / BUILD_FILE).read_text())
+    if how == "through a linked folder":
+        shutil.rmtree(folder / "model")
+        (tmp_path / "elsewhere").mkdir()
+        shutil.copy(secret, tmp_path / "elsewhere" / "model.safetensors")
+        (folder / "model").symlink_to(tmp_path / "elsewhere")
+        record["files"].pop("model/config.json")
+        record["files"]["model/model.safetensors"] = file_digest(secret)
+    else:
+        name = os.path.relpath(secret, study.path / key) if how == "a path out of the folder" else str(secret)
+        record["files"][name] = file_digest(secret)
+    (folder / BUILD_FILE).write_text(json.dumps(record))
+    with caplog.at_level(logging.WARNING):
+        assert not study.copy_built("methods-top_k-0-1", build, folder)
+    assert "not a path inside the folder" in caplog.text or "is a link, not a folder" in caplog.text
+    assert not donor.is_built(key, build["key"])
+    assert not study.path.exists() or not list(study.path.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["models", "secret.txt"] +
+                                                                (["elsewhere"] if "link" in how else []))
+
+
 def test_a_packed_cell_is_received_whole_once_it_proves_its_build(tmp_path):
     node = cells(tmp_path / "node")
     key, build = write(node, 1)
