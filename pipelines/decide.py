@@ -128,14 +128,17 @@ def decide(studies: Sequence[str], budget_minutes: float | None, build: Callable
 
 
 def built_cells(studies: Sequence[str]) -> dict[str, str | None]:
-    """``{<study>/<cell>: its build key}`` for every cell folder of ``studies``."""
+    """``{<study>/<cell>: its build key}`` for every cell folder of ``studies`` that a build trained (a cell copied
+    from another study's folder cost no training: `TrainedCells.copy_built`)."""
     from pipelines.catalog import catalog_path
-    from pipelines.trained_cells import TrainedCells, recorded_build_key
+    from pipelines.trained_cells import TrainedCells, read_record
 
     found = {}
     for study in studies:
         cells = TrainedCells(catalog_path("study_cells", study), catalog_path("study_cells", study, key="retired"))
-        found |= {f"{study}/{key}": recorded_build_key(cells[key].path) for key in cells}
+        records = {key: read_record(cells[key].path) or {} for key in cells}
+        found |= {f"{study}/{key}": record.get("key") for key, record in records.items()
+                  if not record.get("copied_from")}
     return found
 
 

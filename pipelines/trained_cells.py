@@ -138,42 +138,50 @@ class TrainedCells(Mapping):
                 self._set_aside(folder, key, why)
         return False
 
-    def built_elsewhere(self) -> dict[str, Path]:
-        """The cells the project's other studies have built, ``{build key: folder}``: the study folders beside this
-        one (the catalog keeps every study's below one folder), as their build records name them. Read from the
-        records alone; `copy_built` proves a folder before it takes it."""
-        found: dict[str, Path] = {}
+    def built_elsewhere(self) -> dict[str, list[Path]]:
+        """The cells the project's other studies have built, ``{build key: [folder, ...]}``: the study folders beside
+        this one (the catalog keeps every study's below one folder), as their build records name them. Read from
+        the records alone; `copy_built` proves a folder before it takes it."""
+        found: dict[str, list[Path]] = {}
         studies = sorted(folder for folder in self.path.parent.iterdir()
                          if folder != self.path and not folder.name.startswith(".") and not folder.is_symlink()
                          and folder.is_dir()) if self.path.parent.is_dir() else []
         for study in studies:
             for folder in sorted(study.iterdir()):
                 if not folder.name.startswith(".") and not folder.is_symlink() and (record := read_record(folder)):
-                    found.setdefault(record["key"], folder)
+                    found.setdefault(record["key"], []).append(folder)
         return found
 
     # -- writing
 
     def copy_built(self, key: str, build: dict, source: Path) -> bool:
         """Cell ``key`` built by copying ``source``, another study's folder of the same build (``build``, this
-        cell's record, has its key: the same spec, models, code and data, so the same weights and predictions as
-        training it here); whether it did. The copy takes the recorded files only, and its place in one atomic step
-        once it proves the build; a source that does not prove it is left as it is, and the cell trains."""
-        if (problem := proof_problem(source, build["key"])) is not None:
-            logger.warning("cell %s is trained, not copied from %s: %s", key, source, problem)
-            return False
-        record = read_record(source)
+        cell's record: the same spec, models, code and data, so the cell that training it here gives, on the
+        machine that trained it); whether it did. The copy takes the recorded files only, and its place in one
+        atomic step once it proves the build; a source that does not prove it, or that cannot be read whole, is
+        left as it is, and the cell trains."""
+        record = read_record(source) or {}
+        if any(record.get(part) != build[part] for part in ("spec", "models", "code", "data")):
+            problem = "its build record names another build"
+        else:
+            problem = proof_problem(source, build["key"])
         try:
+            if problem is not None:
+                raise _NotCopied(problem)
             with _disk_full_said(self.path / key, lambda: _folder_bytes(source)), \
                     atomic_directory(self.path / key) as staging:
                 for name in record["files"]:  # a folder's other files are not the build's (`_unrecorded`)
+                    if not (source / name).resolve().is_relative_to(source.resolve()):  # a link swapped in since
+                        raise _NotCopied(f"{name} now leads out of the folder")
                     (staging / name).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(source / name, staging / name, follow_symlinks=False)
                 write_json(staging / BUILD_FILE, {**record, "cell": key,
                                                   "copied_from": f"{source.parent.name}/{source.name}"})
                 if (problem := proof_problem(staging, build["key"])) is not None:  # changed while it was copied
                     raise _NotCopied(problem)
-        except _NotCopied as error:
+        except CellDiskFull:
+            raise  # as for a trained cell: free space, and build again
+        except (_NotCopied, OSError) as error:  # OSError: the source moved or became unreadable meanwhile
             logger.warning("cell %s is trained, not copied from %s: %s", key, source, error)
             return False
         return True

@@ -326,3 +326,21 @@ def test_a_budget_that_is_not_a_positive_number_of_minutes_is_refused(tmp_path, 
     parser = argparse.ArgumentParser()
     assert configure(parser)(parser.parse_args(["--decide", "--budget", budget])) == 2
     assert f"--budget is minutes, a positive number; got {float(budget):g}" in capsys.readouterr().err
+
+
+def test_the_cells_a_build_trained_leave_out_those_copied_from_another_study(tmp_path, monkeypatch):
+    """The budget costs a round by the wall time of the cells the last build trained: a cell copied from another
+    study's folder (`TrainedCells.copy_built`, under a second) is not one of them."""
+    from pipelines import decide
+    from pipelines.trained_cells import TrainedCells
+    from tests.test_trained_cells import cell, write
+
+    (tmp_path / "conf").symlink_to(Path(__file__).resolve().parents[1] / "conf")
+    monkeypatch.chdir(tmp_path)
+    models = tmp_path / "data" / "04_models"
+    ablation, methods = (TrainedCells(models / name, models / ".retired" / name) for name in ("ablation", "methods"))
+    trained, build = write(ablation, 1)
+    assert methods.copy_built("sst2-tiny-top_k-0-1", build, ablation.path / trained)
+    own, own_build = write(methods, 2)
+    assert decide.built_cells(["ablation", "methods"]) == {f"ablation/{trained}": build["key"],
+                                                           f"methods/{own}": own_build["key"]}

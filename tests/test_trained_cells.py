@@ -213,8 +213,8 @@ def test_a_cell_another_study_built_is_copied_whole_under_its_own_name_and_the_s
     (donor.path / source_key / "notes.txt").write_text("mine")  # not the build's: not copied
     before = {path: path.read_bytes() for path in (donor.path / source_key).rglob("*") if path.is_file()}
     found = study.built_elsewhere()
-    assert found == {build["key"]: donor.path / source_key}
-    assert study.copy_built("methods-top_k-0-1", build, found[build["key"]])
+    assert found == {build["key"]: [donor.path / source_key]}
+    assert study.copy_built("methods-top_k-0-1", build, donor.path / source_key)
     copied = study.path / "methods-top_k-0-1"
     assert study.is_built("methods-top_k-0-1", build["key"])
     record = json.loads((copied / BUILD_FILE).read_text())
@@ -229,11 +229,56 @@ def test_a_cell_is_not_copied_from_a_folder_that_does_not_prove_its_build_and_no
     source_key, build = write(donor, 1)
     (donor.path / source_key / "model" / "model.safetensors").write_bytes(WEIGHTS[::-1])  # changed by hand
     with caplog.at_level(logging.WARNING):
-        assert not study.copy_built("methods-top_k-0-1", build, study.built_elsewhere()[build["key"]])
-        assert not study.copy_built("methods-top_k-0-2", {**build, "key": "another build"}, donor.path / source_key)
+        assert not study.copy_built("methods-top_k-0-1", build, donor.path / source_key)
     assert not study.path.exists() or not list(study.path.iterdir())
     assert "cell methods-top_k-0-1 is trained, not copied" in caplog.text and "its digest differs" in caplog.text
     assert (donor.path / source_key / "model" / "model.safetensors").read_bytes() == WEIGHTS[::-1]
+
+
+def test_a_folder_whose_record_was_given_another_cells_key_is_not_copied_as_that_cell(tmp_path, caplog):
+    """Seed 2's folder with seed 1's build key written into its record (by hand) proves that key by its files and its
+    own spec: what the record says the build is made of is another build, and it is not copied as seed 1's cell."""
+    donor, study = other_study(tmp_path), cells(tmp_path)
+    wanted = build_record(cell(1), code="code", data="data")
+    key, _ = write(donor, 2)
+    record = json.loads((donor.path / key / BUILD_FILE).read_text())
+    (donor.path / key / BUILD_FILE).write_text(json.dumps({**record, "key": wanted["key"]}))
+    with caplog.at_level(logging.WARNING):
+        assert not study.copy_built(cell(1).key, wanted, donor.path / key)
+    assert "its build record names another build" in caplog.text and not study.is_built(cell(1).key, wanted["key"])
+
+
+@pytest.mark.parametrize("meanwhile", ["changed", "removed"])
+def test_a_source_changed_or_removed_while_it_is_copied_leaves_nothing_and_the_cell_trains(tmp_path, monkeypatch,
+                                                                                           caplog, meanwhile):
+    donor, study = other_study(tmp_path), cells(tmp_path)
+    key, build = write(donor, 1)
+    weights = donor.path / key / "model" / "model.safetensors"
+    copyfile = shutil.copyfile
+
+    def racing(source, target, **kwargs):
+        if Path(source) == weights:  # after the source proved its build, before this file is copied
+            weights.write_bytes(WEIGHTS[::-1]) if meanwhile == "changed" else weights.unlink()
+        return copyfile(source, target, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", racing)
+    with caplog.at_level(logging.WARNING):
+        assert not study.copy_built("methods-top_k-0-1", build, donor.path / key)
+    assert not study.path.exists() or not list(study.path.iterdir())  # no folder, no staging left
+    assert "is trained, not copied" in caplog.text
+    assert ("its digest differs" if meanwhile == "changed" else "No such file") in caplog.text
+
+
+def test_the_cell_is_copied_from_the_first_study_whose_folder_proves_the_build(tmp_path):
+    from pipelines.train.nodes import copied_from_other_studies
+
+    study, damaged, intact = cells(tmp_path), other_study(tmp_path, "a"), other_study(tmp_path, "b")
+    (key, build), _ = write(damaged, 1), write(intact, 1)
+    (damaged.path / key / "metrics.json").write_text("{}")
+    assert study.built_elsewhere() == {build["key"]: [damaged.path / key, intact.path / key]}
+    assert copied_from_other_studies([cell(1), cell(2)], {key: build, cell(2).key: build_record(cell(2), "c", "d")},
+                                     study) == {key}
+    assert json.loads((study.path / key / BUILD_FILE).read_text())["copied_from"] == f"b/{key}"
 
 
 def test_only_other_studies_folders_are_looked_at_never_through_a_link(tmp_path):
@@ -245,7 +290,7 @@ def test_only_other_studies_folders_are_looked_at_never_through_a_link(tmp_path)
     (tmp_path / "models" / "linked-study").symlink_to(elsewhere / "x")
     (donor.path / "linked-cell").symlink_to(elsewhere / "x" / linked_key)
     write(TrainedCells(tmp_path / "models" / ".retired" / "u", tmp_path / "r"), 4)  # retired: not another study
-    assert study.built_elsewhere() == {build["key"]: donor.path / donor_key}
+    assert study.built_elsewhere() == {build["key"]: [donor.path / donor_key]}
     assert own["key"] not in study.built_elsewhere() and linked["key"] not in study.built_elsewhere()
 
 

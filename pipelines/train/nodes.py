@@ -86,12 +86,16 @@ def copied_from_other_studies(cells_to_build: list[StudyCell], builds: Mapping[s
     models, code and data), copied from its folder rather than trained again: the default methods study's top-K
     cells are the ablation's SST-2 cells. Returns their keys."""
     elsewhere = cells.built_elsewhere()
-    copied = {cell.key for cell in cells_to_build if (source := elsewhere.get(builds[cell.key]["key"]))
-              and cells.copy_built(cell.key, builds[cell.key], source)}
+    copied: dict[str, Path] = {}  # cell key -> the folder it was copied from
+    for cell in cells_to_build:
+        build = builds[cell.key]
+        if source := next((folder for folder in elsewhere.get(build["key"], [])
+                           if cells.copy_built(cell.key, build, folder)), None):
+            copied[cell.key] = source
     if copied:
         logger.info("%d cell(s) copied from another study's folder, the same build: %s", len(copied),
-                    ", ".join(f"{key} ({elsewhere[builds[key]['key']].parent.name})" for key in sorted(copied)))
-    return copied
+                    ", ".join(f"{key} ({source.parent.name})" for key, source in sorted(copied.items())))
+    return set(copied)
 
 
 def time_left(elapsed_s: float, took: list[tuple[StudyCell, float | None]], left: list[StudyCell],
