@@ -161,12 +161,10 @@ class TrainedCells(Mapping):
         atomic step once it proves the build; a source that does not prove it, or that cannot be read whole, is
         left as it is, and the cell trains."""
         record = read_record(source) or {}
-        if any(record.get(part) != build[part] for part in ("spec", "models", "code", "data")):
-            problem = "its build record names another build"
-        else:
-            problem = proof_problem(source, build["key"])
         try:
-            if problem is not None:
+            if any(record.get(part) != build[part] for part in ("spec", "models", "code", "data")):
+                raise _NotCopied("its build record names another build")
+            if (problem := proof_problem(source, build["key"])) is not None:
                 raise _NotCopied(problem)
             with _disk_full_said(self.path / key, lambda: _folder_bytes(source)), \
                     atomic_directory(self.path / key) as staging:
@@ -306,7 +304,8 @@ def _unrecorded(folder: Path, files: set[str]) -> list[Path]:
 
 
 class _NotCopied(Exception):
-    """A copy that did not prove its build (its source changed meanwhile): nothing of it is kept."""
+    """A source not copied: it is another build's, does not prove its build, or changed while it was copied
+    (nothing of the copy is kept)."""
 
 
 class CellDiskFull(DiskFull):
@@ -330,8 +329,8 @@ def _disk_full_said(folder: Path, needed) -> Iterator[None]:
 
 
 def _folder_bytes(folder: Path) -> int:
-    """The bytes of the files below ``folder``."""
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file() and not path.is_symlink())
+    """The bytes of the files below ``folder``; links are not followed."""
+    return sum(path.lstat().st_size for path in folder.rglob("*") if path.is_file() and not path.is_symlink())
 
 
 def _state_bytes(model) -> int:
