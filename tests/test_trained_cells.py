@@ -393,3 +393,26 @@ def test_a_full_disk_while_a_cell_is_saved_names_the_folder_and_the_bytes_and_lo
     with pytest.raises(StageStopped) as stopped:  # as the stage ends with it
         ParamsCheckHook().on_pipeline_error(error=raised.value)
     assert stopped.value.exit_code == 1 and stopped.value.message == raised.value.strerror
+
+
+def test_a_full_disk_while_a_cell_is_copied_stops_the_stage_naming_the_folder_and_writes_nothing(tmp_path,
+                                                                                               monkeypatch):
+    """As for a trained cell: a full disk is not a source to pass over (the next cell's copy or training would
+    meet it too), but one line saying where and how much; nothing of the copy is left, the source untouched."""
+    import errno
+
+    from pipelines.trained_cells import CellDiskFull
+
+    donor, study = other_study(tmp_path), cells(tmp_path)
+    key, build = write(donor, 1)
+
+    def full(source, target, **kwargs):
+        Path(target).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    with pytest.raises(CellDiskFull, match=r"^no space left for cell methods-top_k-0-1's folder in .*: it needs up "
+                                           r"to \d[\d,.]* (bytes|KiB|MiB)"):
+        study.copy_built("methods-top_k-0-1", build, donor.path / key)
+    assert not study.path.exists() or not list(study.path.iterdir())
+    assert donor.is_built(key, build["key"])
