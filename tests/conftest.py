@@ -1,3 +1,4 @@
+import logging
 import os
 from pathlib import Path
 
@@ -13,6 +14,24 @@ import torch  # noqa: E402
 from layertune.testing import TINY_CONFIGS, make_tiny_model  # noqa: E402
 
 ARCHITECTURES = list(TINY_CONFIGS)
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was():
+    """Each test leaves logging as it found it. A Kedro session run in-process applies conf/logging.yml, whose
+    console handler binds the sys.stdout of that moment: pytest's capture of that test, closed when it ends. Kept on
+    the root logger, it turned every later warning into a "--- Logging error ---" traceback. Pytest's own handlers
+    come and go with each phase of a test and are left to it."""
+    loggers = [logging.root] + [logger for logger in logging.Logger.manager.loggerDict.values()
+                                if isinstance(logger, logging.Logger)]
+    saved = [(logger, set(logger.handlers), logger.level, logger.propagate, logger.disabled) for logger in loggers]
+    yield
+    for logger, handlers, level, propagate, disabled in saved:
+        for handler in logger.handlers[:]:
+            if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+                logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate, logger.disabled = propagate, disabled
 
 
 @pytest.fixture(scope="session")
