@@ -1,5 +1,6 @@
 import logging
 import os
+import sys
 from pathlib import Path
 
 # Before any Hugging Face import: their offline switches are read once, at import time.
@@ -17,11 +18,11 @@ ARCHITECTURES = list(TINY_CONFIGS)
 
 
 @pytest.fixture(autouse=True)
-def logging_as_it_was():
-    """Each test leaves logging as it found it. A Kedro session run in-process applies conf/logging.yml, whose
-    console handler binds the sys.stdout of that moment: pytest's capture of that test, closed when it ends. Kept on
-    the root logger, it turned every later warning into a "--- Logging error ---" traceback. Pytest's own handlers
-    come and go with each phase of a test and are left to it."""
+def logging_and_figures_as_they_were():
+    """Each test leaves logging as it found it, and no figure open. A Kedro session run in-process applies
+    conf/logging.yml, whose console handler binds the sys.stdout of that moment: pytest's capture of that test,
+    closed when it ends. Kept on the root logger, it turned every later warning into a "--- Logging error ---"
+    traceback. Pytest's own handlers come and go with each phase of a test and are left to it."""
     loggers = [logging.root] + [logger for logger in logging.Logger.manager.loggerDict.values()
                                 if isinstance(logger, logging.Logger)]
     saved = [(logger, set(logger.handlers), logger.level, logger.propagate, logger.disabled) for logger in loggers]
@@ -32,6 +33,8 @@ def logging_as_it_was():
                 logger.removeHandler(handler)
         logger.setLevel(level)
         logger.propagate, logger.disabled = propagate, disabled
+    if "matplotlib.pyplot" in sys.modules:  # a report built in the test process: its figures are the test's
+        sys.modules["matplotlib.pyplot"].close("all")
 
 
 @pytest.fixture(scope="session")
