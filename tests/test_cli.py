@@ -88,13 +88,25 @@ def test_bad_values_are_one_line_errors_without_output(tiny_bert, tmp_path, caps
     assert main(["train-cell", *common, "--tunable-layers", "9"]) == 2
     assert "tunable_layers must be 'all' or an int from 0 to 4" in capsys.readouterr().err
     assert main(["train-cell", *common, "--batch-size", "big"]) == 2
-    assert "training.batch_size: Input should be a valid integer (got 'big')" in capsys.readouterr().err
+    assert "--batch-size: Input should be a valid integer (got 'big')" in capsys.readouterr().err
     assert not (tmp_path / "cell").exists()
     # asked for, the traceback comes before the same line
     assert main(["train-cell", *common, "--tunable-layers", "9", "--verbose"]) == 2
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err
     assert err.splitlines()[-1].startswith("layertune: error: tunable_layers must")
+
+
+def test_a_spec_error_names_the_option_the_user_typed(tmp_path, capsys, no_training):
+    """The spec's keys (encoders[0].model, corpus.label_column) are not what a user of the command line typed."""
+    folder = data_folder(tmp_path, 8, 4)
+    common = ["--path", folder, "--output-dir", str(tmp_path / "cell")]
+    assert main(["train-cell", *common]) == 2
+    assert one_line_error(capsys) == "layertune: error: --model: required key is missing\n"
+    assert main(["train-cell", *common, "--model", "m", "--method", "{name: lora, targets: [query]}"]) == 2
+    assert one_line_error(capsys).startswith("layertune: error: --method: targets: unknown key.")
+    assert main(["train-cell", *common, "--model", "m", "--data-seed", "x"]) == 2
+    assert one_line_error(capsys).startswith("layertune: error: --data-seed: Input should be a valid integer")
 
 
 def one_line_error(capsys) -> str:

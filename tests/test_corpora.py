@@ -1,5 +1,6 @@
 import csv
 import json
+import re
 from collections import Counter
 
 import datasets
@@ -212,6 +213,14 @@ def test_offline_with_mirror_lacking_the_task(offline, tmp_path):
 def test_offline_hub_dataset_suggests_local_files(offline):
     with pytest.raises(DataUnavailableError, match=r"Couldn't reach 'someone/thing'.*data_files="):
         load_corpus("someone/thing")
+
+
+
+@pytest.mark.parametrize("name", ["data/nothere.csv", "nothere.jsonl", "runs/train.conll"])
+def test_a_missing_file_is_a_missing_file_not_a_hub_dataset(offline, name):
+    """A path that does not exist used to be asked of the hub, which answered about being offline."""
+    with pytest.raises(FileNotFoundError, match=f"^Data file {re.escape(name)} does not exist"):
+        load_corpus(name)
 
 
 # ------------------------------------------------------------------------------------------------- local files

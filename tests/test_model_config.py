@@ -70,6 +70,31 @@ def test_a_model_found_nowhere_names_where_what_was_tried_and_the_fix(fake_hub, 
     assert "local model folder" in message
 
 
+def test_language_model_and_train_cell_say_the_same_one_line_with_the_mirror_s_models(tmp_path, monkeypatch, capsys):
+    """`LanguageModel` (and so `layertune train-cell`) had a message of its own: it ignored the model mirror, whose
+    model it did not suggest, and ran on over transformers' lines about the internet connection."""
+    from layertune.cli import main
+    from layertune.language_model import LanguageModel
+
+    make_tiny_model(tmp_path / "models" / "paraphrase-MiniLM-L3-v2", "bert")
+    monkeypatch.setenv(MODEL_MIRROR_ENV, str(tmp_path / "models"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(OSError) as raised:
+        LanguageModel("paraphrase-MiniLM-L3-v3")
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("Unknown model 'paraphrase-MiniLM-L3-v3': found nowhere.")
+    assert f"the model mirror ${MODEL_MIRROR_ENV}='{tmp_path / 'models'}' has no paraphrase-MiniLM-L3-v3/" in message
+    assert re.search(r"Did you mean [^?]*'paraphrase-MiniLM-L3-v2'\?", message)
+    assert LanguageModel("paraphrase-MiniLM-L3-v2").model.config.model_type == "bert"  # the suggestion loads
+
+    (tmp_path / "data.csv").write_text("text,label\n" + "".join(f"{w},{i % 2}\n" for i, w in enumerate("abcdefgh")))
+    capsys.readouterr()
+    assert main(["train-cell", "--path", str(tmp_path / "data.csv"), "--model", "paraphrase-MiniLM-L3-v3",
+                 "--output-dir", str(tmp_path / "out")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert lines == [f"layertune: error: {message}"], lines
+
+
 def test_a_mirrored_model_is_read_from_the_mirror_not_the_hub(fake_hub, tmp_path, monkeypatch):
     make_tiny_model(tmp_path / "mirror" / "tiny-encoder", "distilbert")
     monkeypatch.setenv(MODEL_MIRROR_ENV, str(tmp_path / "mirror"))

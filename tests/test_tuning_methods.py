@@ -376,7 +376,7 @@ def test_train_cell_takes_a_method_by_name_or_with_settings(tiny_bert, tmp_path,
     assert TaskModel.from_pretrained(tmp_path / "cell" / "model").encoder.method == spec.encoders[0].method
 
     assert main([*common, "--method", "{name: lora, r: 0}", "--output-dir", str(tmp_path / "bad")]) == 2
-    assert "encoders[0].method.r: Input should be greater than 0 (got 0)" in capsys.readouterr().err
+    assert "--method: r: Input should be greater than 0 (got 0)" in capsys.readouterr().err
     assert main([*common, "--method", "bitfit", "--tunable-layers", "0", "--output-dir", str(tmp_path / "bad")]) == 2
     assert "tunable_layers=0 with method 'bitfit'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()

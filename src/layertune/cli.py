@@ -37,6 +37,19 @@ def _models() -> list[tuple[str, type[BaseModel], dict[str, str]]]:
     return [(section, getattr(specs, name), renamed) for section, name, renamed in _SECTIONS]
 
 
+def _as_option(line: str) -> str:
+    """A spec's error line under the option the user typed: ``encoders[0].model: required key is missing`` →
+    ``--model: required key is missing``; ``encoders[0].method.targets: unknown key`` → ``--method: targets:
+    unknown key``."""
+    keys = {(f"encoders[0].{name}" if section == "encoder" else f"{section}.{name}"): renamed.get(name, name)
+            for section, model, renamed in _models() for name in model.model_fields}
+    for key in sorted(keys, key=len, reverse=True):
+        if line.startswith((f"{key}:", f"{key}.", f"{key}[")):
+            rest = line[len(key):]
+            return f"--{keys[key].replace('_', '-')}" + (rest if rest.startswith(":") else f": {rest.lstrip('.')}")
+    return line
+
+
 def _value(text: str) -> Any:
     """A command-line value as YAML 1.2 would read it: 3, 2e-5, true, null, 'all', a list like [1e-4,3e-5], or a
     mapping like {name: lora, r: 4, target_modules: [query, value]}."""
@@ -165,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                              cache_dir=args.get("cache_dir"), overwrite=args["overwrite"])
     except ValidationError as error:
         _traceback_if_asked(args["verbose"])
-        print(f"layertune: error: {'; '.join(describe_validation_error(error, union_tags=METHODS))}", file=sys.stderr)
+        lines = [_as_option(line) for line in describe_validation_error(error, union_tags=METHODS)]
+        print(f"layertune: error: {'; '.join(lines)}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:
         _traceback_if_asked(args["verbose"])

@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from layertune.errors import choices_hint
-from layertune.model_paths import PACKAGED_MODELS, require_safe_weights, resolve_model_path
+from layertune.model_paths import first_line, model_not_found, require_safe_weights, resolve_model_path
 
 # Config attributes that hold the dropout after attention/feed-forward blocks, by model family.
 _DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "dropout", "hidden_dropout")
@@ -37,12 +36,9 @@ def load_config(path: str, trust_remote_code: bool, revision: str | None) -> tra
             "if you trust where the model came from."
         ) from None
     except OSError as error:
-        offline = sorted(PACKAGED_MODELS) + [k.split("/")[-1] for k in PACKAGED_MODELS]
-        raise OSError(
-            f"Cannot load model {path!r}: it is not a local folder, not a packaged model, and the Hugging Face hub "
-            f"did not provide it (offline, or no such repository).{choices_hint(path, offline)[:-1]} "
-            f"(available offline), or any local folder in Hugging Face layout. Details: {error}"
-        ) from None
+        if folder.is_dir():  # a model folder that cannot be read: transformers' own message says why
+            raise
+        raise OSError(model_not_found(path, revision, f"{type(error).__name__}: {first_line(error)}")) from None
 
 
 def load_tokenizer(path, trust_remote_code: bool, revision: str | None):

@@ -68,7 +68,7 @@ def model_config(name: str, where: str = "model", revision: str | None = None) -
     try:
         config, tokenizer = _hub_config_files(name, revision)
     except _HubUnavailable as error:
-        raise ModelConfigError(_not_found(name, where, revision, str(error))) from None
+        raise ModelConfigError(model_not_found(name, revision, str(error), where)) from None
     return _with_tokenizer_limit(_read_json(config, where), _read_json(tokenizer, where) if tokenizer else None)
 
 
@@ -95,7 +95,7 @@ def _hub_config_files(repo_id: str, revision: str | None) -> tuple[Path, Path | 
     except (OSError, ValueError, EntryNotFoundError) as error:  # unknown repo or revision, no network, bad id
         status = ("HF_HUB_OFFLINE is set and the Hugging Face cache does not hold it"
                   if huggingface_hub.constants.HF_HUB_OFFLINE else "it could not be downloaded")
-        raise _HubUnavailable(f"{status}: {type(error).__name__}: {_first_line(error)}") from None
+        raise _HubUnavailable(f"{status}: {type(error).__name__}: {first_line(error)}") from None
     try:
         tokenizer = huggingface_hub.hf_hub_download(repo_id, "tokenizer_config.json", revision=revision)
     except EntryNotFoundError:  # optional (many models state their limit in config.json only), or offline: not cached
@@ -103,11 +103,15 @@ def _hub_config_files(repo_id: str, revision: str | None) -> tuple[Path, Path | 
     return Path(config), tokenizer and Path(tokenizer)
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
+    """An error's first line (the hub's and transformers' messages go on with advice that does not apply here)."""
     return (str(error).strip().splitlines() or [""])[0]
 
 
-def _not_found(name: str, where: str, revision: str | None, hub: str) -> str:
+def model_not_found(name: str, revision: str | None, hub: str, where: str | None = None) -> str:
+    """The one message for a model found nowhere (a study's plan and `LanguageModel` alike): what was tried, in
+    `resolve_model_path`'s order, the offline models closest to ``name`` and how to make it available. ``hub``: why
+    the hub did not provide it; ``where``: the params key that names it, if any."""
     mirror = os.environ.get(MODEL_MIRROR_ENV)
     last = name.rstrip("/").split("/")[-1]
     if mirror and not Path(mirror).is_dir():
@@ -121,7 +125,8 @@ def _not_found(name: str, where: str, revision: str | None, hub: str) -> str:
     offline = sorted({*PACKAGED_MODELS, *_mirror_models()})
     close = difflib.get_close_matches(name, offline, n=3, cutoff=0.5)
     hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-    return (f"{where}: unknown model {name!r}: found nowhere. Tried: a local folder {name!r} (there is none); the models that "
+    unknown = f"{where}: unknown model" if where else "Unknown model"
+    return (f"{unknown} {name!r}: found nowhere. Tried: a local folder {name!r} (there is none); the models that "
             f"pip packages ship ({', '.join(PACKAGED_MODELS)}); {in_mirror}; the Hugging Face hub{at} ({hub}).{hint} "
             f"To fix it, give the path of a local model folder, or put the model in a model mirror, a folder of "
             f"models named as their hub id or its last part (download.model_mirror in params.yaml, or "

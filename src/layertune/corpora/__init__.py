@@ -143,7 +143,7 @@ def load_corpus(
     # A registry name wins over a same-named folder in the working directory. A registry task's hub id with a
     # revision or splits is read from the hub like any dataset: the mirror holds no particular revision.
     registry = sources.is_registry_name(name) and not (revision or splits) or sources.is_registry_name(name, hub=False)
-    if data_files is None and not registry and sources.is_local_path(name):
+    if data_files is None and not registry and sources.names_a_file(name):
         data_files = name
     spec = sources.resolve_task(name, config) if registry or data_files is None else None
     if spec is not None and balanced and spec.task_type != "classification":

@@ -40,6 +40,12 @@ def is_local_path(name: str | os.PathLike) -> bool:
     return isinstance(name, os.PathLike) or Path(name).expanduser().exists()
 
 
+def names_a_file(name: str | os.PathLike) -> bool:
+    """A local path, or a name ending as a data file does (``reviews.csv``): a hub dataset id does not, so one that
+    is missing is a file that does not exist, not a dataset for the hub to look up."""
+    return is_local_path(name) or Path(name).suffix.lower() in (*FILE_TYPES, *CONLL_SUFFIXES, ".txt")
+
+
 def _task_key(name: str) -> str:
     # "SST-2", "STS-B", "CoLA" (the GLUE folder names) resolve to the registry keys.
     return str(name).lower().replace("-", "").replace("_", "")
