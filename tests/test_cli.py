@@ -107,6 +107,21 @@ def test_a_spec_error_names_the_option_the_user_typed(tmp_path, capsys, no_train
     assert one_line_error(capsys).startswith("layertune: error: --method: targets: unknown key.")
     assert main(["train-cell", *common, "--model", "m", "--data-seed", "x"]) == 2
     assert one_line_error(capsys).startswith("layertune: error: --data-seed: Input should be a valid integer")
+    assert main(["train-cell", *common, "--model", "m", "--label-names", "good,bad"]) == 2
+    assert one_line_error(capsys) == ("layertune: error: --label-names: Input should be a valid list (got 'good,bad') "
+                                      "(a list: [a, b])\n")
+
+
+def test_an_unknown_option_is_one_line_of_the_subcommand_with_the_closest_options(capsys):
+    for argv, said in ((["train-cell", "--learnin-rates", "1e-4", "--output-dir", "x"],
+                        "layertune train-cell: error: unrecognized arguments: --learnin-rates 1e-4; --learnin-rates: "
+                        "did you mean --learning-rate or --head-learning-rate? (layertune train-cell --help lists "
+                        "the options)\n"),
+                       (["repro", "--jbos", "2"], "layertune repro: error: unrecognized arguments: --jbos; --jbos: did "
+                        "you mean --jobs? (layertune repro --help lists the options)\n")):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2 and capsys.readouterr().err == said
 
 
 def one_line_error(capsys) -> str:

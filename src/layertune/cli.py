@@ -14,6 +14,7 @@ takes exactly what the library takes, checked the same way.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -166,7 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     from layertune.errors import describe_validation_error
     from layertune.tuning_methods import METHODS
 
-    parsed = _parser().parse_args(argv)
+    parser = _parser()
+    parsed, unknown = parser.parse_known_args(argv)
+    if unknown:  # one line from the subcommand (not the top level's usage), with the options closest to each
+        command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[parsed.command]
+        options = {option.lstrip("-"): option for action in command._actions for option in action.option_strings
+                   if option.startswith("--") and option != "--help"}
+        close = [f"{word}: did you mean {' or '.join(options[name] for name in found)}?" for word in unknown
+                 if word.startswith("-") and (found := difflib.get_close_matches(word.lstrip("-"), options, n=2))]
+        command.exit(2, f"{command.prog}: error: unrecognized arguments: {' '.join(unknown)}"
+                        + "".join(f"; {hint}" for hint in close) + f" ({command.prog} --help lists the options)\n")
     if parsed.command != "train-cell":
         return parsed.run(parsed)
     args = vars(parsed)
@@ -178,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                              cache_dir=args.get("cache_dir"), overwrite=args["overwrite"])
     except ValidationError as error:
         _traceback_if_asked(args["verbose"])
-        lines = [_as_option(line) for line in describe_validation_error(error, union_tags=METHODS)]
+        lines = [_as_option(line) + (" (a list: [a, b])" if "a valid list" in line else "")
+                 for line in describe_validation_error(error, union_tags=METHODS)]
         print(f"layertune: error: {'; '.join(lines)}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:
