@@ -8,9 +8,9 @@ import math
 import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from layertune.specs import EncoderSpec, Spec
 from layertune.errors import describe_validation_error
@@ -279,7 +279,7 @@ def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> S
                                   "remove this key")
         return StudyParams.model_validate(params)
     except ValidationError as error:  # pydantic's: each error by its dotted path (a validator's ParamsError too)
-        lines = describe_validation_error(error, known_keys=_known_keys, union_tags=(*ENCODER_TAGS, *METHODS))
+        lines = describe_validation_error(error, schema=StudyParams, union_tags=(*ENCODER_TAGS, *METHODS))
     except ParamsError as error:
         lines = str(error).split("\n  ")
     termed = [_in_record_terms(line, recorded) for line in lines]
@@ -306,28 +306,5 @@ def _in_record_terms(line: str, recorded: Collection[str]) -> str:
     line = re.sub(r"clear decide\.rounds(?:, decide\.evaluation_rounds and decide\.decided_with| and "
                   r"decide\.evaluation_rounds)", f"remove {RECORD_KEY}.{study} from {RECORD_FILE}", line)
     return re.sub(rf"\bdecide\.({fields})\b", rf"{RECORD_FILE}'s {RECORD_KEY}.{study}.\1", line)
-
-
-def _known_keys(location: tuple) -> list[str]:
-    """The keys valid at ``location`` (for 'did you mean'): walk the schema, stepping over mapping keys."""
-    annotation: Any = StudyParams
-    for part in location:
-        model = _model_in(annotation)
-        if model is not None and isinstance(part, str) and part in model.model_fields:
-            annotation = model.model_fields[part].annotation
-        elif get_origin(annotation) is dict:
-            annotation = get_args(annotation)[1]  # `part` was a key of the mapping: go to its values
-    model = _model_in(annotation)
-    return list(model.model_fields) if model else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model class of an annotation (the first one inside a union or Annotated), or None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for argument in get_args(annotation):
-        if (model := _model_in(argument)) is not None and get_origin(annotation) is not dict:
-            return model
-    return None
 
 

@@ -104,7 +104,8 @@ def test_a_spec_error_names_the_option_the_user_typed(tmp_path, capsys, no_train
     assert main(["train-cell", *common]) == 2
     assert one_line_error(capsys) == "layertune: error: --model: required key is missing\n"
     assert main(["train-cell", *common, "--model", "m", "--method", "{name: lora, targets: [query]}"]) == 2
-    assert one_line_error(capsys).startswith("layertune: error: --method: targets: unknown key.")
+    assert one_line_error(capsys) == ("layertune: error: --method: targets: unknown key. Did you mean "
+                                      "'target_modules'? Valid choices: name, target_modules, r, alpha, dropout.\n")
     assert main(["train-cell", *common, "--model", "m", "--data-seed", "x"]) == 2
     assert one_line_error(capsys).startswith("layertune: error: --data-seed: Input should be a valid integer")
     assert main(["train-cell", *common, "--model", "m", "--label-names", "good,bad"]) == 2

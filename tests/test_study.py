@@ -126,6 +126,10 @@ def test_early_stopping_without_a_validation_slice_is_refused_at_plan_time(param
         ("studies.methods.methods.lora-all.method", {"name": "lora", "r": 0},
          r"studies.methods.methods.lora-all.method.r: Input should be greater than 0"),
         ("studies.methods.methods.lora-all.method", {"name": "lorra"}, r"lorra.*Did you mean 'lora'"),
+        # a method's keys are its own (IA3's, not the first method's of the union)
+        ("studies.methods.methods.lora-all.method", {"name": "ia3", "target_module": ["query"]},
+         r"studies.methods.methods.lora-all.method.target_module: unknown key. Did you mean 'target_modules' or "
+         r"'feedforward_modules'\? Valid choices: name, target_modules, feedforward_modules\."),
         ("studies.methods.tunable_layers", [0, 2], r"studies.methods: .*give tunable_layers .* or methods .*not both"),
         ("studies.methods.encoders.all-MiniLM-L6-v2", {"model": "sentence-transformers/all-MiniLM-L6-v2",
                                                        "method": "lora"},

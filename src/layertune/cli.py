@@ -165,6 +165,7 @@ def cell_spec(options: dict[str, Any], base: dict | None = None):
 def main(argv: list[str] | None = None) -> int:
     from layertune.cell import train_cell
     from layertune.errors import describe_validation_error
+    from layertune.specs import CellSpec
     from layertune.tuning_methods import METHODS
 
     parser = _parser()
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as error:
         _traceback_if_asked(args["verbose"])
         lines = [_as_option(line) + (" (a list: [a, b])" if "a valid list" in line else "")
-                 for line in describe_validation_error(error, union_tags=METHODS)]
+                 for line in describe_validation_error(error, schema=CellSpec, union_tags=METHODS)]
         print(f"layertune: error: {'; '.join(lines)}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+import types
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
 
 def choices_hint(value: object, choices: Iterable[object]) -> str:
@@ -32,15 +34,14 @@ def unknown_choice(kind: str, value: object, choices: Iterable[object]) -> Value
     return ValueError(f"Unknown {kind} {value!r}.{choices_hint(value, choices)}")
 
 
-def describe_validation_error(error: ValidationError, prefix: tuple = (),
-                              known_keys: Callable[[tuple], Iterable[str]] | None = None,
+def describe_validation_error(error: ValidationError, prefix: tuple = (), schema: type[BaseModel] | None = None,
                               union_tags: Iterable[str] = ()) -> list[str]:
     """One line per bad key of a pydantic error, ``dotted.key: what is wrong (got value)``.
 
     Pydantic reports each member of a union (``float | list[float]``) separately, naming the member in the key;
     those names (and ``union_tags``, the tags of discriminated unions) are dropped and the members' complaints
-    joined with "or". ``known_keys(location)`` lists the keys valid where an unknown one was found, for a "did you
-    mean".
+    joined with "or". ``schema``: the model validated, whose keys valid where an unknown one was found give a "did
+    you mean" (`keys_at`).
     """
     problems: dict[str, list[str]] = {}
     for item in error.errors():
@@ -48,7 +49,8 @@ def describe_validation_error(error: ValidationError, prefix: tuple = (),
         key = dotted_key(location)
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key." + (choices_hint(location[-1], known_keys(location[:-1])) if known_keys else "")
+            message = "unknown key." + (choices_hint(location[-1], keys_at(schema, item["loc"][:-1])) if schema
+                                        else "")
         elif item["type"] == "missing":
             message = "required key is missing"
         elif key and not (item["type"] == "value_error" and isinstance(item["input"], Mapping)):
@@ -59,6 +61,62 @@ def describe_validation_error(error: ValidationError, prefix: tuple = (),
         if message not in messages:
             messages.append(message)
     return [f"{key}: {' or '.join(messages)}" if key else " ".join(messages) for key, messages in problems.items()]
+
+
+def keys_at(schema: type[BaseModel], location: Iterable) -> list[str]:
+    """The keys valid at ``location`` in ``schema``: a pydantic error's location as it reports it, stepping into a
+    mapping's values by key, a list's items by index, and a union's member by its tag (a discriminated union's
+    value, such as a tuning method's name) or its class name; empty where no model is found."""
+    annotation: Any = schema
+    for part in location:
+        annotation = _step(annotation, part)
+        if annotation is None:
+            return []
+    annotation = _inner(annotation)
+    models = [annotation] if _is_model(annotation) else [m for m in map(_inner, get_args(annotation)) if _is_model(m)]
+    return list(models[0].model_fields) if models else []
+
+
+def _step(annotation: Any, part: Any) -> Any:
+    """What ``part`` of a location leads to inside ``annotation``; None where it leads nowhere."""
+    annotation = _inner(annotation)
+    if _is_model(annotation):
+        field = annotation.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field is not None else None
+    if get_origin(annotation) in (dict, collections.abc.Mapping):
+        return get_args(annotation)[-1]
+    if get_origin(annotation) in (list, tuple, collections.abc.Sequence) and isinstance(part, int):
+        return get_args(annotation)[0]
+    if _is_union(annotation):
+        members = [member for member in map(_inner, get_args(annotation)) if member is not type(None)]
+        tagged = [member for member in members if _is_model(member)
+                  and (member.__name__ == part or part in _tags(member))]
+        if tagged:
+            return tagged[0]
+        found = [step for member in members if (step := _step(member, part)) is not None]
+        return found[0] if found else annotation  # else ``part`` names a plain member (str, list[float]): stay
+    return None
+
+
+def _inner(annotation: Any) -> Any:
+    """An annotation without ``Annotated``'s metadata."""
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
+
+
+def _is_model(annotation: Any) -> bool:
+    from pydantic import BaseModel
+
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _is_union(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType)
+
+
+def _tags(model: type[BaseModel]) -> set:
+    """The values of ``model``'s literal fields: a discriminated union's tag for it among them."""
+    return {value for field in model.model_fields.values() if get_origin(field.annotation) is Literal
+            for value in get_args(field.annotation)}
 
 
 def _is_union_member(part: Any, tags: Iterable[str]) -> bool:
