@@ -111,6 +111,14 @@ def test_a_spec_error_names_the_option_the_user_typed(tmp_path, capsys, no_train
     assert main(["train-cell", *common, "--model", "m", "--label-names", "good,bad"]) == 2
     assert one_line_error(capsys) == ("layertune: error: --label-names: Input should be a valid list (got 'good,bad') "
                                       "(a list: [a, b])\n")
+    # what the data says of a corpus option, under the option (a user who gave no --label never typed 'label')
+    (tmp_path / "reviews.csv").write_text("review,sentiment\n" + "".join(f"{w},{i % 2}\n" for i, w in enumerate("ab")))
+    assert main(["train-cell", "--path", str(tmp_path / "reviews.csv"), "--model", "m", "--output-dir",
+                 str(tmp_path / "cell")]) == 2
+    [said] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # (datasets' progress too)
+    assert said.startswith("layertune: error: --label: column 'label' not in ")
+    assert main(["train-cell", "--spec", str(tmp_path / "nope.json"), "--output-dir", str(tmp_path / "cell")]) == 2
+    assert one_line_error(capsys).startswith(f"layertune: error: --spec {tmp_path / 'nope.json'}: cannot read it")
 
 
 def test_an_unknown_option_is_one_line_of_the_subcommand_with_the_closest_options(capsys):

@@ -164,7 +164,7 @@ def cell_spec(options: dict[str, Any], base: dict | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     from layertune.cell import train_cell
-    from layertune.errors import describe_validation_error
+    from layertune.errors import CorpusArgumentError, describe_validation_error
     from layertune.specs import CellSpec
     from layertune.tuning_methods import METHODS
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(parsed)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        base = json.loads(args.pop("spec").read_text()) if args.get("spec") else None
+        base = _read_spec(args.pop("spec")) if args.get("spec") else None
         options = {key: value for key, value in args.items() if "." in key}
         trained = train_cell(cell_spec(options, base), args["output_dir"], data_mirror=args.get("data_mirror"),
                              cache_dir=args.get("cache_dir"), overwrite=args["overwrite"])
@@ -195,10 +195,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (ValueError, OSError) as error:
         _traceback_if_asked(args["verbose"])
-        print(f"layertune: error: {error}", file=sys.stderr)
+        # the data's complaint about a corpus option (a column the data lacks) under the option's name
+        said = _as_option(f"corpus.{error.argument}: {error}") if isinstance(error, CorpusArgumentError) else error
+        print(f"layertune: error: {said}", file=sys.stderr)
         return 2
     print(json.dumps(trained.result.summary(), indent=2))
     return 0
+
+
+def _read_spec(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--spec {path}: cannot read it as a CellSpec's JSON ({error})") from None
 
 
 def _traceback_if_asked(verbose: bool) -> None:
