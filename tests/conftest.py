@@ -31,7 +31,8 @@ def logging_and_figures_as_they_were():
         for handler in logger.handlers[:]:
             if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
                 logger.removeHandler(handler)
-        logger.setLevel(level)
+        if logger.level != level:  # (setLevel clears every logger's cache: a few ms a test, with hundreds)
+            logger.setLevel(level)
         logger.propagate, logger.disabled = propagate, disabled
     if "matplotlib.pyplot" in sys.modules:  # a report built in the test process: its figures are the test's
         sys.modules["matplotlib.pyplot"].close("all")

@@ -119,6 +119,19 @@ def test_a_spec_error_names_the_option_the_user_typed(tmp_path, capsys, no_train
     assert said.startswith("layertune: error: --label: column 'label' not in ")
     assert main(["train-cell", "--spec", str(tmp_path / "nope.json"), "--output-dir", str(tmp_path / "cell")]) == 2
     assert one_line_error(capsys).startswith(f"layertune: error: --spec {tmp_path / 'nope.json'}: cannot read it")
+    # a --spec file's keys keep their names (the user wrote them there); an option given beside it is renamed
+    (tmp_path / "spec.json").write_text(json.dumps({"corpus": {"path": str(tmp_path / "reviews.csv")},
+                                                    "encoders": [{"model": "m"}], "training": {"batch_size": "big"}}))
+    spec = ["train-cell", "--spec", str(tmp_path / "spec.json"), "--output-dir", str(tmp_path / "cell")]
+    assert main([*spec, "--epochs", "x"]) == 2
+    assert one_line_error(capsys).startswith("layertune: error: training.batch_size: Input should be a valid "
+                                             "integer (got 'big'); --epochs: Input should be a valid integer")
+    (tmp_path / "spec.json").write_text(json.dumps({"corpus": {"task": "sst2"}}))  # no encoders: --model makes one
+    assert main([*spec, "--model", "m", "--tunable-layers", "x"]) == 2
+    assert one_line_error(capsys).startswith("layertune: error: --tunable-layers: ")
+    (tmp_path / "spec.json").write_text("[]")
+    assert main([*spec, "--model", "m"]) == 2
+    assert one_line_error(capsys).startswith("layertune: error: --spec: a CellSpec's JSON is an object")
 
 
 def test_an_unknown_option_is_one_line_of_the_subcommand_with_the_closest_options(capsys):
@@ -126,8 +139,14 @@ def test_an_unknown_option_is_one_line_of_the_subcommand_with_the_closest_option
                         "layertune train-cell: error: unrecognized arguments: --learnin-rates 1e-4; --learnin-rates: "
                         "did you mean --learning-rate or --head-learning-rate? (layertune train-cell --help lists "
                         "the options)\n"),
-                       (["repro", "--jbos", "2"], "layertune repro: error: unrecognized arguments: --jbos; --jbos: did "
-                        "you mean --jobs? (layertune repro --help lists the options)\n")):
+                       (["repro", "--jbos=2"], "layertune repro: error: unrecognized arguments: --jbos=2; --jbos: did "
+                        "you mean --jobs? (layertune repro --help lists the options)\n"),
+                       (["train-cell", "--text-column", "review", "--output-dir", "x"],
+                        "layertune train-cell: error: unrecognized arguments: --text-column review; --text-column: did "
+                        "you mean --text? (layertune train-cell --help lists the options)\n"),
+                       (["--verbose", "train-cell", "--output-dir", "x"],
+                        "layertune train-cell: error: unrecognized arguments: --verbose; --verbose goes after "
+                        "train-cell (layertune train-cell --help lists the options)\n")):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2 and capsys.readouterr().err == said

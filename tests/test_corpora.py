@@ -216,11 +216,15 @@ def test_offline_hub_dataset_suggests_local_files(offline):
 
 
 
-@pytest.mark.parametrize("name", ["data/nothere.csv", "nothere.jsonl", "runs/train.conll"])
-def test_a_missing_file_is_a_missing_file_not_a_hub_dataset(offline, name):
-    """A path that does not exist used to be asked of the hub, which answered about being offline."""
+@pytest.mark.parametrize("name", ["{tmp}/nothere.csv", "nothere.jsonl", "{tmp}/train.conll"])
+def test_a_missing_file_is_a_missing_file_not_a_hub_dataset(offline, name, tmp_path):
+    """A path that does not exist used to be asked of the hub, which answered about being offline. A hub id that
+    ends as a file does, its owner no local folder, is still the hub's."""
+    name = name.format(tmp=tmp_path)
     with pytest.raises(FileNotFoundError, match=f"^Data file {re.escape(name)} does not exist"):
         load_corpus(name)
+    with pytest.raises(DataUnavailableError, match="Couldn't reach 'someone/reviews.json'"):
+        load_corpus("someone/reviews.json")
 
 
 # ------------------------------------------------------------------------------------------------- local files

@@ -126,6 +126,9 @@ def test_early_stopping_without_a_validation_slice_is_refused_at_plan_time(param
         ("studies.methods.methods.lora-all.method", {"name": "lora", "r": 0},
          r"studies.methods.methods.lora-all.method.r: Input should be greater than 0"),
         ("studies.methods.methods.lora-all.method", {"name": "lorra"}, r"lorra.*Did you mean 'lora'"),
+        # an encoder entry's keys are its form's (pydantic's Tag names it: a combination's, not a single one's)
+        ("studies.multi_encoder.encoders.dme", {"combine": "dme", "memebrs": ["a", "b"]},
+         r"studies.multi_encoder.encoders.dme.memebrs: unknown key. Did you mean 'members'\?"),
         # a method's keys are its own (IA3's, not the first method's of the union)
         ("studies.methods.methods.lora-all.method", {"name": "ia3", "target_module": ["query"]},
          r"studies.methods.methods.lora-all.method.target_module: unknown key. Did you mean 'target_modules' or "
@@ -596,3 +599,30 @@ def test_the_cheapest_method_within_tolerance_or_cannot_decide():
     assert cheapest(rows, "trainable_parameters") == ("lora", [])
     rows = [row("full", 100, "yes"), row("lora", 10, "yes"), row("bitfit", 5, "undecided"), row("head", 1, "no")]
     assert cheapest(rows, "trainable_parameters") == (None, ["bitfit", "lora"])
+
+
+def test_keys_at_walks_mappings_lists_tuples_and_tagged_unions():
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    from layertune.errors import keys_at
+
+    class A(BaseModel):
+        kind: Literal["a"] = "a"
+        x: int = 0
+
+    class B(BaseModel):
+        kind: Literal["b"] = "b"
+        y: int = 0
+
+    class Root(BaseModel):
+        pair: tuple[A, B]
+        items: list[A | B]
+        named: dict[str, A] | None = None
+        bare: list = []
+
+    assert keys_at(Root, ("pair", 1)) == ["kind", "y"]
+    assert keys_at(Root, ("items", 0, "b")) == ["kind", "y"]
+    assert keys_at(Root, ("named", "any")) == ["kind", "x"]
+    assert keys_at(Root, ("bare", 0)) == [] and keys_at(Root, ("nothing",)) == []

@@ -38,12 +38,14 @@ def _models() -> list[tuple[str, type[BaseModel], dict[str, str]]]:
     return [(section, getattr(specs, name), renamed) for section, name, renamed in _SECTIONS]
 
 
-def _as_option(line: str) -> str:
+def _as_option(line: str, given: set[str] | None = None) -> str:
     """A spec's error line under the option the user typed: ``encoders[0].model: required key is missing`` →
     ``--model: required key is missing``; ``encoders[0].method.targets: unknown key`` → ``--method: targets:
-    unknown key``."""
+    unknown key``. ``given``: the options (``section.field``) given, where a --spec file gave the rest (whose keys
+    keep their names); None: every key is an option's."""
     keys = {(f"encoders[0].{name}" if section == "encoder" else f"{section}.{name}"): renamed.get(name, name)
-            for section, model, renamed in _models() for name in model.model_fields}
+            for section, model, renamed in _models() for name in model.model_fields
+            if given is None or f"{section}.{name}" in given}
     for key in sorted(keys, key=len, reverse=True):
         if line.startswith((f"{key}:", f"{key}.", f"{key}[")):
             rest = line[len(key):]
@@ -150,11 +152,34 @@ def _plugin_commands() -> dict:
     return {entry.name: entry for entry in entry_points(group="layertune.commands") if entry.name != "train-cell"}
 
 
+def _refuse_unknown(parser: argparse.ArgumentParser, name: str, unknown: list[str]) -> None:
+    """Exit with one line from the subcommand (not the top level's usage), naming for each unknown option the
+    subcommand's closest (by spelling, or one it begins or ends), or, for one of its own given before it, where it
+    goes."""
+    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    options = {option.lstrip("-"): option for action in command._actions for option in action.option_strings
+               if option.startswith("--") and option != "--help"}
+    hints = []
+    for word in (word.split("=")[0] for word in unknown if word.startswith("--")):
+        typed = word.lstrip("-")
+        if typed in options:
+            hints.append(f"{word} goes after {name}")
+        elif found := (difflib.get_close_matches(typed, options, n=2)
+                       or [option for option in options if typed.startswith(option) or option.startswith(typed)][:2]):
+            hints.append(f"{word}: did you mean {' or '.join(options[option] for option in found)}?")
+    command.exit(2, f"{command.prog}: error: unrecognized arguments: {' '.join(unknown)}"
+                    + "".join(f"; {hint}" for hint in hints) + f" ({command.prog} --help lists the options)\n")
+
+
 def cell_spec(options: dict[str, Any], base: dict | None = None):
     """A `CellSpec` from ``{"section.field": value}`` options over ``base`` (a spec as a dict)."""
     from layertune.specs import CellSpec
 
-    spec = json.loads(json.dumps(base or {"corpus": {}, "encoders": [{}]}))
+    spec = json.loads(json.dumps(base if base is not None else {"corpus": {}, "encoders": [{}]}))
+    if not isinstance(spec, dict) or not isinstance(spec.setdefault("encoders", [{}]), list):
+        raise ValueError("--spec: a CellSpec's JSON is an object whose encoders are a list: {\"corpus\": {...}, "
+                         "\"encoders\": [{...}], ...}")
+    spec["encoders"] = spec["encoders"] or [{}]
     for key, value in options.items():
         section, name = key.split(".")
         target = spec["encoders"][0] if section == "encoder" else spec.setdefault(section, {})
@@ -170,33 +195,31 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _parser()
     parsed, unknown = parser.parse_known_args(argv)
-    if unknown:  # one line from the subcommand (not the top level's usage), with the options closest to each
-        command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[parsed.command]
-        options = {option.lstrip("-"): option for action in command._actions for option in action.option_strings
-                   if option.startswith("--") and option != "--help"}
-        close = [f"{word}: did you mean {' or '.join(options[name] for name in found)}?" for word in unknown
-                 if word.startswith("-") and (found := difflib.get_close_matches(word.lstrip("-"), options, n=2))]
-        command.exit(2, f"{command.prog}: error: unrecognized arguments: {' '.join(unknown)}"
-                        + "".join(f"; {hint}" for hint in close) + f" ({command.prog} --help lists the options)\n")
+    if unknown:
+        _refuse_unknown(parser, parsed.command, unknown)
     if parsed.command != "train-cell":
         return parsed.run(parsed)
     args = vars(parsed)
+    options = {key: value for key, value in args.items() if "." in key}
+    base = None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         base = _read_spec(args.pop("spec")) if args.get("spec") else None
-        options = {key: value for key, value in args.items() if "." in key}
         trained = train_cell(cell_spec(options, base), args["output_dir"], data_mirror=args.get("data_mirror"),
                              cache_dir=args.get("cache_dir"), overwrite=args["overwrite"])
     except ValidationError as error:
         _traceback_if_asked(args["verbose"])
-        lines = [_as_option(line) + (" (a list: [a, b])" if "a valid list" in line else "")
+        # a key the command line set (or could have, where no --spec file gave it) under the option's name
+        given = None if base is None else set(options)
+        lines = [_as_option(line, given) + (" (a list: [a, b])" if "a valid list" in line and base is None else "")
                  for line in describe_validation_error(error, schema=CellSpec, union_tags=METHODS)]
         print(f"layertune: error: {'; '.join(lines)}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:
         _traceback_if_asked(args["verbose"])
         # the data's complaint about a corpus option (a column the data lacks) under the option's name
-        said = _as_option(f"corpus.{error.argument}: {error}") if isinstance(error, CorpusArgumentError) else error
+        said = _as_option(f"corpus.{error.argument}: {error}", None if base is None else set(options)) \
+            if isinstance(error, CorpusArgumentError) else error
         print(f"layertune: error: {said}", file=sys.stderr)
         return 2
     print(json.dumps(trained.result.summary(), indent=2))

@@ -49,8 +49,8 @@ def describe_validation_error(error: ValidationError, prefix: tuple = (), schema
         key = dotted_key(location)
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key." + (choices_hint(location[-1], keys_at(schema, item["loc"][:-1])) if schema
-                                        else "")
+            keys = keys_at(schema, item["loc"][:-1]) if schema else []
+            message = "unknown key." + (choices_hint(location[-1], keys) if keys else "")
         elif item["type"] == "missing":
             message = "required key is missing"
         elif key and not (item["type"] == "value_error" and isinstance(item["input"], Mapping)):
@@ -80,22 +80,35 @@ def keys_at(schema: type[BaseModel], location: Iterable) -> list[str]:
 def _step(annotation: Any, part: Any) -> Any:
     """What ``part`` of a location leads to inside ``annotation``; None where it leads nowhere."""
     annotation = _inner(annotation)
+    arguments = get_args(annotation)
     if _is_model(annotation):
         field = annotation.model_fields.get(part) if isinstance(part, str) else None
         return field.annotation if field is not None else None
-    if get_origin(annotation) in (dict, collections.abc.Mapping):
-        return get_args(annotation)[-1]
-    if get_origin(annotation) in (list, tuple, collections.abc.Sequence) and isinstance(part, int):
-        return get_args(annotation)[0]
+    if get_origin(annotation) in (dict, collections.abc.Mapping) and arguments:
+        return arguments[-1]
+    if get_origin(annotation) in (list, collections.abc.Sequence) and arguments and isinstance(part, int):
+        return arguments[0]
+    if get_origin(annotation) is tuple and arguments and isinstance(part, int):  # tuple[A, B] or tuple[A, ...]
+        return arguments[0] if arguments[-1] is Ellipsis else arguments[part] if part < len(arguments) else None
     if _is_union(annotation):
-        members = [member for member in map(_inner, get_args(annotation)) if member is not type(None)]
-        tagged = [member for member in members if _is_model(member)
-                  and (member.__name__ == part or part in _tags(member))]
+        members = [member for member in arguments if member is not type(None)]
+        tagged = [_inner(member) for member in members if part in _tags(member)]
         if tagged:
             return tagged[0]
         found = [step for member in members if (step := _step(member, part)) is not None]
         return found[0] if found else annotation  # else ``part`` names a plain member (str, list[float]): stay
     return None
+
+
+def _tags(member: Any) -> set:
+    """The names pydantic gives a union's ``member`` in an error's location: its ``Tag`` (a callable
+    discriminator's), the values of its literal fields (a discriminated union's tag) and its class name."""
+    tags = {getattr(meta, "tag", None) for meta in get_args(member)[1:]} if get_origin(member) is Annotated else set()
+    member = _inner(member)
+    if _is_model(member):
+        tags |= {member.__name__} | {value for field in member.model_fields.values()
+                                     if get_origin(field.annotation) is Literal for value in get_args(field.annotation)}
+    return tags - {None}
 
 
 def _inner(annotation: Any) -> Any:
@@ -111,12 +124,6 @@ def _is_model(annotation: Any) -> bool:
 
 def _is_union(annotation: Any) -> bool:
     return get_origin(annotation) in (Union, types.UnionType)
-
-
-def _tags(model: type[BaseModel]) -> set:
-    """The values of ``model``'s literal fields: a discriminated union's tag for it among them."""
-    return {value for field in model.model_fields.values() if get_origin(field.annotation) is Literal
-            for value in get_args(field.annotation)}
 
 
 def _is_union_member(part: Any, tags: Iterable[str]) -> bool:

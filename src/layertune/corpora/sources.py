@@ -41,9 +41,12 @@ def is_local_path(name: str | os.PathLike) -> bool:
 
 
 def names_a_file(name: str | os.PathLike) -> bool:
-    """A local path, or a name ending as a data file does (``reviews.csv``): a hub dataset id does not, so one that
-    is missing is a file that does not exist, not a dataset for the hub to look up."""
-    return is_local_path(name) or Path(name).suffix.lower() in (*FILE_TYPES, *CONLL_SUFFIXES, ".txt")
+    """A local path, or a name ending as a data file does (``reviews.csv``) in a folder that exists: missing, it is
+    a file that does not exist, not a dataset for the hub to look up (``owner/data.json``, whose owner is no local
+    folder, is still the hub's)."""
+    path = Path(name).expanduser()
+    return is_local_path(name) or (path.suffix.lower() in (*FILE_TYPES, *CONLL_SUFFIXES, ".txt")
+                                   and path.parent.is_dir())
 
 
 def _task_key(name: str) -> str:
