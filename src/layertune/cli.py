@@ -38,12 +38,19 @@ def _models() -> list[tuple[str, type[BaseModel], dict[str, str]]]:
     return [(section, getattr(specs, name), renamed) for section, name, renamed in _SECTIONS]
 
 
+def _place(section: str) -> tuple:
+    """Where an option section's fields go in a CellSpec: ``encoder`` is the first (only) encoder's."""
+    return ("encoders", 0) if section == "encoder" else (section,)
+
+
 def _as_option(line: str, given: set[str] | None = None) -> str:
     """A spec's error line under the option the user typed: ``encoders[0].model: required key is missing`` →
     ``--model: required key is missing``; ``encoders[0].method.targets: unknown key`` → ``--method: targets:
     unknown key``. ``given``: the options (``section.field``) given, where a --spec file gave the rest (whose keys
     keep their names); None: every key is an option's."""
-    keys = {(f"encoders[0].{name}" if section == "encoder" else f"{section}.{name}"): renamed.get(name, name)
+    from layertune.errors import dotted_key
+
+    keys = {dotted_key((*_place(section), name)): renamed.get(name, name)
             for section, model, renamed in _models() for name in model.model_fields
             if given is None or f"{section}.{name}" in given}
     for key in sorted(keys, key=len, reverse=True):
@@ -182,7 +189,9 @@ def cell_spec(options: dict[str, Any], base: dict | None = None):
     spec["encoders"] = spec["encoders"] or [{}]
     for key, value in options.items():
         section, name = key.split(".")
-        target = spec["encoders"][0] if section == "encoder" else spec.setdefault(section, {})
+        target = spec
+        for step in _place(section):
+            target = target[step] if isinstance(target, list) else target.setdefault(step, {})
         target[name] = value
     return CellSpec.model_validate(spec)
 
