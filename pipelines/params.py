@@ -15,8 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 from layertune.specs import EncoderSpec, Spec
 from layertune.errors import describe_validation_error
 from layertune.model_paths import model_config, model_layers, model_max_length, require_safe_weights
-from layertune.study import ENCODER_TAGS, ParamsError, StudySpec
-from layertune.tuning_methods import METHODS
+from layertune.study import ParamsError, StudySpec
 
 # Study, encoder, task and method names name folders and DVC stages, and reach Kedro as `--params study=<name>`, read
 # as YAML: so a letter first (`01` would arrive as 1), no dots (DVC reads `${studies.<name>.tasks}` as a path), no
@@ -279,7 +278,7 @@ def validate_params(params: Mapping[str, Any], source: str = "params.yaml") -> S
                                   "remove this key")
         return StudyParams.model_validate(params)
     except ValidationError as error:  # pydantic's: each error by its dotted path (a validator's ParamsError too)
-        lines = describe_validation_error(error, schema=StudyParams, union_tags=(*ENCODER_TAGS, *METHODS))
+        lines = describe_validation_error(error, schema=StudyParams)
     except ParamsError as error:
         lines = str(error).split("\n  ")
     termed = [_in_record_terms(line, recorded) for line in lines]

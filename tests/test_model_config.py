@@ -95,6 +95,56 @@ def test_language_model_and_train_cell_say_the_same_one_line_with_the_mirror_s_m
     assert lines == [f"layertune: error: {message}"], lines
 
 
+def _gated_answer(url: str) -> None:
+    """What `huggingface_hub` raises when the hub answers a download as it does for a gated model the token may not
+    read: 403 with the error code GatedRepo."""
+    import httpx2
+    from huggingface_hub.utils import hf_raise_for_status
+
+    hf_raise_for_status(httpx2.Response(403, headers={"X-Error-Code": "GatedRepo"}, request=httpx2.Request("GET", url)))
+
+
+def test_a_gated_hub_model_is_said_to_be_gated_not_found_nowhere(fake_hub, tmp_path, monkeypatch):
+    """The hub has a gated model and refuses it to this machine's token: "unknown model: found nowhere" sent the user
+    looking for a typo. The plan and `LanguageModel` (so train-cell too) say it is gated and how to get access."""
+    import transformers
+    from huggingface_hub.errors import GatedRepoError
+
+    from layertune.language_model import LanguageModel
+
+    name = "meta-llama/Llama-3.2-1B"
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", lambda repo, file, **_: _gated_answer(
+        f"https://huggingface.co/{repo}/resolve/main/{file}"))
+    with pytest.raises(ModelConfigError) as raised:
+        model_layers(name, where="studies.s.encoders.llama")
+    assert str(raised.value) == (
+        "studies.s.encoders.llama: model 'meta-llama/Llama-3.2-1B' is gated on the Hugging Face hub: it is there, but "
+        "the token on this machine has no access to it. To fix it, ask for access on "
+        "https://huggingface.co/meta-llama/Llama-3.2-1B, then log in here (hf auth login, or set HF_TOKEN); or give "
+        "the path of a local copy of the model.")
+
+    def config_as_transformers_reads_it(repo, **_):  # transformers' cached_file wraps the hub's error so
+        try:
+            _gated_answer(f"https://huggingface.co/{repo}/resolve/main/config.json")
+        except GatedRepoError as error:
+            raise OSError(f"You are trying to access a gated repo.\nMake sure to have access to it at "
+                          f"https://huggingface.co/{repo}.\n{error}") from error
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", config_as_transformers_reads_it)
+    with pytest.raises(OSError) as raised:
+        LanguageModel(name)
+    assert str(raised.value).startswith("Model 'meta-llama/Llama-3.2-1B' is gated on the Hugging Face hub: it is "
+                                        "there, but the token on this machine has no access to it.")
+    # any other refusal is still a model found nowhere
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda repo, **_: _raise(OSError("no such repo")))
+    with pytest.raises(OSError, match=r"^Unknown model 'meta-llama/Llama-3.2-1B': found nowhere\."):
+        LanguageModel(name)
+
+
+def _raise(error: Exception):
+    raise error
+
+
 def test_a_mirrored_model_is_read_from_the_mirror_not_the_hub(fake_hub, tmp_path, monkeypatch):
     make_tiny_model(tmp_path / "mirror" / "tiny-encoder", "distilbert")
     monkeypatch.setenv(MODEL_MIRROR_ENV, str(tmp_path / "mirror"))

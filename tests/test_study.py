@@ -133,6 +133,11 @@ def test_early_stopping_without_a_validation_slice_is_refused_at_plan_time(param
         ("studies.methods.methods.lora-all.method", {"name": "ia3", "target_module": ["query"]},
          r"studies.methods.methods.lora-all.method.target_module: unknown key. Did you mean 'target_modules' or "
          r"'feedforward_modules'\? Valid choices: name, target_modules, feedforward_modules\."),
+        # a key the user chose that equals a union's tag (a setting named lora, an encoder named single) stays
+        ("studies.methods.methods.lora", {"method": {"name": "lora", "rr": 8}, "tunable_layers": 2},
+         r"studies.methods.methods.lora.method.rr: unknown key. Did you mean 'r'\?"),
+        ("studies.ablation.encoders.single", {"model": "sentence-transformers/all-MiniLM-L6-v2", "poolin": "cls"},
+         r"studies.ablation.encoders.single.poolin: unknown key. Did you mean 'pooling'"),
         ("studies.methods.tunable_layers", [0, 2], r"studies.methods: .*give tunable_layers .* or methods .*not both"),
         ("studies.methods.encoders.all-MiniLM-L6-v2", {"model": "sentence-transformers/all-MiniLM-L6-v2",
                                                        "method": "lora"},

@@ -200,7 +200,6 @@ def main(argv: list[str] | None = None) -> int:
     from layertune.cell import train_cell
     from layertune.errors import CorpusArgumentError, describe_validation_error
     from layertune.specs import CellSpec
-    from layertune.tuning_methods import METHODS
 
     parser = _parser()
     parsed, unknown = parser.parse_known_args(argv)
@@ -221,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         # a key the command line set (or could have, where no --spec file gave it) under the option's name
         given = None if base is None else set(options)
         lines = [_as_option(line, given) + (" (a list: [a, b])" if "a valid list" in line and base is None else "")
-                 for line in describe_validation_error(error, schema=CellSpec, union_tags=METHODS)]
+                 for line in describe_validation_error(error, schema=CellSpec)]
         print(f"layertune: error: {'; '.join(lines)}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:

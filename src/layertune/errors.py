@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel, ValidationError
+    from pydantic import ValidationError
 
 
 def choices_hint(value: object, choices: Iterable[object]) -> str:
@@ -34,18 +34,18 @@ def unknown_choice(kind: str, value: object, choices: Iterable[object]) -> Value
     return ValueError(f"Unknown {kind} {value!r}.{choices_hint(value, choices)}")
 
 
-def describe_validation_error(error: ValidationError, prefix: tuple = (), schema: type[BaseModel] | None = None,
-                              union_tags: Iterable[str] = ()) -> list[str]:
+def describe_validation_error(error: ValidationError, prefix: tuple = (), schema: Any = None) -> list[str]:
     """One line per bad key of a pydantic error, ``dotted.key: what is wrong (got value)``.
 
-    Pydantic reports each member of a union (``float | list[float]``) separately, naming the member in the key;
-    those names (and ``union_tags``, the tags of discriminated unions) are dropped and the members' complaints
-    joined with "or". ``schema``: the model validated, whose keys valid where an unknown one was found give a "did
-    you mean" (`keys_at`).
+    Pydantic reports each member of a union (``float | list[float]``, a tuning method's ``lora``) separately,
+    naming the member in the key; those names are dropped (`_as_written`) and the members' complaints joined with
+    "or". ``schema``: what was validated (a model, or an annotation such as a tagged union), which tells where a
+    location names a union's member and, where an unknown key was found, the valid keys for a "did you mean"
+    (`keys_at`).
     """
     problems: dict[str, list[str]] = {}
     for item in error.errors():
-        location = (*prefix, *(part for part in item["loc"] if not _is_union_member(part, union_tags)))
+        location = (*prefix, *_as_written(item["loc"], schema))
         key = dotted_key(location)
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
@@ -63,7 +63,21 @@ def describe_validation_error(error: ValidationError, prefix: tuple = (), schema
     return [f"{key}: {' or '.join(messages)}" if key else " ".join(messages) for key, messages in problems.items()]
 
 
-def keys_at(schema: type[BaseModel], location: Iterable) -> list[str]:
+def _as_written(location: Iterable, schema: Any) -> list:
+    """A pydantic error's location as the user wrote it: without the parts that name which member of a union
+    pydantic tried (``str``, ``list[float]``, a tagged member's tag). With ``schema``, a part is such a name only
+    where ``schema`` has a union, so that a key the user chose that equals a tag (a methods-study entry named
+    ``lora``) stays; where there is no schema to follow, plain type names alone are dropped."""
+    written, annotation = [], schema
+    for part in location:
+        inner = _inner(annotation)
+        if not (_names_member(inner, part) if _is_union(inner) else annotation is None and _is_type_name(part)):
+            written.append(part)
+        annotation = _step(annotation, part) if annotation is not None else None
+    return written
+
+
+def keys_at(schema: Any, location: Iterable) -> list[str]:
     """The keys valid at ``location`` in ``schema``: a pydantic error's location as it reports it, stepping into a
     mapping's values by key, a list's items by index, and a union's member by its tag (a discriminated union's
     value, such as a tuning method's name) or its class name; empty where no model is found."""
@@ -126,9 +140,16 @@ def _is_union(annotation: Any) -> bool:
     return get_origin(annotation) in (Union, types.UnionType)
 
 
-def _is_union_member(part: Any, tags: Iterable[str]) -> bool:
+def _names_member(union: Any, part: Any) -> bool:
+    """Whether a location's ``part``, met at ``union``, is pydantic's name for one of its members."""
+    return _is_type_name(part) or any(part in _tags(member) for member in get_args(union))
+
+
+def _is_type_name(part: Any) -> bool:
+    """Whether ``part`` is how pydantic names a plain member of a union in a location (``str``, ``list[float]``,
+    ``literal['a','b']``, a validator's ``function-after[...]``)."""
     return isinstance(part, str) and (part in ("str", "int", "float", "bool", "list[float]", "list[int]")
-                                      or part.startswith(("literal[", "function-")) or part in tags)
+                                      or part.startswith(("literal[", "function-")))
 
 
 def dotted_key(location: Iterable) -> str:

@@ -25,7 +25,7 @@ from layertune.errors import choices_hint
 from layertune.layer_stack import embeddings_name, layer_stack
 from layertune.model_loading import load_base_model, load_config, load_tokenizer, load_weights, set_hidden_dropout
 from layertune.model_paths import default_pooling, resolve_model_path
-from layertune.tuning_methods import METHODS, TopK, TuningMethod, tuning_method
+from layertune.tuning_methods import TopK, TuningMethod, tuning_method
 
 if TYPE_CHECKING:
     from layertune.training_config import TrainingConfig
@@ -418,4 +418,4 @@ def _checked_method(method) -> TuningMethod:
     try:
         return tuning_method(method)
     except ValidationError as error:
-        raise ValueError("; ".join(describe_validation_error(error, ("method",), union_tags=METHODS))) from None
+        raise ValueError("; ".join(describe_validation_error(error, ("method",), TuningMethod))) from None

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from layertune.model_paths import first_line, model_not_found, require_safe_weights, resolve_model_path
+from layertune.model_paths import (first_line, gated_model, is_gated, model_not_found, require_safe_weights,
+                                   resolve_model_path)
 
 # Config attributes that hold the dropout after attention/feed-forward blocks, by model family.
 _DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "dropout", "hidden_dropout")
@@ -38,7 +39,8 @@ def load_config(path: str, trust_remote_code: bool, revision: str | None) -> tra
     except OSError as error:
         if folder.is_dir():  # a model folder that cannot be read: transformers' own message says why
             raise
-        raise OSError(model_not_found(path, revision, f"{type(error).__name__}: {first_line(error)}")) from None
+        raise OSError(gated_model(path) if is_gated(error) else
+                      model_not_found(path, revision, f"{type(error).__name__}: {first_line(error)}")) from None
 
 
 def load_tokenizer(path, trust_remote_code: bool, revision: str | None):

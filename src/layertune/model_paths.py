@@ -68,7 +68,8 @@ def model_config(name: str, where: str = "model", revision: str | None = None) -
     try:
         config, tokenizer = _hub_config_files(name, revision)
     except _HubUnavailable as error:
-        raise ModelConfigError(model_not_found(name, revision, str(error), where)) from None
+        raise ModelConfigError(gated_model(name, where) if error.gated else
+                               model_not_found(name, revision, str(error), where)) from None
     return _with_tokenizer_limit(_read_json(config, where), _read_json(tokenizer, where) if tokenizer else None)
 
 
@@ -79,7 +80,12 @@ def _with_tokenizer_limit(config: dict, tokenizer: dict | None) -> dict:
 
 
 class _HubUnavailable(Exception):
-    """The hub (or, offline, its local cache) did not provide a model's config.json; the message says why."""
+    """The hub (or, offline, its local cache) did not provide a model's config.json; the message says why, and
+    ``gated`` whether the hub has the model but refused it to this machine's token."""
+
+    def __init__(self, message: str, gated: bool) -> None:
+        super().__init__(message)
+        self.gated = gated
 
 
 @functools.cache
@@ -95,7 +101,7 @@ def _hub_config_files(repo_id: str, revision: str | None) -> tuple[Path, Path | 
     except (OSError, ValueError, EntryNotFoundError) as error:  # unknown repo or revision, no network, bad id
         status = ("HF_HUB_OFFLINE is set and the Hugging Face cache does not hold it"
                   if huggingface_hub.constants.HF_HUB_OFFLINE else "it could not be downloaded")
-        raise _HubUnavailable(f"{status}: {type(error).__name__}: {first_line(error)}") from None
+        raise _HubUnavailable(f"{status}: {type(error).__name__}: {first_line(error)}", is_gated(error)) from None
     try:
         tokenizer = huggingface_hub.hf_hub_download(repo_id, "tokenizer_config.json", revision=revision)
     except EntryNotFoundError:  # optional (many models state their limit in config.json only), or offline: not cached
@@ -106,6 +112,25 @@ def _hub_config_files(repo_id: str, revision: str | None) -> tuple[Path, Path | 
 def first_line(error: Exception) -> str:
     """An error's first line (the hub's and transformers' messages go on with advice that does not apply here)."""
     return (str(error).strip().splitlines() or [""])[0]
+
+
+def is_gated(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from: transformers wraps the hub's) is the hub refusing a gated model
+    to this machine's token. Such a model exists: "found nowhere" would send the user looking for a typo."""
+    from huggingface_hub.errors import GatedRepoError
+
+    while error is not None and not isinstance(error, GatedRepoError):
+        error = error.__cause__ or error.__context__
+    return error is not None
+
+
+def gated_model(name: str, where: str | None = None) -> str:
+    """The one message for a gated hub model that this machine's token may not download (plan and `LanguageModel`
+    alike); ``where``: the params key that names it, if any."""
+    model = f"{where}: model" if where else "Model"
+    return (f"{model} {name!r} is gated on the Hugging Face hub: it is there, but the token on this machine has no "
+            f"access to it. To fix it, ask for access on https://huggingface.co/{name}, then log in here (hf auth "
+            f"login, or set HF_TOKEN); or give the path of a local copy of the model.")
 
 
 def model_not_found(name: str, revision: str | None, hub: str, where: str | None = None) -> str:

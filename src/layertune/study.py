@@ -283,7 +283,6 @@ class SingleEncoder(EncoderSpec):
 # A model id, a model with settings, or a combination; tagged so that an error names only the form that was meant.
 EncoderEntry = Annotated[Annotated[str, Tag("model")] | Annotated[SingleEncoder, Tag("single")]
                          | Annotated[CombinedEncoder, Tag("combined")], Discriminator(_encoder_kind)]
-ENCODER_TAGS = ("model", "single", "combined")
 
 
 class StudySpec(Spec):
