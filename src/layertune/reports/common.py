@@ -39,6 +39,8 @@ DISPLAY_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "rte": "RTE", 
                  "conll2003": "CoNLL-2003"}
 DIGITS = 4  # metrics-file rounding: far below seed-to-seed spread, above float noise
 PRECISIONS = {"no": "float32", "bf16": "bfloat16 (autocast)", "fp16": "float16 (autocast)"}
+# A within-tolerance question's verdict on a setting, as the layer and methods tables show it.
+WITHIN_TOLERANCE = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
 
 
 @dataclass
@@ -292,7 +294,7 @@ def settle_undecided(comparisons: Mapping[str, tuple[Setting, str]], best: Setti
 def settle_section(settlements: Mapping[str, Settlement], setting_header: str, tolerance: float) -> str:
     """A table per undecided question: each comparison's gap to the tolerance, its half-width's two parts, and the
     seeds or paired dev examples that would decide it; then where seeds will not help."""
-    rows = [[name, "yes" if s.decides == "yes" else "no, worse", points(s.gap),
+    rows = [[name, WITHIN_TOLERANCE[s.decides], points(s.gap),
              f"{points(s.dev)} / {points(s.seed)}", _seeds_text(s), _examples_text(s),
              f"{s.together[0]} seeds, {s.together[1]:,} examples" if s.together else "–"]
             for name, s in settlements.items()]

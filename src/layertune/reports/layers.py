@@ -18,6 +18,7 @@ from functools import partial
 import pandas as pd
 
 from layertune.reports.common import (
+    WITHIN_TOLERANCE,
     Report,
     PAIRED_TEST,
     Setting,
@@ -54,7 +55,6 @@ from layertune.statistics import (
 )
 from layertune.study import layers_order
 
-VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
 
 
 @dataclass
@@ -151,7 +151,7 @@ def task_section(results: StudyResults, found: list[Setting], chosen: list[Recom
                 f"{signed_points(comparison.difference)} [{signed_points(comparison.low)}, "
                 f"{signed_points(comparison.high)}]")
             rows.append([setting.tunable_layers, f"{trainable:,}", score_text(setting), versus,
-                         VERDICTS[comparison.verdict], f"{seconds:.1f}"])
+                         WITHIN_TOLERANCE[comparison.verdict], f"{seconds:.1f}"])
         rows = sorted(rows, key=lambda row: layers_order([r[0] for r in rows]).index(row[0]))
         metric = recommendation.best.metric
         lines += [f"## {display(task)} ({metric}), {encoder}\n",

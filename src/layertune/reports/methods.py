@@ -17,6 +17,7 @@ import pandas as pd
 
 from layertune.reports.common import (
     PAIRED_TEST,
+    WITHIN_TOLERANCE,
     Report,
     Setting,
     StudyResults,
@@ -46,7 +47,6 @@ from layertune.statistics import (
     within_tolerance,
 )
 
-VERDICTS = {"yes": "yes", "no": "no, worse", "undecided": "undecided"}
 COSTS = {"trainable_parameters": "trainable parameters", "train_time_s": "training time"}
 
 
@@ -168,7 +168,7 @@ def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
         rows = [[f"`{row.name}`", method_text(results, row.name), f"{row.trainable_parameters:,}",
                  score_text(row.setting), "best" if row.name == answer.reference else
                  f"{signed_points(row.comparison.difference)} [{signed_points(row.comparison.low)}, "
-                 f"{signed_points(row.comparison.high)}]", VERDICTS[row.comparison.verdict],
+                 f"{signed_points(row.comparison.high)}]", WITHIN_TOLERANCE[row.comparison.verdict],
                  f"{row.train_time_s:.1f}", f"{row.peak_memory_mb:,.0f}"] for row in answer.rows]
         lines += [f"## {display(answer.task)} ({metric}), {answer.encoder}\n",
                   markdown_table(["method", "what trains", "trainable parameters", f"{metric} (points)",
