@@ -118,6 +118,28 @@ def test_selection_names_and_directions():
     assert loss.improves({"eval_loss": 0.4}, {"eval_loss": 0.5})
 
 
+def test_a_nan_validation_score_is_never_the_best_even_at_the_first_epoch(tiny_bert, tmp_path, monkeypatch):
+    """A NaN score (Spearman's of constant predictions) compared as a number was kept as the best when it came
+    first: nothing beats NaN, so the run ended on the first epoch's weights however much it learned after."""
+    nan = float("nan")
+    accuracy = Selection.of(TrainingConfig(), with_validation(toy_sentiment_corpus()))
+    assert accuracy.improves({"validation_accuracy": 0.1}, {"validation_accuracy": nan})
+    assert not accuracy.improves({"validation_accuracy": nan}, {"validation_accuracy": 0.1})
+    assert not accuracy.improves({"validation_accuracy": nan}, {"validation_accuracy": nan})
+
+    corpus = with_validation(toy_sentiment_corpus(64, 8), 24)
+    trainer = ModelTrainer(classifier(tiny_bert), corpus, cache_dir=tmp_path)
+    scripted, evaluate = iter([nan, 0.6, 0.7, 0.65, 0.5]), trainer.evaluate
+
+    def scored(loader, accelerator):  # the validation slice's accuracy as scripted; dev's as it is
+        scores, predictions = evaluate(loader, accelerator)
+        return ({**scores, "eval_accuracy": next(scripted)} if len(loader.dataset) == 24 else scores), predictions
+
+    monkeypatch.setattr(trainer, "evaluate", scored)
+    result = trainer.train(progress=False, epochs=5, early_stopping_patience=2, **FAST)
+    assert (result.best_epoch, result.epochs_trained, result.stopped_by) == (3, 5, "early_stopping")
+
+
 def test_a_regressor_starts_from_the_mean_training_target(tiny_bert):
     corpus = toy_sentiment_corpus(regression=True)
     model = TextRegressor(LanguageModel(tiny_bert, tunable_layers=0))

@@ -61,3 +61,48 @@ def test_untrained_cosine_and_the_majority_class(minilm_l3, data_mirror, sst2):
     assert no_model_baseline(stsb) is None
     with pytest.raises(ValueError, match="untrained_cosine scores sentence pairs"):
         untrained_cosine(LanguageModel(str(minilm_l3), tunable_layers=0), sst2)
+
+
+def test_a_studys_references_are_computed_again_when_any_code_or_precision_they_depend_on_changes(
+        tiny_bert, tmp_path, monkeypatch):
+    """The evaluate stage keeps a study's references in the feature cache. Their key had the probes' own source
+    only: an edit to what the probes import (the metrics, pooling, tokenization) reran the stage, which scored the
+    cells with the new code and read the probes back as the old code had computed them; so did a cache folder
+    moved to a machine that computes in another precision."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from layertune import probes
+    from layertune.study import StudySpec
+    from pipelines import provenance
+    from pipelines.evaluate.nodes import reference_scores
+    from tests.conftest import toy_sentiment_corpus
+
+    corpus = toy_sentiment_corpus(48, 16)
+    corpus = dataclasses.replace(corpus, name="sst2", train=corpus.train.select(range(16, 48)),
+                                 validation=corpus.train.select(range(16)))
+    spec = StudySpec.model_validate({"report": {"kind": "layers"}, "tasks": ["sst2"],
+                                     "encoders": {"tiny": str(tiny_bert)}, "tunable_layers": [0], "seeds": [1],
+                                     "training": {"mixed_precision": "auto", "max_length": 32}})
+    plan, corpora = SimpleNamespace(spec=spec, cells=[]), {"sst2": lambda: corpus}
+    computed = []
+    monkeypatch.setattr(probes, "study_references", lambda *args, study=probes.study_references, **kwargs:
+                        computed.append(1) or study(*args, **kwargs))
+
+    first = reference_scores(plan, corpora, tmp_path)
+    assert "linear_probe" in first["sst2"]["encoders"]["tiny"] and len(computed) == 1
+    assert reference_scores(plan, corpora, tmp_path) == first and len(computed) == 1  # unchanged: from the cache
+
+    digest = provenance.code_digest
+    monkeypatch.setattr(provenance, "code_digest", lambda path: digest(path) + ("edited" if path.name == "metrics.py"
+                                                                                else ""))
+    reference_scores(plan, corpora, tmp_path)
+    assert len(computed) == 2  # metrics.py, which the probes import, was edited
+    monkeypatch.setattr(provenance, "code_digest", digest)
+
+    import layertune.training_config
+
+    other = {"no": "bf16", "bf16": "no"}[layertune.training_config.resolve_mixed_precision("auto", "cpu")]
+    monkeypatch.setattr(layertune.training_config, "resolve_mixed_precision", lambda setting, device: other)
+    reference_scores(plan, corpora, tmp_path)
+    assert len(computed) == 3  # the same folder on a machine where "auto" is another precision

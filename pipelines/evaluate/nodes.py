@@ -37,21 +37,27 @@ def reference_scores(plan: StudyPlan, corpora: dict[str, Callable[..., Corpus]],
     """The references the report sets beside the cells: no-model baselines, linear probes on the frozen encoders
     (from the head-only cells' cache entries), an untrained model's cosine (`layertune.probes.study_references`).
     Kept in the feature cache by everything they are computed from (the study's data, encoders, head and training
-    settings, the models' files, the corpora and the probes' code): a decided study reruns this stage every round,
-    and its references do not change."""
+    settings, the models' files, the corpora, the code: `layertune.probes` and every library file it imports, and
+    the device and precision they are computed in here): a decided study reruns this stage every round, and its
+    references do not change."""
     import hashlib
-    import inspect
     import json
 
+    import layertune
     from layertune import probes
     from layertune.io import write_json
+    from layertune.training_config import resolve_mixed_precision, training_device
+    from pipelines.provenance import code_fingerprint
 
     loaded = {task: corpora[task]() for task in plan.spec.tasks}
     spec = plan.spec.model_dump(mode="json", include={"tasks", "encoders", "data", "encoder", "head", "training",
                                                       "per_tunable_layers", "seeds"})
     fingerprints = sorted({fingerprint for cell in plan.cells for fingerprint in cell.model_fingerprints})
+    library = Path(layertune.__file__).resolve().parent
+    device = training_device().type  # what "auto" precision is depends on the machine, as the features do
     what = json.dumps([spec, fingerprints, {task: corpus.fingerprint for task, corpus in loaded.items()},
-                       inspect.getsource(probes)], sort_keys=True)
+                       code_fingerprint([Path(probes.__file__)], {"layertune": library}),
+                       device, resolve_mixed_precision("auto", device)], sort_keys=True)
     entry = cache_root / REFERENCES_CACHE / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.json"
     if entry.is_file() and not entry.is_symlink():
         return json.loads(entry.read_text())

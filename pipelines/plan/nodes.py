@@ -1,13 +1,12 @@
 """plan: what each later stage reads, and each stage's code fingerprint. The plan itself is computed by the check
 before any node (`pipelines.param_checks.ParamsCheckHook`); `plan_files` only splits it into the stages' files."""
 
-import hashlib
 from pathlib import Path
 
 import layertune
 import pipelines
 from pipelines.plans import Plan, TrainPlan
-from pipelines.provenance import code_digest, import_closure, stage_fingerprint
+from pipelines.provenance import code_fingerprint, stage_fingerprint
 
 PROJECT = Path(pipelines.__file__).resolve().parent.parent
 LIBRARY = Path(layertune.__file__).resolve().parent
@@ -52,8 +51,5 @@ def dataset_classes() -> dict[str, frozenset[str]]:
 
 def cell_code_fingerprint() -> str:
     """One digest of every library file that training a cell runs (`layertune.cell` and its imports), read as code
-    (`code_digest`: a comment or docstring edited retrains no cell)."""
-    digest = hashlib.sha256()
-    for path in import_closure([LIBRARY / "cell.py"], {"layertune": LIBRARY}):
-        digest.update(f"{path.relative_to(LIBRARY.parent)}\0{code_digest(path)}\n".encode())
-    return digest.hexdigest()[:32]
+    (a comment or docstring edited retrains no cell)."""
+    return code_fingerprint([LIBRARY / "cell.py"], {"layertune": LIBRARY})

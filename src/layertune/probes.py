@@ -23,7 +23,13 @@ import torch
 from layertune.batching import IGNORE_INDEX, make_loader
 from layertune.corpus import Corpus
 from layertune.metrics import compute_metrics
-from layertune.training_config import TrainingConfig, autocast_context, autocast_dtype, resolve_mixed_precision
+from layertune.training_config import (
+    TrainingConfig,
+    autocast_context,
+    autocast_dtype,
+    resolve_mixed_precision,
+    training_device,
+)
 
 # Inverse regularisation strengths tried (C of LogisticRegression; Ridge's alpha is 1 / C), on standardised features:
 # half-decade steps from 1e-3 to 1e2.
@@ -144,7 +150,7 @@ def no_model_baseline(corpus: Corpus) -> ProbeResult | None:
 def _features(lm, corpus: Corpus, args: TrainingConfig, cache_dir) -> dict:
     """Per split (train, validation, dev): the head's inputs in corpus order, and the labels. Text tasks: one pooled
     vector per example; tagging: per sentence, the states of its labelled (first) word pieces."""
-    device = _device()
+    device = training_device()
     autocast = autocast_dtype(resolve_mixed_precision(args.mixed_precision, device.type))
     splits, _ = lm.prepare_examples(corpus, args, cache_dir=cache_dir, device=device, autocast=autocast)
     batch_size = args.eval_batch_size or args.batch_size
@@ -195,7 +201,7 @@ def _references(labels: list, tagging: bool, corpus: Corpus) -> list:
 
 @torch.no_grad()
 def _embed(lm, texts: list[str], args: TrainingConfig) -> torch.Tensor:
-    device = _device()
+    device = training_device()
     autocast = autocast_dtype(resolve_mixed_precision(args.mixed_precision, device.type))
     batch_size = args.eval_batch_size or args.batch_size
     lm.eval().to(device)
@@ -205,11 +211,6 @@ def _embed(lm, texts: list[str], args: TrainingConfig) -> torch.Tensor:
         with autocast_context(device, autocast):
             rows.append(lm({k: v.to(device) for k, v in batch.items()}).float().cpu())
     return torch.cat(rows)
-
-
-def _device() -> torch.device:
-    """Where training would run (as `ModelTrainer` chooses): the features are computed there."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def study_references(plan, corpora, cache_dir: str | Path | None = None) -> dict:

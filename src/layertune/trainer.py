@@ -24,7 +24,13 @@ from layertune.errors import choices_hint, describe_validation_error
 from layertune.heads import TaskModel
 from layertune.io import check_output_directory, output_directory, write_json
 from layertune.metrics import compute_metrics
-from layertune.training_config import TrainingConfig, autocast_context, autocast_dtype, resolve_mixed_precision
+from layertune.training_config import (
+    TrainingConfig,
+    autocast_context,
+    autocast_dtype,
+    resolve_mixed_precision,
+    training_device,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -117,10 +123,13 @@ class Selection:
         return {f"{prefix}_{key.removeprefix('eval_')}": value for key, value in scores.items()}
 
     def improves(self, record: dict, best: dict) -> bool:
-        """Strictly better (transformers' EarlyStoppingCallback with no threshold): loss lower, any metric higher."""
-        if self.metric == "loss":
-            return record[self.key] < best[self.key]
-        return record[self.key] > best[self.key]
+        """Strictly better (transformers' EarlyStoppingCallback with no threshold): loss lower, any metric higher.
+        A NaN score is no score (Spearman's of constant predictions, a regressor's first epoch in bfloat16): it
+        never improves, and any score improves on it; compared as numbers, a NaN first epoch would stay the best."""
+        score, best_score = record[self.key], best[self.key]
+        if math.isnan(score) or math.isnan(best_score):
+            return math.isnan(best_score) and not math.isnan(score)
+        return score < best_score if self.metric == "loss" else score > best_score
 
 
 def training_arguments(args: TrainingConfig | None, arguments: dict) -> TrainingConfig:
@@ -459,7 +468,7 @@ def _accelerator(args: TrainingConfig) -> Accelerator:
     if args.batch_size % processes:
         raise ValueError(f"batch_size={args.batch_size} cannot be split between {processes} processes: use a "
                          f"multiple of {processes}.")
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    device_type = training_device().type
     # non_blocking: batches gathered in pinned host memory (states beyond the GPU's budget) are copied ahead
     return Accelerator(mixed_precision=resolve_mixed_precision(args.mixed_precision, device_type),
                        gradient_accumulation_steps=args.gradient_accumulation_steps,

@@ -8,9 +8,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TrainingConfig(BaseModel):
@@ -159,6 +162,13 @@ def cache_decision(frozen_prefix_layers: int | None, frozen_dropout: bool, setti
     if setting is True:
         raise ValueError(f"frozen_prefix_cache=True cannot be honoured: {reason}. Use 'auto' or False.")
     return False, reason
+
+
+def training_device() -> torch.device:
+    """Where `ModelTrainer` trains (and the probes compute their features): the GPU when there is one, else the CPU."""
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def resolve_mixed_precision(setting: str, device_type: str) -> str:
