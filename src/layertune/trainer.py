@@ -192,6 +192,8 @@ class ModelTrainer:
         accelerator = _accelerator(args)
         if accelerator.device.type == "cpu":
             host_memory.keep_freed_blocks()  # a step reuses the buffers the last one freed: no page faults
+        elif accelerator.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(accelerator.device)  # this run's peak, not the process's
         transformers.set_seed(args.seed)
 
         parameter_groups = self._parameter_groups(args)  # validates per-encoder rates before any heavy work
@@ -477,7 +479,8 @@ def _accelerator(args: TrainingConfig) -> Accelerator:
 
 
 def _peak_memory_mb(device: torch.device) -> float:
-    """Peak accelerator memory on GPU; on CPU the process's peak resident memory (Linux reports KiB)."""
+    """On a GPU, this run's peak (`ModelTrainer.train` resets the count); on a CPU, the process's peak resident memory
+    so far (Linux reports KiB), which includes the runs it made before: it cannot be reset per run."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

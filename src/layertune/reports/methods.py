@@ -1,6 +1,8 @@
 """The tuning-methods report: per task and encoder, each method's dev score with its interval, what it costs
-(trainable parameters, training time, peak memory), and the cheapest method not worse than the best by more than the
-tolerance, decided by a paired test — by trainable parameters, and by training time.
+(trainable parameters, training time), and the cheapest method not worse than the best by more than the tolerance,
+decided by a paired test — by trainable parameters, and by training time. Peak memory is in the JSON only: on a CPU
+it is the peak of the process that trained the cell, which carries the peaks of the cells it trained before, so a
+table of it would compare the order the cells trained in, not the methods.
 
 The rule is the layer report's with cost in place of layer count: the *best* method has the highest mean score; a
 method is good enough when a one-sided paired test (same dev examples and seeds) shows its shortfall from the best is
@@ -169,11 +171,11 @@ def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
                  score_text(row.setting), "best" if row.name == answer.reference else
                  f"{signed_points(row.comparison.difference)} [{signed_points(row.comparison.low)}, "
                  f"{signed_points(row.comparison.high)}]", WITHIN_TOLERANCE[row.comparison.verdict],
-                 f"{row.train_time_s:.1f}", f"{row.peak_memory_mb:,.0f}"] for row in answer.rows]
+                 f"{row.train_time_s:.1f}"] for row in answer.rows]
         lines += [f"## {display(answer.task)} ({metric}), {answer.encoder}\n",
                   markdown_table(["method", "what trains", "trainable parameters", f"{metric} (points)",
                                   versus_header(answer.decision, answer.reference), "within tolerance?",
-                                  "training time (s)", "peak memory (MB)"], rows, "llrrrlrr"),
+                                  "training time (s)"], rows, "llrrrlr"),
                   f"Cheapest method within tolerance, by trainable parameters: {answer_text(answer, 'trainable_parameters')}"
                   f"; by training time: {answer_text(answer, 'train_time_s')} (best: {answer.best.name}, "
                   f"{points(answer.best.setting.mean)}).\n"]
