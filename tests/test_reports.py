@@ -488,3 +488,17 @@ def test_each_setting_costs_its_training_time_in_full_fine_tunings(tiny_model_di
     assert "One seed of this grid trains in 1.6 full fine-tunings' time" in markdown
     without = build_report(synthetic_results({**study, "tunable_layers": [0, 1]}, {"0": 0.6, "1": 0.8})).markdown
     assert "full fine-tuning)" not in without and "full fine-tunings' time" not in without
+
+
+def test_a_grid_whose_settings_trained_different_seeds_costs_each_setting_once():
+    """A study decided in rounds trains seeds 3 and 4 of the settings still in question only: summed per seed, those
+    seeds' totals left out the others (2.8 full fine-tunings where the settings cost 2.9)."""
+    from layertune.reports.references import _convergence_text
+
+    rows = [("0", seed, 1.0) for seed in (1, 2)] + [("1", seed, 2.0) for seed in (1, 2, 3, 4)] + \
+        [("all", seed, 5.0) for seed in (1, 2, 3, 4)]
+    cells = pd.DataFrame([{"encoder": "m", "setting": setting, "seed": seed, "train_time_s": time,
+                           "full_fine_tuning": setting == "all", "epochs_trained": 3, "best_epoch": 2,
+                           "stopped_by": "early_stopping", "max_epochs": 10, "selects_best": True, "patience": 2, "key": "c"}
+                          for setting, seed, time in rows])
+    assert "One seed of this grid trains in 1.6 full fine-tunings' time" in _convergence_text(cells, "tunable layers")

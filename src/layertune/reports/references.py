@@ -254,10 +254,13 @@ def _convergence_text(cells: pd.DataFrame, setting_header: str) -> str:
     text = markdown_table(header + ["training time (× full fine-tuning)"] * bool(len(full)), rows,
                           "llll" + "r" * bool(len(full)))
     if len(full):
-        per_seed = costs.groupby(cells["seed"]).sum(min_count=1).dropna()
-        text += (f"\nOne seed of this grid trains in {per_seed.mean():.1f} full fine-tunings' time (every setting's "
-                 f"training time over full fine-tuning's, same seed, summed; mean over {len(per_seed)} seed(s)); the "
-                 "frozen-prefix pass, computed once per study before any cell trains, is not in it.\n")
+        # Per setting over the seeds it trained, then summed: a study decided in rounds trains later seeds of some
+        # settings only, and a sum per seed would leave the others out of those seeds' totals.
+        per_setting = costs.groupby([cells["encoder"], cells["setting"]], sort=False).mean().dropna()
+        text += (f"\nOne seed of this grid trains in {per_setting.sum():.1f} full fine-tunings' time (each setting's "
+                 "training time over full fine-tuning's, same seed, as a mean over the seeds it trained; summed over "
+                 "the settings); the frozen-prefix pass, computed once per study before any cell trains, is not in "
+                 "it.\n")
     return text + _capped_text(cells)
 
 
