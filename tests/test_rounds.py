@@ -299,8 +299,16 @@ def test_a_decided_report_shows_each_round_its_claims_and_what_comes_next(tiny_m
     assert "### Rounds" in report.markdown and "| 2 | 3, 4 | 0, 1, 2 | 6 |" in report.markdown
     assert "the next round would train seed(s) 5, 6 of 1, 2" in report.markdown
     assert "Decided in rounds (at most 3" in report.markdown
-    # What would settle it names the settings in question against the best, never the best against itself.
+    # What would settle it names the settings in question against the best, never the best against itself, under
+    # the rounds' test at their next look (third of three): at the fixed 95% test, a comparison it already decides
+    # read as needing one more seed.
     assert sorted(report.details["sst2"]["m"]["what_would_settle"]) == ["1"]
+    from layertune.statistics import Looks
+
+    level = Looks(3).level(3)
+    assert (f"What would settle it, if the observed differences hold (the rounds' test at their next look, against "
+            f"the best, at one-sided error {level:.2%} for within tolerance and {level / 2:.2%} for worse, and 1-point "
+            "tolerance;") in report.markdown
     # Half a point below the best, K = 1 has a 5% chance of a claim with the two seeds the last look gives: it is
     # stalled, and gets seeds only as the setting 2, still in question too, is compared with.
     closer = build_report(synthetic_results(decided_study(str(tiny_model_dirs["bert"]), rounds),

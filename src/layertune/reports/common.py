@@ -27,6 +27,7 @@ from layertune.statistics import (
     Settlement,
     difference_spread,
     interval,
+    paired_difference,
     what_would_settle,
 )
 from layertune.study import CombinedEncoder, StudyPlan, layers_order
@@ -278,28 +279,43 @@ def dataset_lines(results: StudyResults) -> list[str]:
 
 
 def settle_undecided(comparisons: Mapping[str, tuple[Setting, str]], best: Setting, tolerance: float,
-                     confidence: float, pooled: SeedSpread | None) -> dict[str, Settlement]:
+                     confidence: float, pooled: SeedSpread | None,
+                     levels: tuple[float, float] | None = None) -> dict[str, Settlement]:
     """For each undecided comparison of a question the data cannot answer (``{name: (setting, verdict)}``), what
     would decide it (`layertune.statistics.what_would_settle`), its seed part as the test's: the pair's own spread
     shrunk toward ``pooled`` (the settings', `layertune.statistics.difference_spread`), to which each new seed adds
-    a degree of freedom."""
+    a degree of freedom. ``levels``: in a study decided in rounds, the one-sided errors of the rule's next look for a
+    claim within tolerance and one of worse (`Decision.next_levels`), in place of the fixed test's ``confidence``:
+    a comparison the fixed test already decides is undecided there only at the rounds' stricter level."""
     # The best is undecided only under the rounds' rule (the fixed test counts it good enough): no comparison to settle.
     undecided = {name: setting for name, (setting, verdict) in comparisons.items()
                  if verdict == "undecided" and setting is not best}
-    return {name: what_would_settle(setting.estimate, best.estimate, tolerance, confidence,
+
+    def level_of(setting: Setting) -> float:
+        if levels is None:
+            return confidence
+        within = paired_difference(setting.estimate, best.estimate).mean > -tolerance  # the claim it would reach
+        return 1 - levels[0 if within else 1]
+
+    return {name: what_would_settle(setting.estimate, best.estimate, tolerance, level_of(setting),
                                     difference_spread(setting.estimate, best.estimate, pooled))
             for name, setting in undecided.items()}
 
 
-def settle_section(settlements: Mapping[str, Settlement], setting_header: str, tolerance: float) -> str:
+def settle_section(settlements: Mapping[str, Settlement], setting_header: str, tolerance: float,
+                   levels: tuple[float, float] | None = None) -> str:
     """A table per undecided question: each comparison's gap to the tolerance, its half-width's two parts, and the
-    seeds or paired dev examples that would decide it; then where seeds will not help."""
+    seeds or paired dev examples that would decide it; then where seeds will not help. ``levels``: the rounds' next
+    look's, where they were used (`settle_undecided`)."""
+    test = ("the same test" if levels is None else
+            f"the rounds' test at their next look, against the best, at one-sided error {levels[0]:.2%} for within "
+            f"tolerance and {levels[1]:.2%} for worse,")
     rows = [[name, WITHIN_TOLERANCE[s.decides], points(s.gap),
              f"{points(s.dev)} / {points(s.seed)}", _seeds_text(s), _examples_text(s),
              f"{s.together[0]} seeds, {s.together[1]:,} examples" if s.together else "–"]
             for name, s in settlements.items()]
     hopeless = [name for name, s in settlements.items() if s.seeds_cannot_decide]
-    return (f"What would settle it, if the observed differences hold (the same test and {100 * tolerance:g}-point "
+    return (f"What would settle it, if the observed differences hold ({test} and {100 * tolerance:g}-point "
             "tolerance; seeds: for the best and each setting in doubt, on the same dev examples; examples: a larger "
             "paired dev set on which every setting is scored, with the same seeds):\n\n"
             + markdown_table([setting_header, "would be within tolerance?", "gap (points)",

@@ -62,6 +62,17 @@ class Decision:
         return self.claims[-1]
 
     @property
+    def next_levels(self) -> tuple[float, float] | None:
+        """The one-sided errors at which the rule's next look would claim a setting within tolerance, and worse (its
+        level, and that level over the number of other settings: `layertune.statistics.sequential_look`); None once
+        every look is spent."""
+        look = len(self.rounds) + 1
+        if look > self.looks.maximum:
+            return None
+        level = self.looks.level(look)
+        return level, level / max(len(self.estimates) - 1, 1)
+
+    @property
     def evaluation_examples(self) -> int:
         """How many evaluation examples a round added to the dev examples (0: none)."""
         return max((done.examples for done in self.rounds), default=0)

@@ -95,7 +95,7 @@ def recommend(group: list[Setting], tolerance: float, confidence: float,
                                                  for s in ordered])
     in_doubt = {str(s.tunable_layers): (s, comparisons[str(s.tunable_layers)].verdict) for s in ordered
                 if s.tunable_layers in candidates}
-    settle = settle_undecided(in_doubt, reference, tolerance, confidence, pooled)
+    settle = settle_undecided(in_doubt, reference, tolerance, confidence, pooled, decided and decided.next_levels)
     return Recommendation(best.task, best.encoder, best, comparisons, recommended, candidates, settle, decided,
                           str(reference.tunable_layers))
 
@@ -164,7 +164,8 @@ def task_section(results: StudyResults, found: list[Setting], chosen: list[Recom
         if recommendation.decision is not None:
             lines.append(rounds_section(results, recommendation.decision, "tunable layers", results.plan.name))
         if recommendation.settle:
-            lines.append(settle_section(recommendation.settle, "tunable layers", results.options.tolerance))
+            lines.append(settle_section(recommendation.settle, "tunable layers", results.options.tolerance,
+                                        recommendation.decision and recommendation.decision.next_levels))
     return "\n".join(lines)
 
 

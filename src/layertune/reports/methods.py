@@ -129,7 +129,8 @@ def answers(results: StudyResults, found: list[Setting]) -> list[MethodAnswer]:
         out.append(MethodAnswer(task, encoder, next(r for r in rows if r.setting is best), rows,
                                 {cost: found[0] for cost, found in chosen.items()},
                                 {cost: found[1] for cost, found in chosen.items()},
-                                settle_undecided(in_doubt, reference, options.tolerance, options.confidence, pooled),
+                                settle_undecided(in_doubt, reference, options.tolerance, options.confidence, pooled,
+                                                 decision and decision.next_levels),
                                 decision, str(reference.tunable_layers)))
     return out
 
@@ -182,7 +183,8 @@ def task_sections(results: StudyResults, chosen: list[MethodAnswer]) -> str:
         if answer.decision is not None:
             lines.append(rounds_section(results, answer.decision, "methods", results.plan.name))
         if answer.settle:
-            lines.append(settle_section(answer.settle, "method", results.options.tolerance))
+            lines.append(settle_section(answer.settle, "method", results.options.tolerance,
+                                        answer.decision and answer.decision.next_levels))
     return "\n".join(lines)
 
 
