@@ -460,7 +460,10 @@ def test_a_head_alone_short_of_its_probe_is_told_why_from_the_validation_slice(r
              "chosen": {"C": 0.1, "validation_scores": {"0.01": 0.78, "0.1": 0.80},
                         "unpenalised_validation_score": 0.74}}
     references = {"sst2": {"no_model": None, "encoders": {"m": {"linear_probe": probe}}}}
-    report = build_report(dataclasses.replace(results, cells=cells, references=references))
+    scores = score_cells(results.plan, cells, {"sst2": results.corpora["sst2"]()})
+    # cells.csv ships each cell's score on the slice at the epoch it kept: what the sentences below average
+    assert sorted(set(scores["validation_score"])) == sorted({head_validation, 0.9})
+    report = build_report(dataclasses.replace(results, cells=cells, scores=scores, references=references))
     gap = 100 * (means[1] + 0.001 - means[0])
     assert (f"is {gap:.1f} points short of it; on the validation slice it scores {100 * head_validation:.1f} "
             f"against the probe's 80.0, {why}") in report.markdown

@@ -100,14 +100,10 @@ def section(results: StudyResults, setting_header: str, settings: Sequence, gaps
 def _validation_at_best_epoch(results: StudyResults) -> dict[tuple, float]:
     """Per setting (task, encoder, setting): the mean over its cells of the validation-slice score of the epoch each
     kept, where every cell chose on the slice (a cell without one chose on dev: then the setting has none)."""
-    scores = results.scores.set_index("key")
+    scores = results.scores.set_index("key")["validation_score"]
     found: dict[tuple, list[float]] = {}
     for cell in results.plan.cells:
-        key = f"validation_{scores.loc[cell.key, 'metric']}"
-        best = int(scores.loc[cell.key, "best_epoch"])
-        kept = [record[key] for record in results.cells[cell.key].history()
-                if record.get("epoch") == best and key in record]
-        found.setdefault(cell.setting, []).append(kept[0] if kept else float("nan"))
+        found.setdefault(cell.setting, []).append(scores[cell.key])
     return {setting: sum(values) / len(values) for setting, values in found.items()
             if not any(math.isnan(value) for value in values)}
 

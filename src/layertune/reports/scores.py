@@ -22,7 +22,8 @@ CONVERGENCE = {"epochs_trained": None, "stopped_by": "max_epochs", "mixed_precis
 
 def score_cells(plan: StudyPlan, cells: Mapping[str, CellFolder], corpora: Mapping[str, Corpus]) -> pd.DataFrame:
     """One row per cell of ``plan``: its place in the grid, every metric of its task on each split it predicted
-    (``dev_<metric>``, ``test_<metric>``), its main ``score`` (dev) and training figures.
+    (``dev_<metric>``, ``test_<metric>``), its main ``score`` (dev), the validation slice's at the epoch it kept
+    (``validation_score``) and training figures.
 
     Scores are recomputed from the saved predictions; they must equal what training measured, which checks that
     predictions, references and the model's best epoch belong together."""
@@ -50,6 +51,12 @@ def score_cells(plan: StudyPlan, cells: Mapping[str, CellFolder], corpora: Mappi
                              f"but training measured {trained[f'eval_{corpus.main_metric}']}: the folder is "
                              f"inconsistent; retrain cell {cell.key} of study {plan.name}.")
         row["score"] = row[f"dev_{corpus.main_metric}"]
+        # What early stopping saw beside what dev says: the validation slice's score at the epoch the cell kept
+        # (NaN for a cell that chose on dev, from before the slice).
+        validation = f"validation_{corpus.main_metric}"
+        kept = [record[validation] for record in folder.history()
+                if record.get("epoch") == trained["best_epoch"] and validation in record]
+        row["validation_score"] = kept[0] if kept else float("nan")
         row.update({name: trained[name] for name in TRAINING_FIGURES})
         row.update({name: trained.get(name, default) for name, default in CONVERGENCE.items()})
         if row["epochs_trained"] is None:  # a cell from before early stopping trained every epoch
