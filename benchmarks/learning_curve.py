@@ -18,9 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # machine_speed, beside this script
+from machine_speed import reference  # noqa: E402  (benchmarks/: the machine's reference figure)
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # The recipe of full fine-tuning the studies use (params.yaml's training sections, tunable_layers: all).
@@ -94,8 +97,10 @@ def main() -> None:
     if args.task:
         import torch
 
-        record["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                             "torch": torch.__version__}
+        # Per point: the curve's points may come from different machines and precisions (a CPU without native
+        # bfloat16 trains in float32), and a point's time means little without its machine's reference figure.
+        machine = {**reference(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                   "date": time.strftime("%Y-%m-%d")}
         record["recipe"] = {**RECIPE, "model": MODEL, "validation_size": VALIDATION_SIZE, "data_seed": 42}
         spent = sum(p["wall_s"] for p in record["points"] if p["task"] == args.task) / 60
         for size in args.sizes:
@@ -106,7 +111,7 @@ def main() -> None:
             if spent >= args.budget_minutes:
                 print(f"{args.task}: {spent:.0f} minutes spent, no more sizes (--budget-minutes)")
                 break
-            point = train_point(args.task, size or None, args.seed, args.data_mirror)
+            point = {**train_point(args.task, size or None, args.seed, args.data_mirror), "machine": machine}
             spent += point["wall_s"] / 60
             record["points"].append(point)
             print(json.dumps(point), flush=True)

@@ -111,12 +111,8 @@ def code_fingerprint(roots: Iterable[Path], packages: Mapping[str, Path]) -> str
     """One digest of ``roots`` (files of ``packages``) and every file of ``packages`` they import, directly or not
     (`import_closure`), each read as code (`code_digest`: a comment or docstring edited changes nothing) and named
     from its package (``layertune/heads.py``) wherever the package is installed."""
-    owners = [folder.resolve() for folder in packages.values()]
-    digest = hashlib.sha256()
-    for path in import_closure(roots, packages):
-        owner = next(folder for folder in owners if path.is_relative_to(folder))
-        digest.update(f"{path.relative_to(owner.parent)}\0{code_digest(path)}\n".encode())
-    return digest.hexdigest()[:32]
+    named = fingerprint(import_closure(roots, packages), packages, root=Path.cwd())
+    return hashlib.sha256("".join(f"{name}\0{digest}\n" for name, digest in named.items()).encode()).hexdigest()[:32]
 
 
 def fingerprint(files: Iterable[Path], packages: Mapping[str, Path], root: Path) -> dict[str, str]:
