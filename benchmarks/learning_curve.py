@@ -63,14 +63,22 @@ def figure(points: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         mine = sorted((p for p in points if p["task"] == task), key=lambda p: p["train_size"])
-        sizes, scores = [p["train_size"] for p in mine], [100 * p["dev_score"] for p in mine]
-        ax.plot(sizes, scores, marker="o")
+        # The line joins each size's mean over its seeds; every seed is a dot of its own.
+        by_size: dict[int, list[float]] = {}
+        for p in mine:
+            by_size.setdefault(p["train_size"], []).append(100 * p["dev_score"])
+        sizes = sorted(by_size)
+        means = [sum(by_size[s]) / len(by_size[s]) for s in sizes]
+        ax.plot(sizes, means, marker="o")
+        if any(len(v) > 1 for v in by_size.values()):
+            ax.scatter([p["train_size"] for p in mine], [100 * p["dev_score"] for p in mine], s=12, color="tab:gray",
+                       zorder=3, label="one seed")
         # A point its epochs' cap stopped (not its patience) may be short of what its size can reach: hollow.
-        capped = [(s, v) for s, v, p in zip(sizes, scores, mine) if p["stopped_by"] != "early_stopping"]
+        capped = [(p["train_size"], 100 * p["dev_score"]) for p in mine if p["stopped_by"] != "early_stopping"]
         if capped:
             ax.scatter(*zip(*capped), s=90, facecolors="white", edgecolors="tab:blue", zorder=3,
                        label="stopped by its epochs' cap")
-        ax.axhspan(max(scores) - 3, max(scores), color="tab:green", alpha=0.12, label="within 3 points of the top")
+        ax.axhspan(max(means) - 3, max(means), color="tab:green", alpha=0.12, label="within 3 points of the top")
         ax.set_xscale("log")
         ax.set_xticks(sizes, [f"{size:,}" for size in sizes], rotation=30)
         ax.minorticks_off()
@@ -99,8 +107,7 @@ def main() -> None:
 
         # Per point: the curve's points may come from different machines and precisions (a CPU without native
         # bfloat16 trains in float32), and a point's time means little without its machine's reference figure.
-        machine = {**reference(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                   "date": time.strftime("%Y-%m-%d")}
+        machine = {**reference(), "threads": torch.get_num_threads(), "torch": torch.__version__}
         record["recipe"] = {**RECIPE, "model": MODEL, "validation_size": VALIDATION_SIZE, "data_seed": 42}
         spent = sum(p["wall_s"] for p in record["points"] if p["task"] == args.task) / 60
         for size in args.sizes:
@@ -111,7 +118,8 @@ def main() -> None:
             if spent >= args.budget_minutes:
                 print(f"{args.task}: {spent:.0f} minutes spent, no more sizes (--budget-minutes)")
                 break
-            point = {**train_point(args.task, size or None, args.seed, args.data_mirror), "machine": machine}
+            point = {**train_point(args.task, size or None, args.seed, args.data_mirror), "machine": machine,
+                     "date": time.strftime("%Y-%m-%d")}
             spent += point["wall_s"] / 60
             record["points"].append(point)
             print(json.dumps(point), flush=True)

@@ -51,8 +51,8 @@ def score_cells(plan: StudyPlan, cells: Mapping[str, CellFolder], corpora: Mappi
                              f"but training measured {trained[f'eval_{corpus.main_metric}']}: the folder is "
                              f"inconsistent; retrain cell {cell.key} of study {plan.name}.")
         row["score"] = row[f"dev_{corpus.main_metric}"]
-        # What early stopping saw beside what dev says: the validation slice's score at the epoch the cell kept
-        # (NaN for a cell that chose on dev, from before the slice).
+        # Beside what dev says, the main metric on the validation slice at the epoch the cell kept (NaN for a cell
+        # that chose on dev, from before the slice).
         validation = f"validation_{corpus.main_metric}"
         kept = [record[validation] for record in folder.history()
                 if record.get("epoch") == trained["best_epoch"] and validation in record]
