@@ -170,7 +170,7 @@ def test_the_answers_table_is_the_reports():
     ner = json.loads((ROOT / "reports" / "ner" / "details.json").read_text())
     mine, line = ner["conll2003"]["all-MiniLM-L6-v2"], row("| CoNLL-2003 NER")
     assert f"**{mine['recommended_layers']}**" in line and agrees(quoted(line, "F1"), mine["best_score"])
-    answer_agrees(line.replace(f"**{mine['recommended_layers']}** (F1", f"(all:"), mine)
+    answer_agrees(line.replace(f"**{mine['recommended_layers']}** (F1", "(all:"), mine)
     assert agrees(quoted(line, "most frequent tag"), ner["conll2003"]["baselines"]["word_majority_tag"])
     encoders = json.loads((ROOT / "reports" / "multi_encoder" / "details.json").read_text())["sst2"]["2"]
     line = row("| two MiniLMs together")
