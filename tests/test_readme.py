@@ -174,13 +174,20 @@ def test_the_answers_table_is_the_reports():
     assert agrees(quoted(line, "most frequent tag"), ner["conll2003"]["baselines"]["word_majority_tag"])
     encoders = json.loads((ROOT / "reports" / "multi_encoder" / "details.json").read_text())["sst2"]["2"]
     line = row("| two MiniLMs together")
-    for name in ("concat", "dme"):
+    # each combination, and the smaller model alone, as the report judges it against the better one alone
+    verdicts = {"no difference shown": "no difference shown", "worse": "**shown worse**", "better": "**shown better**"}
+    for name, shown in (("concat", "concat"), ("dme", "dme"), ("paraphrase-MiniLM-L3-v2", "MiniLM-L3 alone")):
         versus = encoders["versus_reference"][name]
-        assert agrees(quoted(line, name), versus["difference"]) and versus["verdict"] == "no difference shown"
-        bounds = re.search(re.escape(name) + r" [^\[]*\[([^,]+), ([^\]]+)\]", line).groups()
+        assert agrees(quoted(line, f"{shown}: {verdicts[versus['verdict']]} ("), versus["difference"]), (name, line)
+        bounds = re.search(re.escape(shown) + r": [^\[]*\[([^,]+), ([^\]]+)\]", line).groups()
         assert all(agrees(float(b.replace("−", "-")), v) for b, v in zip(bounds, (versus["low"], versus["high"])))
+    assert agrees(quoted(line, "MiniLM-L6 alone"), encoders["encoders"]["all-MiniLM-L6-v2"]["mean"])
     import pandas as pd
 
+    probes = pd.read_csv(ROOT / "reports" / "multi_encoder" / "references.csv").query("kind == 'linear_probe'")
+    probe = dict(zip(probes.encoder, probes.score))
+    assert agrees(quoted(line, "probes"), probe["all-MiniLM-L6-v2"])
+    assert agrees(quoted(line, "(L6),"), probe["paraphrase-MiniLM-L3-v2"])
     references = pd.read_csv(ROOT / "reports" / "ablation" / "references.csv")
     score = {(r.task, r.kind): r.score for r in references.itertuples()}
     line = row("| SST-2: how many of 6 layers?")
