@@ -415,6 +415,19 @@ def test_the_committed_dvc_lock_holds_the_stages_of_dvc_yaml_and_no_other():
     assert not stages - locked, f"stages never built: build them and commit dvc.lock: {sorted(stages - locked)}"
 
 
+def test_the_committed_reports_are_those_of_the_build_dvc_lock_records():
+    """Every output committed with the code (``cache: false``: the reports, their tables and figures) is, byte for
+    byte, what the build that dvc.lock records wrote: a report from another build (another machine's rounds, a
+    rebuild committed without its lock) or edited by hand fails here, by DVC's own hashes."""
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        committed = [(stage.addressing, out) for stage in repo.index.stages for out in stage.outs if not out.use_cache]
+        assert committed, "dvc.yaml commits no output"
+        changed = [f"{name}: {out.def_path}" for name, out in committed if out.changed_checksum()]
+    assert not changed, f"not what the build in dvc.lock wrote (commit the build's dvc.lock with them): {changed}"
+
+
 def test_kedro_called_by_hand_leaves_pyproject_toml_as_written(tmp_path):
     """kedro-telemetry, unless told no, writes a project id into pyproject.toml the first time `kedro` runs in a
     project (and sends usage data): the project's `.telemetry` tells it no, whatever the environment says."""
