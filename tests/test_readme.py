@@ -211,7 +211,7 @@ def test_the_answers_table_is_the_reports():
 
 
 def test_build_times_quoted_are_the_benchmarks():
-    """The README's build time and first report are those of the build of the committed reports
+    """The README's build time and first report are those of the last whole build timed in one run
     (reports/benchmarks/default_build.json, with the machine's reference figure: machines of one kind differ by 2x);
     docs/pipeline.md's figures are pipeline_speed.py's."""
     build = json.loads((ROOT / "reports" / "benchmarks" / "default_build.json").read_text())
