@@ -62,7 +62,7 @@ test: setup
 
 # The slowest tests named at the end: CI's log says where its time goes (machines of one kind differ 2x in speed).
 test-slow: setup
-	$(PYTEST) -m slow --durations=12
+	$(PYTEST) -m slow --durations=0
 
 test-all: setup
 	$(PYTEST)
