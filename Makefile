@@ -60,7 +60,7 @@ test: setup
 	$(PYTEST) -m "not slow"
 	@echo "make test: the fast tier passed; the slow tier (whole DVC builds, Ray clusters, servers, long simulations): make test-slow"
 
-# The slowest tests named at the end: CI's log says where its time goes (machines of one kind differ 2x in speed).
+# Every slow test's duration at the end, slowest first: CI's log says where its time goes (machines of one kind differ 2x).
 test-slow: setup
 	$(PYTEST) -m slow --durations=0
 
