@@ -93,3 +93,25 @@ def test_the_longer_budget_doubles_only_the_named_studies_and_keeps_the_others_r
     assert "studies.methods.training.epochs" not in same
     _, everything = longer_budget.profiles(params, list(params["studies"]), decided).values()
     assert everything["decided"] == {} and everything["studies.ablation.per_tunable_layers"][0]["epochs"] == 200
+
+
+def test_a_report_s_claims_are_its_verdicts_not_its_scores():
+    """What longer_budget.py and swapped_claims.py compare: the committed report's claims (within tolerance, the
+    recommendation, the multi-encoder's verdicts), read from its details.json; scores that move change nothing."""
+    spec = importlib.util.spec_from_file_location("swapped_claims", BENCHMARK.parent / "swapped_claims.py")
+    swapped_claims = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(swapped_claims)
+    root = Path(__file__).parents[1] / "reports"
+    ner = json.loads((root / "ner" / "details.json").read_text())
+    found = swapped_claims.claims(ner)["conll2003 / all-MiniLM-L6-v2"]
+    assert set(found["within_tolerance"]) == {"0", "1", "3", "all"} and "recommended_layers" in found
+    assert "mean" not in found and "conll2003 / baselines" not in swapped_claims.claims(ner)
+    moved = json.loads(json.dumps(ner))
+    moved["conll2003"]["all-MiniLM-L6-v2"]["mean"]["3"] += 0.01
+    assert swapped_claims.claims(moved) == swapped_claims.claims(ner)
+    moved["conll2003"]["all-MiniLM-L6-v2"]["within_tolerance"]["3"] = "undecided"
+    assert swapped_claims.claims(moved) != swapped_claims.claims(ner)
+    multi = json.loads((root / "multi_encoder" / "details.json").read_text())
+    verdicts = swapped_claims.claims(multi)["sst2 / 2"]["versus_reference"]
+    assert set(verdicts) == {"concat", "dme", "paraphrase-MiniLM-L3-v2"}
+    assert set(verdicts.values()) <= {"better", "worse", "no difference shown"}

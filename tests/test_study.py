@@ -245,10 +245,10 @@ def test_cells_are_the_grid_named_like_dvc(params):
         spec = study.spec
         assert len(study.cells) == len(spec.tasks) * len(spec.encoders) * len(spec.grid_settings) * len(spec.seeds)
     cell = plan.studies["multi_encoder"].cells[-1]
-    assert cell.key == "sst2-dme-2-1"
+    assert cell.key == "sst2-dme-2-3"  # the last seed of the grid
     assert [e.model for e in cell.spec.encoders] == ["sentence-transformers/all-MiniLM-L6-v2",
                                                      "sentence-transformers/paraphrase-MiniLM-L3-v2"]
-    assert cell.spec.combine.method == "dme" and cell.spec.training.seed == 1
+    assert cell.spec.combine.method == "dme" and cell.spec.training.seed == 3
 
 
 def test_the_default_studies_keep_the_keys_of_their_trained_cells():
