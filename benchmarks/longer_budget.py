@@ -3,6 +3,7 @@ doubled, against the same seed at the default maxima.
 
     python benchmarks/longer_budget.py --project /tmp/copy --json reports/benchmarks/longer_budget.json
     python benchmarks/longer_budget.py --project /tmp/copy --studies methods --json longer_budget_methods.json
+    python benchmarks/swapped_claims.py --project /tmp/copy-2 --cells-from /tmp/copy --json swapped.json
 
 ``--project`` is a copy of this project with the default studies built (its data/ folder, cells included: the
 "same" side then trains nothing). The script writes two profiles into that copy and builds each as a DVC
@@ -26,7 +27,9 @@ import time
 from pathlib import Path
 
 import yaml
-from swapped_claims import claims  # this folder's: run as python benchmarks/longer_budget.py
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # swapped_claims, beside this script, also when imported
+from swapped_claims import claims  # noqa: E402
 
 
 def profiles(params: dict, studies: list[str], decided: dict) -> dict[str, dict]:
