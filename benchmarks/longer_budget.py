@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # swapped_claims, beside this script, also when imported
-from swapped_claims import claims  # noqa: E402
+from swapped_claims import claims, studies_of  # noqa: E402
 
 
 def profiles(params: dict, studies: list[str], decided: dict) -> dict[str, dict]:
@@ -76,11 +76,7 @@ def main() -> None:
     parser.add_argument("--studies", nargs="+", metavar="STUDY", help="only these studies (default: all)")
     args = parser.parse_args()
 
-    params = yaml.safe_load((args.project / "params.yaml").read_text())
-    studies = args.studies or list(params["studies"])
-    if unknown := sorted(set(studies) - set(params["studies"])):
-        parser.error(f"--studies: {', '.join(map(repr, unknown))} not in {args.project / 'params.yaml'}. "
-                     f"Valid choices: {', '.join(params['studies'])}")
+    params, studies = studies_of(parser, args.project, args.studies)
     decided = (yaml.safe_load((args.project / "rounds.yaml").read_text()) or {}).get("decided") or {}
     overrides_by_profile = profiles(params, studies, decided)
     for name, overrides in overrides_by_profile.items():

@@ -45,6 +45,16 @@ def claims(details: dict) -> dict:
     return found
 
 
+def studies_of(parser: argparse.ArgumentParser, project: Path, named: list[str] | None) -> tuple[dict, list[str]]:
+    """``project``'s params, and the studies ``--studies`` named (default: all); an unknown one is a usage error."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    studies = named or list(params["studies"])
+    if unknown := sorted(set(studies) - set(params["studies"])):
+        parser.error(f"--studies: {', '.join(map(repr, unknown))} not in {project / 'params.yaml'}. "
+                     f"Valid choices: {', '.join(params['studies'])}")
+    return params, studies
+
+
 def replace_cells(project: Path, source: Path, studies: list[str]) -> dict[str, list[str]]:
     """Copy ``source``'s cell folders of ``studies`` over ``project``'s; the keys replaced, per study."""
     replaced = {}
@@ -70,11 +80,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
 
-    params = yaml.safe_load((args.project / "params.yaml").read_text())
-    studies = args.studies or list(params["studies"])
-    if unknown := sorted(set(studies) - set(params["studies"])):
-        parser.error(f"--studies: {', '.join(map(repr, unknown))} not in {args.project / 'params.yaml'}. "
-                     f"Valid choices: {', '.join(params['studies'])}")
+    _, studies = studies_of(parser, args.project, args.studies)
     replaced = replace_cells(args.project, args.cells_from, studies) if args.cells_from else {}
 
     def kedro(*arguments: str) -> None:
