@@ -5,7 +5,8 @@
 #   3. the frozen-prefix benchmark on a bert-base-shaped encoder built from its config: the common recipe,
 #      uncached and cached (resident) for K = 0, 2, 4, all, the pass's cost, and what "auto" decides.
 # Before, on the CPU machine:   python benchmarks/gpu_check_prepare.py          (makes .gpu-check/, < 64 MiB)
-# With the device tool:         run "bash benchmarks/gpu_check.sh", carry [".gpu-check"], timeout_s 540
+# With the device tool:         run "bash benchmarks/gpu_check.sh", carry [".gpu-check"], timeout_s 500
+# (the parts' limits add up to 8 minutes: a first run leaves room in a task's 15 device minutes to rerun one part)
 # Everything it measures lands in $OUT (the device tool brings that folder back); each part has its own time limit,
 # so that a hang in one still leaves the others' results.
 set -uo pipefail
@@ -15,7 +16,7 @@ kit="$PWD/.gpu-check"
 mkdir -p "$out"
 test -d "$kit" || { echo "gpu_check: no $kit; run python benchmarks/gpu_check_prepare.py first" >&2; exit 2; }
 
-export PYTHONPATH="$PWD/src:$PWD" PIP_DISABLE_PIP_VERSION_CHECK=1
+export PYTHONPATH="$PWD/src:$PWD" PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 KEDRO_DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
 export LAYERTUNE_CACHE=/tmp/layertune-cache LAYERTUNE_MODEL_MIRROR="$kit/models"
 python -m pip install --quiet --no-index --no-deps "$kit"/wheels/*.whl > "$out/install.log" 2>&1 \
@@ -30,12 +31,12 @@ library_tests=(tests/test_frozen_prefix.py tests/test_tokenization.py tests/test
   tests/test_io.py tests/test_metrics.py tests/test_statistics.py)
 echo "== 1. library tests on $(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')"
 # No data mirror: the tests of real data skip (CI runs them); no CI variable, so a skip is not a failure here.
-timeout 240 env -u LAYERTUNE_DATA_MIRROR -u CI python -m pytest -p no:cacheprovider -q -m "not integration" \
+timeout 150 env -u LAYERTUNE_DATA_MIRROR -u CI python -m pytest -p no:cacheprovider -q -n 4 -m "not integration" \
   "${library_tests[@]}" --junitxml "$out/tests.xml" > "$out/tests.log" 2>&1
 echo "tests: exit $? — $(tail -1 "$out/tests.log")"
 
 echo "== 2. cached against uncached on the real small model, bf16 and float32"
-timeout 120 env LAYERTUNE_DATA_MIRROR="$kit/data" python -m pytest -p no:cacheprovider -q \
+timeout 90 env LAYERTUNE_DATA_MIRROR="$kit/data" python -m pytest -p no:cacheprovider -q \
   tests/test_frozen_prefix.py -k "real_cell" > "$out/quality.log" 2>&1
 echo "quality: exit $? — $(tail -1 "$out/quality.log")"
 
@@ -43,7 +44,7 @@ echo "== 3. the frozen-prefix cache on a bert-base-shaped encoder (IMDb, 2,000 r
 rm -rf /tmp/bert-base
 python benchmarks/encoder_from_config.py /tmp/bert-base --tokenizer "$kit/models/paraphrase-MiniLM-L3-v2" \
   > "$out/encoder.log" 2>&1
-timeout 300 python benchmarks/frozen_prefix_speed.py --model /tmp/bert-base --task imdb --data-mirror "$kit/data" \
+timeout 240 python benchmarks/frozen_prefix_speed.py --model /tmp/bert-base --task imdb --data-mirror "$kit/data" \
   --train-size 2000 --dev-size 500 --layers 0,2,4,all --seeds 0 --epochs 1 --no-group-by-length \
   --json "$out/frozen_prefix_gpu.json" > "$out/benchmark.log" 2>&1
 echo "benchmark: exit $?"
