@@ -29,10 +29,14 @@ cat "$out/device.txt"
 library_tests=(tests/test_frozen_prefix.py tests/test_tokenization.py tests/test_trainer.py tests/test_heads.py
   tests/test_language_model.py tests/test_multi_encoder.py tests/test_ner.py tests/test_tuning_methods.py
   tests/test_io.py tests/test_metrics.py tests/test_statistics.py)
+# What the GPU machine lacks and the carried kit leaves out (the pipeline's Kedro, the 90-MB packaged model): not run.
+not_here=(--deselect "tests/test_frozen_prefix.py::test_the_pipeline_names_its_own_cache_setting_when_the_disk_is_full"
+  --deselect "tests/test_io.py::test_every_catalog_write_is_atomic_and_a_tree_reads_no_staging_file"
+  --deselect "tests/test_language_model.py::test_packaged_minilm_resolves_offline")
 echo "== 1. library tests on $(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')"
 # No data mirror: the tests of real data skip (CI runs them); no CI variable, so a skip is not a failure here.
 timeout 150 env -u LAYERTUNE_DATA_MIRROR -u CI python -m pytest -p no:cacheprovider -q -n 4 -m "not integration" \
-  "${library_tests[@]}" --junitxml "$out/tests.xml" > "$out/tests.log" 2>&1
+  "${library_tests[@]}" "${not_here[@]}" --junitxml "$out/tests.xml" > "$out/tests.log" 2>&1
 echo "tests: exit $? — $(tail -1 "$out/tests.log")"
 
 echo "== 2. cached against uncached on the real small model, bf16 and float32"

@@ -412,6 +412,27 @@ def test_the_pass_computes_under_the_runs_autocast_and_keeps_the_dtype_the_layer
     assert not all(torch.equal(states[i], float32[row, : examples.lengths[i]]) for row, i in enumerate(order))
 
 
+def test_every_forward_of_the_pass_runs_with_the_encoder_on_the_device_asked_for(lm, tokenized, tmp_path,
+                                                                                monkeypatch):
+    """The pass computes on ``device`` (the training device) wherever the encoder sits, and leaves it where it was.
+    On a GPU the examples go there first; an encoder left on the CPU for the autocast dtype probe failed every cached
+    run there ("index is on cuda:0, different from other tensors on cpu", benchmarks/gpu_check.sh). This CPU-only
+    machine has one device, so the test follows where the encoder is asked to be at each forward."""
+    placed, forwards = [torch.device("cpu")], []
+    move, boundary_states = lm.to, lm.boundary_states
+
+    def to(device, *args, **kwargs):
+        placed.append(torch.device(device))
+        return move(device, *args, **kwargs)
+
+    monkeypatch.setattr(lm, "to", to)
+    monkeypatch.setattr(lm, "boundary_states", lambda *a, **k: forwards.append(placed[-1]) or boundary_states(*a, **k))
+    asked_for = torch.device("cpu", 0)  # the same device as "cpu", named otherwise: the pass must move the encoder
+    cache(tmp_path, autocast=torch.bfloat16).states(lm, tokenized["train"], 2, device=asked_for)
+    assert len(forwards) >= 2 and set(forwards) == {asked_for}  # the dtype probe under autocast, then the batches
+    assert placed[-1] == torch.device("cpu")  # and back where it was
+
+
 def meta(store: FrozenPrefixCache, key: str) -> dict:
     import json
 
@@ -432,7 +453,7 @@ def test_the_pass_runs_no_layer_above_the_highest_boundary(lm, tokenized, tmp_pa
 
 @pytest.mark.parametrize("memory_mb", [None, 1e-6], ids=["resident", "over-budget"])
 def test_states_go_to_the_device_when_they_fit_the_budget_and_train_the_same_when_not(tiny_bert, tmp_path, memory_mb,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, device):
     steps = record_steps(monkeypatch)
     corpus = toy_sentiment_corpus(40, 12)
     transformers.set_seed(0)
@@ -440,7 +461,8 @@ def test_states_go_to_the_device_when_they_fit_the_budget_and_train_the_same_whe
     result = ModelTrainer(model, corpus, cache_dir=tmp_path / "shared").train(
         seed=0, epochs=2, batch_size=8, frozen_prefix_cache=True, cache_memory_mb=memory_mb, progress=False)
     placement = result.frozen_prefix_cache["placement"]
-    assert placement.startswith("resident on cpu" if memory_mb is None else "memory-mapped from disk"), placement
+    beyond = "memory-mapped from disk" if device.type == "cpu" else "in pinned host memory"
+    assert placement.startswith(f"resident on {device.type}" if memory_mb is None else beyond), placement
     steps_here = list(steps)
     steps.clear()
     transformers.set_seed(0)

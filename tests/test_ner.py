@@ -18,6 +18,7 @@ from layertune.metrics import compute_metrics
 from layertune.heads import TokenClassifier
 from layertune.tokenization import tokenize_corpus
 from layertune.trainer import ModelTrainer
+from tests.conftest import device_of, outputs
 
 LABELS = iob2_label_names(("PER", "MISC"))  # O B-PER I-PER B-MISC I-MISC
 FAST = dict(epochs=1, batch_size=8, learning_rate=1e-3, seed=3)
@@ -187,7 +188,7 @@ def test_training_changes_only_tunable_parameters_and_cache_is_exact(tiny_bert, 
                                                                         **FAST)
         assert result.frozen_prefix_cache["used"] == (cache == "auto")
         for name, parameter in model.named_parameters():
-            changed = not torch.equal(parameter, before[name])
+            changed = not torch.equal(parameter.cpu(), before[name])  # on the CPU: the run may have used a GPU
             assert changed == parameter.requires_grad, f"{name}: trainable={parameter.requires_grad}, changed={changed}"
         losses.append((result.history[0]["train_loss"], result.history[0]["eval_loss"]))
         assert {"eval_f1", "eval_precision", "eval_recall", "eval_PER_f1"} <= set(result.best_metrics)
@@ -203,10 +204,10 @@ def test_save_load_predicts_identically(tiny_bert, tmp_path):
     sentences = [["zorro", "smith", "was", "good"], ["the", "movie"], ["a"]]
     tags = model.predict(sentences)
     assert [len(t) for t in tags] == [4, 2, 1] and set().union(*map(set, tags)) <= set(LABELS)
-    loaded = TokenClassifier.from_pretrained(model.save(tmp_path / "saved"))
+    loaded = TokenClassifier.from_pretrained(model.save(tmp_path / "saved")).to(device_of(model))  # where trained
     assert loaded.predict(sentences) == tags and loaded.label_names == list(LABELS)
     batch = model.encoder.tokenize(["zorro smith was good"])
-    assert torch.equal(loaded(batch), model.eval()(batch))
+    assert torch.equal(outputs(loaded, batch), outputs(model.eval(), batch))
     with pytest.raises(TypeError, match="each a list of words"):
         model.predict(["zorro smith was good"])
 
@@ -245,7 +246,8 @@ def test_dev_loss_is_the_mean_over_labelled_pieces_whatever_the_batches(tiny_ber
         model.eval()
         expected = model.loss(model(batch), batch["labels"]).item()  # one batch: the mean over every labelled piece
     AcceleratorState._reset_state(reset_partial_state=False)  # an earlier run's precision (bf16) is not this one's
-    accelerator = Accelerator(cpu=True, mixed_precision="no")  # float32 on the CPU: where the expected loss was computed
+    accelerator = Accelerator(cpu=True, mixed_precision="no")  # float32, as the expected loss was computed
+    model.to(accelerator.device)  # a GPU where an earlier test of the process trained on one: accelerate keeps it
     for batch_size in (1, 3, 16):
         scores, _ = trainer.evaluate(make_loader(dev, batch_size), accelerator)
         assert scores["eval_loss"] == pytest.approx(expected, rel=1e-5), batch_size

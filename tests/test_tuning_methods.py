@@ -182,7 +182,7 @@ def test_top_k_methods_train_alike_from_cached_states_and_without(tiny_model_dir
     base = LanguageModel(path, method="top_k").state_dict()
     for name, tensor in cached_model.encoder.state_dict().items():
         if name in base and not name.startswith(("model.encoder.layer.2.", "model.encoder.layer.3.")):
-            assert torch.equal(tensor, base[name]), name
+            assert torch.equal(tensor.cpu(), base[name]), name  # on the CPU: the run may have used a GPU
     assert set(cached.drift.query("mean_abs_change > 0")["part"]) <= {"layer.2", "layer.3", "head"}
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from layertune.batching import BoundaryStates, Examples
-from layertune.training_config import TrainingConfig, autocast_context
+from layertune.training_config import TrainingConfig, autocast_context, placed_on
 
 MARGIN = 0.9
 READ_ON_CPU = 0.011  # reading a token's cached states from RAM, as a share of computing it (see the docstring)
@@ -130,8 +130,6 @@ def _timed(batches: list, run, device: torch.device) -> float:
 def _time_forward(lm, examples: Examples, batches: list, boundary: int, device: torch.device,
                   autocast: torch.dtype | None) -> float:
     """Seconds per padded token of the frozen prefix's forward (eval mode, no gradient, the run's autocast)."""
-    original = next(lm.parameters()).device
-    lm.to(device)
     examples = examples.to(device)
 
     def forward(indices: list[int]) -> int:
@@ -140,10 +138,8 @@ def _time_forward(lm, examples: Examples, batches: list, boundary: int, device: 
             lm.boundary_states(batch, [boundary])
         return batch["input_ids"].numel()
 
-    try:
+    with placed_on(lm, device):
         return _timed(batches, forward, device)
-    finally:
-        lm.to(original)
 
 
 def _time_read(examples: Examples, batches: list, hidden_size: int, dtype: torch.dtype, device: torch.device,

@@ -49,7 +49,7 @@ from layertune.batching import BoundaryStates, Examples
 from layertune.io import (DiskFull, atomic_directory, cache_root, check_writable, dataset_digest, file_digest,
                           write_json)
 from layertune.tokenization import tokenize_corpus
-from layertune.training_config import TrainingConfig, autocast_context, cache_decision
+from layertune.training_config import TrainingConfig, autocast_context, cache_decision, placed_on
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +262,10 @@ class FrozenPrefixCache:
     @torch.no_grad()
     @timing.compute("caching")
     def _compute(self, encoder, tokenized, boundaries: list[int], keys: dict[int, str], device) -> None:
+        with placed_on(encoder, device):  # the dtype probe and the pass compute where the examples are
+            self._compute_on_device(encoder, tokenized, boundaries, keys, device)
+
+    def _compute_on_device(self, encoder, tokenized, boundaries: list[int], keys: dict[int, str], device) -> None:
         examples = Examples(tokenized, encoder.tokenizer.pad_token_id or 0).to(device)
         computed = self._computed_dtype(encoder, examples, boundaries, device)
         stored = DTYPES.get(self.dtype) or computed
@@ -301,29 +305,24 @@ class FrozenPrefixCache:
         """Run the frozen prefix over every example, in batches of similar lengths, under the run's autocast, and
         write each boundary's unpadded states one batch after another (the file's rows are in this order, ``starts``
         says where each example's begin). Returns ``starts`` and what the pass measured."""
-        original_device = next(encoder.parameters()).device
-        encoder.to(device)
         order = np.argsort(examples.lengths, kind="stable")  # similar lengths together: little padding
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         starts, cursor, forward_s = np.zeros(len(order), dtype=np.int64), 0, 0.0
         description = f"caching layers < {max(arrays)} ({len(examples):,} examples)"
-        try:
-            for indices in tqdm(batches, desc=description, disable=None if self.progress else True, leave=False):
-                batch = examples.batch(indices)
-                sizes = examples.sizes_on_device[torch.as_tensor(indices, device=device)]
-                real = torch.arange(batch["input_ids"].shape[1], device=device) < sizes[:, None]
-                started = time.perf_counter()
-                with autocast_context(device, self.autocast):
-                    states = encoder.boundary_states(batch, list(arrays))
-                packed = {b: s[real].to(stored).cpu() for b, s in states.items()}  # waits for the device: timed
-                forward_s += time.perf_counter() - started
-                lengths = np.asarray(examples.lengths)[indices]
-                starts[indices] = cursor + np.cumsum(lengths) - lengths
-                for b, rows in packed.items():
-                    arrays[b][cursor : cursor + len(rows)] = _as_numpy(rows)
-                cursor += int(lengths.sum())
-        finally:
-            encoder.to(original_device)
+        for indices in tqdm(batches, desc=description, disable=None if self.progress else True, leave=False):
+            batch = examples.batch(indices)
+            sizes = examples.sizes_on_device[torch.as_tensor(indices, device=device)]
+            real = torch.arange(batch["input_ids"].shape[1], device=device) < sizes[:, None]
+            started = time.perf_counter()
+            with autocast_context(device, self.autocast):
+                states = encoder.boundary_states(batch, list(arrays))
+            packed = {b: s[real].to(stored).cpu() for b, s in states.items()}  # waits for the device: timed
+            forward_s += time.perf_counter() - started
+            lengths = np.asarray(examples.lengths)[indices]
+            starts[indices] = cursor + np.cumsum(lengths) - lengths
+            for b, rows in packed.items():
+                arrays[b][cursor : cursor + len(rows)] = _as_numpy(rows)
+            cursor += int(lengths.sum())
         measured = {"device": device.type, "forward_s_per_token": forward_s / max(cursor, 1), "tokens": cursor}
         return starts, measured
 

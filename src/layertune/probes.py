@@ -152,9 +152,9 @@ def _features(lm, corpus: Corpus, args: TrainingConfig, cache_dir) -> dict:
     vector per example; tagging: per sentence, the states of its labelled (first) word pieces."""
     device = training_device()
     autocast = autocast_dtype(resolve_mixed_precision(args.mixed_precision, device.type))
+    lm.eval().to(device)  # before the frozen-prefix pass, which computes there
     splits, _ = lm.prepare_examples(corpus, args, cache_dir=cache_dir, device=device, autocast=autocast)
     batch_size = args.eval_batch_size or args.batch_size
-    lm.eval().to(device)
     found = {}
     for split in ("train", "validation", "dev"):
         loader = make_loader(splits[split], batch_size, longest_first=True)

@@ -201,10 +201,12 @@ class ModelTrainer:
         # cache, as a checkpoint's gaps may lie in the frozen layers.
         task_model.begin_training(args.seed, targets=self.corpus.train["label"]
                                   if self.corpus.task_type == "regression" else None)
+        # On the training device before the frozen-prefix pass, which computes there (else it would move the encoder
+        # there and back), and before the optimizer, which picks its (fused) kernel by parameter device.
+        task_model.to(accelerator.device)
         splits, cache_info = self._examples(args, accelerator)
         train_loader, score_loaders = _loaders(splits, args, accelerator)
 
-        task_model.to(accelerator.device)  # before the optimizer, which picks its (fused) kernel by parameter device
         self.optimizer = _adamw(parameter_groups, fused=accelerator.mixed_precision != "fp16")
         scheduler = _linear_schedule(self.optimizer, args, batches_per_epoch=len(train_loader))
         initial_state = {k: v.detach().cpu().clone() for k, v in _trainable_state(task_model).items()}  # for drift
@@ -280,9 +282,9 @@ class ModelTrainer:
         args = training_arguments(args, arguments)
         accelerator = _accelerator(args)
         scored = replace(self.corpus, validation=None)  # the slice picks epochs; nothing to predict there
+        self.model.to(accelerator.device)
         splits, _ = self._examples(args, accelerator, scored)
         _, score_loaders = _loaders(splits, args, accelerator)
-        self.model.to(accelerator.device)
         return {split: self.evaluate(loader, accelerator)[1] for split, loader in score_loaders.items()}
 
     def _examples(self, args: TrainingConfig, accelerator: Accelerator, corpus: Corpus | None = None

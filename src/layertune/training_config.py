@@ -206,6 +206,19 @@ def autocast_dtype(mixed_precision: str):
 
 
 @contextlib.contextmanager
+def placed_on(module, device):
+    """``module`` on ``device`` (a torch.device) inside the block, where it was afterwards: for work that computes on
+    the training device before training moves the model there (the frozen-prefix pass, its cost estimate). The
+    whole block, not only its forward loop: every tensor it builds lives on ``device``."""
+    original = next(module.parameters()).device
+    module.to(device)
+    try:
+        yield module
+    finally:
+        module.to(original)
+
+
+@contextlib.contextmanager
 def autocast_context(device, dtype):
     """What every forward of a run on ``device`` (a torch.device) computing in ``dtype`` (None: float32) runs under:
     training steps, scoring, the frozen-prefix pass and its cost estimate, the probes. One context for all, so that
