@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The GPU check (#26), prepared here and run once on a lent GPU machine, within about 8 minutes of device time:
+# The GPU check (#26), prepared here and run on a lent GPU machine (its first run, 2026-12-04: 134 s, stopped early by
+# a library bug since fixed; benchmarks/README.md):
 #   1. the library's tests on CUDA (the `device` fixture of tests/conftest.py picks it up);
 #   2. the cached/uncached agreement under bf16 on the real paraphrase-MiniLM-L3-v2 (carried in float16);
 #   3. the frozen-prefix benchmark on a bert-base-shaped encoder built from its config: the common recipe,
-#      uncached and cached (resident) for K = 0, 2, 4, all, the pass's cost, and what "auto" decides.
+#      uncached and cached (resident) for K = 0, 2, 4, all, the pass's cost, and what "auto" decides;
+#   4. three default-study cells (SST-2, K = 0, 2, all, early stopping as params.yaml sets it) timed on the GPU.
 # Before, on the CPU machine:   python benchmarks/gpu_check_prepare.py          (makes .gpu-check/, < 64 MiB)
-# With the device tool:         run "bash benchmarks/gpu_check.sh", carry [".gpu-check"], timeout_s 500
-# (the parts' limits add up to 8 minutes: a first run leaves room in a task's 15 device minutes to rerun one part)
+# With the device tool:         run "bash benchmarks/gpu_check.sh", carry [".gpu-check"], timeout_s 540
+# (the parts' limits add up to 9 minutes, most of it slack: a run leaves room in a task's 15 device minutes to rerun)
 # Everything it measures lands in $OUT (the device tool brings that folder back); each part has its own time limit,
 # so that a hang in one still leaves the others' results.
 set -uo pipefail
@@ -47,9 +49,26 @@ echo "quality: exit $? — $(tail -1 "$out/quality.log")"
 echo "== 3. the frozen-prefix cache on a bert-base-shaped encoder (IMDb, 2,000 reviews)"
 rm -rf /tmp/bert-base
 python benchmarks/encoder_from_config.py /tmp/bert-base --tokenizer "$kit/models/paraphrase-MiniLM-L3-v2" \
-  > "$out/encoder.log" 2>&1
-timeout 240 python benchmarks/frozen_prefix_speed.py --model /tmp/bert-base --task imdb --data-mirror "$kit/data" \
+  > "$out/benchmark.log" 2>&1
+timeout 200 python benchmarks/frozen_prefix_speed.py --model /tmp/bert-base --task imdb --data-mirror "$kit/data" \
   --train-size 2000 --dev-size 500 --layers 0,2,4,all --seeds 0 --epochs 1 --no-group-by-length \
-  --json "$out/frozen_prefix_gpu.json" > "$out/benchmark.log" 2>&1
+  --json "$out/frozen_prefix_gpu.json" >> "$out/benchmark.log" 2>&1
 echo "benchmark: exit $?"
 tail -25 "$out/benchmark.log"
+
+echo "== 4. default-study cells on the GPU: SST-2, 2,000 training sentences, trained until the validation slice stops"
+# The ablation's settings (params.yaml) for K = 0, 2 and all, on the kit's MiniLM-L3: what a converged cell costs on a
+# GPU, against the CPU's minutes (the seconds are in each cell's summary, train_time_s).
+cell=(python -m layertune.cli train-cell --task sst2 --model sentence-transformers/paraphrase-MiniLM-L3-v2
+  --data-mirror "$kit/data" --cache-dir /tmp/layertune-cells --train-size 2000 --validation-size 500 --pooling mean
+  --batch-size 16 --eval-batch-size 128 --max-length 128 --group-by-length true --seed 1)
+for k in 0 2 all; do
+  case $k in
+    0) settings=(--head-learning-rate 1e-2 --epochs 100 --early-stopping-patience 10 --warmup-ratio 0 --weight-decay 0) ;;
+    *) settings=(--learning-rate 5e-5 --head-learning-rate 1e-3 --epochs 10 --early-stopping-patience 2
+                 --warmup-ratio 0.1 --weight-decay 0.01) ;;
+  esac
+  started=$(date +%s.%N)
+  timeout 40 "${cell[@]}" --tunable-layers $k "${settings[@]}" --output-dir /tmp/cell-$k >> "$out/cells.log" 2>&1
+  echo "K=$k: exit $?, $(python -c "print(round($(date +%s.%N) - $started, 1))") s wall" | tee -a "$out/cells.log"
+done
