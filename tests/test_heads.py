@@ -190,3 +190,15 @@ def test_weights_the_base_checkpoint_lacks_are_stored_not_referenced(tmp_path):
     assert "encoder.model.pooler.dense.weight" in stored and "encoder.model.embeddings.word_embeddings.weight" not in stored
     batch = model.encoder.tokenize(["the movie was great"])
     torch.testing.assert_close(TaskModel.from_pretrained(path)(batch), model.eval()(batch), rtol=0, atol=0)
+
+
+def test_a_regressor_s_loss_is_computed_in_float32_whatever_its_outputs_dtype(tiny_bert):
+    """Under bf16 the outputs come in bf16 (after training, the forward is no longer accelerate's, which cast them
+    back): the targets must not be rounded to bf16 (2.7 becomes 2.703125), or the loss scored after training
+    differs from the one each epoch recorded."""
+    model = TextRegressor(LanguageModel(tiny_bert, tunable_layers=0))
+    targets, outputs = torch.tensor([2.7, 1.3, 4.1]), torch.tensor([[2.5], [1.0], [4.0]])
+    expected = torch.nn.functional.mse_loss(outputs.squeeze(-1), targets)
+    assert model.loss(outputs.bfloat16(), targets) == torch.nn.functional.mse_loss(
+        outputs.bfloat16().float().squeeze(-1), targets)
+    assert model.loss(outputs, targets) == expected and model.loss(outputs, targets).dtype == torch.float32

@@ -264,3 +264,18 @@ def test_an_encoder_lacking_a_member_is_named_with_what_it_lacks(encoder_dirs):
     with pytest.raises(TypeError, match=r"TokenClassifier needs an encoder with per-token states \(a LanguageModel\)"
                                         r"; MultiEncoder has no tokenizer, max_length, token_states, model_inputs\.$"):
         TokenClassifier(multi, 3)
+
+
+def test_a_batch_is_pinned_only_where_every_encoder_s_states_are_gathered_on_the_host():
+    """A loader pins every tensor of a batch, and one resident on the GPU cannot be pinned ("cannot pin
+    'torch.cuda.FloatTensor'"): one encoder's states in host memory beside another's on the GPU (or an encoder that
+    trains every layer, with nothing cached) must not pin the batch."""
+    from types import SimpleNamespace
+
+    gpu = torch.device("cuda", 0)
+    on_host, resident = SimpleNamespace(host_batches_for=gpu), SimpleNamespace(host_batches_for=None)
+    examples = MultiExamples.__new__(MultiExamples)  # the parts alone decide; no GPU here to place them
+    for parts, pinned_for in (([on_host, resident], None), ([resident, on_host], None), ([on_host, on_host], gpu),
+                              ([resident, resident], None)):
+        examples.parts = parts
+        assert examples.host_batches_for == pinned_for, parts

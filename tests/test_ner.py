@@ -246,7 +246,9 @@ def test_dev_loss_is_the_mean_over_labelled_pieces_whatever_the_batches(tiny_ber
         model.eval()
         expected = model.loss(model(batch), batch["labels"]).item()  # one batch: the mean over every labelled piece
     AcceleratorState._reset_state(reset_partial_state=False)  # an earlier run's precision (bf16) is not this one's
-    accelerator = Accelerator(cpu=True, mixed_precision="no")  # float32, as the expected loss was computed
+    # float32, as the expected loss was computed; not cpu=True, which would set accelerate's process-wide device to the
+    # CPU for every later test of this worker where it is the first to set it (on a GPU, they would train on the CPU)
+    accelerator = Accelerator(mixed_precision="no")
     model.to(accelerator.device)  # a GPU where an earlier test of the process trained on one: accelerate keeps it
     for batch_size in (1, 3, 16):
         scores, _ = trainer.evaluate(make_loader(dev, batch_size), accelerator)

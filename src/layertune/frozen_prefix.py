@@ -135,7 +135,9 @@ def memory_budget(device: torch.device, model: torch.nn.Module, cap_mb: float | 
     each trainable weight its gradient and AdamW's two moments in float32) and a quarter of the GPU for the
     activations of a batch and the allocator's slack. On the CPU (RAM is its memory): half of what is available."""
     if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device()) if device.index is None else device  # as p.device
         free, total = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # torch's cache is free to us
         weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.device != device)
         training = sum(3 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
         budget = free - weights - training - total // 4

@@ -252,7 +252,8 @@ class TextRegressor(TaskModel):
         super().__init__(encoder, 1, head, head_hidden_size, head_dropout)
 
     def loss(self, outputs, labels):
-        return nn.functional.mse_loss(outputs.squeeze(-1), labels.to(outputs.dtype))
+        # In float32: under bf16 the outputs are bf16, and the targets rounded to them would move the loss
+        return nn.functional.mse_loss(outputs.squeeze(-1).float(), labels.float())
 
     def predictions(self, outputs):
         return outputs.squeeze(-1)

@@ -90,7 +90,11 @@ class MultiExamples(Dataset):
 
     @property
     def host_batches_for(self) -> torch.device | None:
-        return next((part.host_batches_for for part in self.parts if part.host_batches_for is not None), None)
+        """The GPU that batches are gathered on the host for, when every encoder's part is (see `make_loader`). A
+        loader pins every tensor of a batch, and a part resident on the GPU cannot be pinned: in a mixed batch the
+        host parts are copied unpinned."""
+        devices = [part.host_batches_for for part in self.parts]
+        return None if None in devices else devices[0]
 
 
 def _check_aligned(parts: list[Examples]) -> None:
