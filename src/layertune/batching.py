@@ -167,6 +167,11 @@ def _flat(column: pa.ChunkedArray | pa.Array) -> torch.Tensor:
     return torch.from_numpy(np.array(_values(column).flatten().to_numpy(zero_copy_only=False), dtype=np.int64))
 
 
+def batch_to(batch: dict, device: torch.device) -> dict:
+    """A loader's batch on ``device``; a batch gathered in pinned memory is copied without waiting."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def as_is(batch):
     """The collate function of loaders over `Examples`: `Examples.batch` has padded the batch already."""
     return batch

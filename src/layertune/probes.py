@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from layertune.batching import IGNORE_INDEX, make_loader
+from layertune.batching import IGNORE_INDEX, batch_to, make_loader
 from layertune.corpus import Corpus
 from layertune.metrics import compute_metrics
 from layertune.training_config import (
@@ -161,7 +161,7 @@ def _features(lm, corpus: Corpus, args: TrainingConfig, cache_dir) -> dict:
         order = iter(loader.sampler)
         inputs, labels = [None] * len(splits[split]), [None] * len(splits[split])
         for batch in loader:
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}  # states beyond the GPU's budget
+            batch = batch_to(batch, device)  # gathered on the host where states are beyond the GPU's budget
             with autocast_context(device, autocast):
                 states = lm.token_states(batch) if corpus.task_type == "token_classification" else lm(batch)
             states, batch_labels = states.float().cpu(), batch["labels"].cpu()

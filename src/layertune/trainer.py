@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from layertune import distributed, host_memory, timing
-from layertune.batching import make_loader
+from layertune.batching import batch_to, make_loader
 from layertune.corpus import Corpus
 from layertune.drift import parameter_drift
 from layertune.errors import choices_hint, describe_validation_error
@@ -337,7 +337,7 @@ class ModelTrainer:
         order = iter(loader.sampler)  # which examples each batch holds
         dtype = autocast_dtype(accelerator.mixed_precision)
         for batch in loader:
-            batch = _to(batch, accelerator.device)
+            batch = batch_to(batch, accelerator.device)
             with autocast_context(accelerator.device, dtype):
                 outputs = model(batch)
                 batch_terms = model.loss_terms(batch["labels"])
@@ -444,10 +444,6 @@ def _adamw(parameter_groups: list[dict], fused: bool = True) -> torch.optim.Adam
         except RuntimeError:  # a device or dtype without a fused kernel
             pass
     return torch.optim.AdamW(parameter_groups)
-
-
-def _to(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
