@@ -184,8 +184,8 @@ def test_training_changes_only_tunable_parameters_and_cache_is_exact(tiny_bert, 
     for cache in (False, "auto"):
         model = build(tiny_bert, tunable_layers=1)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        result = ModelTrainer(model, corpus, cache_dir=tmp_path).train(progress=False, frozen_prefix_cache=cache,
-                                                                        **FAST)
+        result = ModelTrainer(model, corpus, cache_dir=tmp_path).train(  # float32: compared to 1e-5 on any device
+            progress=False, frozen_prefix_cache=cache, mixed_precision="no", **FAST)
         assert result.frozen_prefix_cache["used"] == (cache == "auto")
         for name, parameter in model.named_parameters():
             changed = not torch.equal(parameter.cpu(), before[name])  # on the CPU: the run may have used a GPU
