@@ -473,6 +473,22 @@ def test_states_go_to_the_device_when_they_fit_the_budget_and_train_the_same_whe
     assert steps == steps_here and other.predictions == result.predictions  # where states live changes no number
 
 
+
+def test_states_beyond_the_gpu_and_the_host_budget_stay_memory_mapped_and_go_to_the_gpu_per_batch(
+        lm, tokenized, tmp_path, monkeypatch):
+    """Pinning copies the states into RAM; where they fit neither the GPU's budget nor the host's, they stay in the
+    memory-mapped entry and each batch is gathered from it for the GPU (on a CPU machine too: nothing touches CUDA)."""
+    states, _ = cache(tmp_path).states(lm, tokenized["train"], 2)
+    examples = Examples(tokenized["train"], lm.tokenizer.pad_token_id, states)
+    monkeypatch.setattr(frozen_prefix.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 1024})())
+    gpu = torch.device("cuda", 0)
+    placement = frozen_prefix.place([examples], gpu, budget=0)
+    assert placement.startswith("memory-mapped from disk, copied per batch (beyond the host's budget too)"), placement
+    assert isinstance(examples.boundary_states.flat, np.memmap) and examples.host_batches_for == gpu
+    batch = next(iter(make_loader(examples, 4)))  # gathered on the host, for the loader to pin and send
+    assert batch["boundary_states"].device.type == "cpu"
+    assert torch.equal(batch["boundary_states"][1, : examples.lengths[1]], states[1])
+
 def test_a_batch_is_gathered_and_padded_like_its_examples(lm, tokenized, tmp_path):
     states, _ = cache(tmp_path).states(lm, tokenized["train"], 2)
     examples = Examples(tokenized["train"], lm.tokenizer.pad_token_id, states).to("cpu")

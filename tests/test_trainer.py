@@ -5,6 +5,7 @@ import torch
 import transformers
 
 from layertune import LanguageModel, ModelTrainer, TaskModel, TextClassifier, TextRegressor
+from layertune.batching import batch_to
 from layertune.metrics import compute_metrics
 from tests.conftest import ARCHITECTURES, device_of, outputs, toy_sentiment_corpus
 
@@ -211,6 +212,22 @@ def test_a_non_finite_loss_stops_training_with_a_clear_error(tiny_bert, tmp_path
         trainer.train(tmp_path / "run", progress=False, **FAST)
     assert not (tmp_path / "run").exists()
 
+
+
+def test_an_interrupted_run_leaves_the_model_computing_as_it_was_built(tiny_bert, toy_corpus, tmp_path,
+                                                                      monkeypatch):
+    """accelerate wraps the model's forward in the run's autocast; a run stopped mid-training (Ctrl-C in a notebook,
+    an error) hands the model back unwrapped all the same: a caller who goes on with it computes as before, not in
+    bf16."""
+    monkeypatch.setattr("layertune.training_config.cpu_has_native_bf16", lambda: True)  # bf16 autocast on any CPU
+    monkeypatch.setattr(ModelTrainer, "_train_epoch", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+    model = build(tiny_bert, 1)
+    with pytest.raises(KeyboardInterrupt):
+        ModelTrainer(model, toy_corpus, cache_dir=tmp_path).train(progress=False, mixed_precision="bf16", **FAST)
+    model.eval()
+    batch = batch_to(model.encoder.tokenize(["a film", "a longer film than that"]), device_of(model))
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch), TaskModel.forward(model, batch), rtol=0, atol=0)
 
 def test_scoring_dev_only_after_the_last_epoch_keeps_the_last_weights(tiny_bert, toy_corpus, tmp_path):
     result = ModelTrainer(build(tiny_bert, 2), toy_corpus, cache_dir=tmp_path).train(

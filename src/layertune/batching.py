@@ -20,6 +20,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 TOKEN_FEATURES = ("input_ids", "attention_mask", "token_type_ids", "word_ids")
 IGNORE_INDEX = -100  # label of sub-word pieces and padding in token classification (PyTorch's cross-entropy default)
+PIN_SLICE_ROWS = 65_536  # rows read from a memory-mapped entry at a time into pinned memory
 
 
 class Examples(Dataset):
@@ -138,9 +139,22 @@ class BoundaryStates:
         return BoundaryStates(flat.to(device), self.starts.to(device), self.lengths, self.dtype, torch.device(device))
 
     def pinned(self, target: torch.device) -> BoundaryStates:
-        """The states in pinned host memory, for batches copied to ``target`` without blocking."""
-        flat = self.to("cpu").flat.pin_memory()
+        """The states in pinned host memory, for batches copied to ``target`` without blocking. A memory-mapped
+        entry is read into the pinned buffer a slice at a time: its size in RAM once, not twice (read, then pinned)."""
+        if isinstance(self.flat, torch.Tensor):
+            flat = self.flat.cpu().pin_memory()
+        else:
+            flat = torch.empty((self.flat.shape[0] + 1, self.flat.shape[1]), pin_memory=True,
+                               dtype=_as_tensor(np.asarray(self.flat[:0])).dtype)
+            for start in range(0, self.flat.shape[0], PIN_SLICE_ROWS):
+                flat[start : start + PIN_SLICE_ROWS] = _as_tensor(np.asarray(self.flat[start : start + PIN_SLICE_ROWS]))
+            flat[-1] = 0  # the row that padding reads
         return BoundaryStates(flat, self.starts.cpu(), self.lengths, self.dtype, target)
+
+    def mapped_for(self, target: torch.device) -> BoundaryStates:
+        """The states left in the memory-mapped entry, each batch gathered from the disk and copied to ``target``:
+        for states that fit neither the GPU's memory nor the host's."""
+        return BoundaryStates(self.flat, self.starts.cpu(), self.lengths, self.dtype, target)
 
 
 def _with_zero_row(mapped: np.memmap) -> torch.Tensor:

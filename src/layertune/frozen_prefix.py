@@ -128,7 +128,7 @@ def _tokenized(lm: torch.nn.Module, corpus, max_length: int | None, cache_dir) -
                            cache_dir=cache_dir and Path(cache_dir) / "tokenized")
 
 
-def memory_budget(device: torch.device, model: torch.nn.Module, cap_mb: float | None = None) -> int:
+def memory_budget(device: torch.device, model: torch.nn.Module | None, cap_mb: float | None = None) -> int:
     """Bytes that cached states may take on ``device``, at most ``cap_mb`` MiB.
 
     On a GPU: what is free there now, less what training will still put there (the weights not yet moved, and for
@@ -151,19 +151,23 @@ def memory_budget(device: torch.device, model: torch.nn.Module, cap_mb: float | 
 def place(splits: Iterable[Examples], device: torch.device, budget: int) -> str:
     """Put the splits and their states on ``device`` when all states fit ``budget``, and say where they went.
 
-    Otherwise the states stay in host memory: on the CPU read from the memory-mapped entry, for a GPU copied once
-    into pinned memory, from which each batch is gathered and sent ahead of its step (`layertune.batching`)."""
+    Otherwise the states stay in host memory: on the CPU read from the memory-mapped entry; for a GPU copied once
+    into pinned memory when they fit the host's budget too (`memory_budget` of the CPU), from which each batch is
+    gathered and sent ahead of its step (`layertune.batching`), else gathered from the memory map per batch."""
     splits = list(splits)
     needed = sum(e.boundary_states.nbytes for e in splits if e.boundary_states is not None)
     if needed <= budget:
         for examples in splits:
             examples.to(device)
         return f"resident on {device.type} ({needed / 2**20:,.1f} MiB of a {budget / 2**20:,.0f} MiB budget)"
-    for examples in splits:  # batches are gathered on the host: on the CPU from the memory map, per batch
+    pin = device.type != "cpu" and needed <= memory_budget(torch.device("cpu"), None)
+    for examples in splits:  # batches are gathered on the host: from pinned memory, or from the memory map
         examples.to("cpu", states=False)
         if device.type != "cpu" and examples.boundary_states is not None:
-            examples.boundary_states = examples.boundary_states.pinned(device)
-    where = "memory-mapped from disk" if device.type == "cpu" else "in pinned host memory, copied per batch"
+            states = examples.boundary_states
+            examples.boundary_states = states.pinned(device) if pin else states.mapped_for(device)
+    where = ("in pinned host memory, copied per batch" if pin else "memory-mapped from disk" if device.type == "cpu"
+             else "memory-mapped from disk, copied per batch (beyond the host's budget too)")
     return f"{where} ({needed / 2**20:,.1f} MiB over a {budget / 2**20:,.0f} MiB budget on {device.type})"
 
 

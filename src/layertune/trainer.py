@@ -3,6 +3,7 @@ epoch's weights."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import resource
@@ -210,39 +211,38 @@ class ModelTrainer:
         self.optimizer = _adamw(parameter_groups, fused=accelerator.mixed_precision != "fp16")
         scheduler = _linear_schedule(self.optimizer, args, batches_per_epoch=len(train_loader))
         initial_state = {k: v.detach().cpu().clone() for k, v in _trainable_state(task_model).items()}  # for drift
-        model, optimizer, train_loader, scheduler = accelerator.prepare(task_model, self.optimizer, train_loader,
-                                                                        scheduler)
-
         history, best, kept, kept_weights, kept_predictions = [], None, None, None, None
         epochs_without_improvement, stopped_by = 0, "max_epochs"
         train_time = 0.0
-        for epoch in range(1, args.epochs + 1):
-            started = time.perf_counter()
-            losses = self._train_epoch(model, train_loader, optimizer, scheduler, accelerator, args, epoch, progress)
-            epoch_time = time.perf_counter() - started
-            train_time += epoch_time
-            timing.add("training", epoch_time)
+        with _prepared(accelerator, task_model, self.optimizer, train_loader, scheduler) as (
+                model, optimizer, train_loader, scheduler):
+            for epoch in range(1, args.epochs + 1):
+                started = time.perf_counter()
+                losses = self._train_epoch(model, train_loader, optimizer, scheduler, accelerator, args, epoch,
+                                           progress)
+                epoch_time = time.perf_counter() - started
+                train_time += epoch_time
+                timing.add("training", epoch_time)
 
-            record = {"epoch": epoch, "train_loss": sum(losses) / len(losses), "epoch_time_s": epoch_time,
-                      "train_samples_per_s": len(splits["train"]) / epoch_time,
-                      "learning_rate": scheduler.get_last_lr()[0]}
-            if args.eval_strategy == "epoch" or epoch == args.epochs:
-                scores, predictions = self.evaluate(score_loaders[selection.split], accelerator)
-                record.update(selection.named(scores))
-                improved = best is None or selection.improves(record, best)
-                best, epochs_without_improvement = (record, 0) if improved else (best, epochs_without_improvement + 1)
-                if improved or not args.load_best_model_at_end:  # the weights the run ends with, and their scores
-                    kept, kept_predictions = record, predictions
-                    if args.load_best_model_at_end:
-                        kept_weights = {k: v.detach().clone() for k, v in _trainable_state(task_model).items()}
-            history.append(record)
-            logger.info("epoch %d: %s", epoch, {k: _shown(v) for k, v in record.items()})
-            if args.early_stopping_patience and epochs_without_improvement >= args.early_stopping_patience:
-                stopped_by = "early_stopping"
-                break
+                record = {"epoch": epoch, "train_loss": sum(losses) / len(losses), "epoch_time_s": epoch_time,
+                          "train_samples_per_s": len(splits["train"]) / epoch_time,
+                          "learning_rate": scheduler.get_last_lr()[0]}
+                if args.eval_strategy == "epoch" or epoch == args.epochs:
+                    scores, predictions = self.evaluate(score_loaders[selection.split], accelerator)
+                    record.update(selection.named(scores))
+                    improved = best is None or selection.improves(record, best)
+                    best, epochs_without_improvement = ((record, 0) if improved
+                                                        else (best, epochs_without_improvement + 1))
+                    if improved or not args.load_best_model_at_end:  # the weights the run ends with, and their scores
+                        kept, kept_predictions = record, predictions
+                        if args.load_best_model_at_end:
+                            kept_weights = {k: v.detach().clone() for k, v in _trainable_state(task_model).items()}
+                history.append(record)
+                logger.info("epoch %d: %s", epoch, {k: _shown(v) for k, v in record.items()})
+                if args.early_stopping_patience and epochs_without_improvement >= args.early_stopping_patience:
+                    stopped_by = "early_stopping"
+                    break
 
-        # accelerate wrapped the model's own forward in its autocast: the model handed back computes as it was built
-        accelerator.unwrap_model(model, keep_fp32_wrapper=False)
         model = task_model
         if args.load_best_model_at_end:
             model.load_state_dict(kept_weights, strict=False)
@@ -450,6 +450,17 @@ def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Only trainable tensors can change, so only they need a copy to remember the best epoch."""
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     return {k: v for k, v in model.state_dict().items() if k in trainable}
+
+
+@contextlib.contextmanager
+def _prepared(accelerator: Accelerator, model, optimizer, loader, scheduler):
+    """accelerate's ``prepare`` for the block. It wraps the model's own forward in the run's autocast: after the
+    block, however it ends (a finished run, an error, Ctrl-C), the model computes as it was built."""
+    prepared = accelerator.prepare(model, optimizer, loader, scheduler)
+    try:
+        yield prepared
+    finally:
+        accelerator.unwrap_model(prepared[0], keep_fp32_wrapper=False)
 
 
 def _accelerator(args: TrainingConfig) -> Accelerator:
