@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from layertune import LanguageModel, ModelTrainer, TextClassifier, frozen_prefix, load_corpus
+from layertune import LanguageModel, ModelTrainer, TextClassifier, batching, frozen_prefix, load_corpus
 from layertune.batching import Examples, make_loader
 from layertune.frozen_prefix import BoundaryStates, FrozenPrefixCache
 from layertune.io import CacheNotWritable
@@ -488,6 +488,18 @@ def test_states_beyond_the_gpu_and_the_host_budget_stay_memory_mapped_and_go_to_
     batch = next(iter(make_loader(examples, 4)))  # gathered on the host, for the loader to pin and send
     assert batch["boundary_states"].device.type == "cpu"
     assert torch.equal(batch["boundary_states"][1, : examples.lengths[1]], states[1])
+
+
+def test_an_entry_read_into_memory_a_slice_at_a_time_holds_every_row_and_a_zero_row_after(lm, tokenized, tmp_path,
+                                                                                        monkeypatch):
+    """Resident states (and pinned ones, for a GPU) are read from the memory map in slices; 7 rows at a time here,
+    so the last slice is short."""
+    states, _ = cache(tmp_path).states(lm, tokenized["train"], 2)
+    monkeypatch.setattr(batching, "READ_SLICE_ROWS", 7)
+    assert len(states.flat) % 7
+    read = states.to("cpu")
+    assert torch.equal(read.flat[:-1], torch.from_numpy(np.asarray(states.flat))) and not read.flat[-1].any()
+    assert all(torch.equal(read[i], states[i]) for i in range(len(states)))
 
 def test_a_batch_is_gathered_and_padded_like_its_examples(lm, tokenized, tmp_path):
     states, _ = cache(tmp_path).states(lm, tokenized["train"], 2)

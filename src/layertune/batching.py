@@ -20,7 +20,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 TOKEN_FEATURES = ("input_ids", "attention_mask", "token_type_ids", "word_ids")
 IGNORE_INDEX = -100  # label of sub-word pieces and padding in token classification (PyTorch's cross-entropy default)
-PIN_SLICE_ROWS = 65_536  # rows read from a memory-mapped entry at a time into pinned memory
+READ_SLICE_ROWS = 65_536  # rows of a memory-mapped entry read into RAM at a time
 
 
 class Examples(Dataset):
@@ -139,16 +139,8 @@ class BoundaryStates:
         return BoundaryStates(flat.to(device), self.starts.to(device), self.lengths, self.dtype, torch.device(device))
 
     def pinned(self, target: torch.device) -> BoundaryStates:
-        """The states in pinned host memory, for batches copied to ``target`` without blocking. A memory-mapped
-        entry is read into the pinned buffer a slice at a time: its size in RAM once, not twice (read, then pinned)."""
-        if isinstance(self.flat, torch.Tensor):
-            flat = self.flat.cpu().pin_memory()
-        else:
-            flat = torch.empty((self.flat.shape[0] + 1, self.flat.shape[1]), pin_memory=True,
-                               dtype=_as_tensor(np.asarray(self.flat[:0])).dtype)
-            for start in range(0, self.flat.shape[0], PIN_SLICE_ROWS):
-                flat[start : start + PIN_SLICE_ROWS] = _as_tensor(np.asarray(self.flat[start : start + PIN_SLICE_ROWS]))
-            flat[-1] = 0  # the row that padding reads
+        """The states in pinned host memory, for batches copied to ``target`` without blocking."""
+        flat = self.flat.cpu().pin_memory() if isinstance(self.flat, torch.Tensor) else _with_zero_row(self.flat, True)
         return BoundaryStates(flat, self.starts.cpu(), self.lengths, self.dtype, target)
 
     def mapped_for(self, target: torch.device) -> BoundaryStates:
@@ -157,12 +149,16 @@ class BoundaryStates:
         return BoundaryStates(self.flat, self.starts.cpu(), self.lengths, self.dtype, target)
 
 
-def _with_zero_row(mapped: np.memmap) -> torch.Tensor:
-    """A memory-mapped entry read into RAM, one row of zeros after its rows (what padding reads)."""
-    flat = np.empty((mapped.shape[0] + 1, mapped.shape[1]), dtype=mapped.dtype)
-    flat[:-1] = mapped
+def _with_zero_row(mapped: np.memmap, pin: bool = False) -> torch.Tensor:
+    """A memory-mapped entry read into RAM (``pin``: page-locked, for copies to a GPU), one row of zeros after its
+    rows (what padding reads). Read a slice at a time into the buffer: its size in RAM once, not twice."""
+    rows, hidden = mapped.shape
+    flat = torch.empty((rows + 1, hidden), dtype=_as_tensor(np.asarray(mapped[:0])).dtype, pin_memory=pin)
+    for start in range(0, rows, READ_SLICE_ROWS):
+        end = min(start + READ_SLICE_ROWS, rows)
+        flat[start:end] = _as_tensor(np.asarray(mapped[start:end]))
     flat[-1] = 0
-    return _as_tensor(flat)
+    return flat
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:
