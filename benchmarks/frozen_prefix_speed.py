@@ -485,7 +485,7 @@ def interleaved_steps(tokenized: dict, tokenizer, layers: int, args: argparse.Na
         if k != "all":
             common.base_model.embeddings.requires_grad_(False)
             encoder_layers(common)[: layers - k].requires_grad_(False)
-        steppers = {"common": _step_common(common, rows, hf_collator, args)}
+        steppers = {"common": _step_common(common.to(args.device), rows, hf_collator, args)}
         for variant in ("uncached", "cached"):
             if variant == "cached" and k == "all":
                 continue
@@ -504,6 +504,8 @@ def interleaved_steps(tokenized: dict, tokenizer, layers: int, args: argparse.Na
             for name in names:
                 started = time.perf_counter()
                 steppers[name](batch)
+                if args.device == "cuda":
+                    torch.cuda.synchronize()  # a GPU step has ended only when its kernels have
                 times[name].append(time.perf_counter() - started)
         entry = {"tunable_layers": k, "ideal_ratio": ideal_ratio(k, layers),
                  **{f"{v}_step_s": median(t[1:]) for v, t in times.items()}}  # the first step warms up
@@ -523,7 +525,7 @@ def _step_common(model, rows, collator, args: argparse.Namespace):
                                   fused=True)
 
     def step(indices):
-        batch = collator([rows[i] for i in indices])
+        batch = collator([rows[i] for i in indices]).to(args.device)  # collated on the host, as Trainer's loader does
         model(**batch).loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         optimizer.step()

@@ -498,7 +498,7 @@ def test_an_entry_read_into_memory_a_slice_at_a_time_holds_every_row_and_a_zero_
     monkeypatch.setattr(batching, "READ_SLICE_ROWS", 7)
     assert len(states.flat) % 7
     read = states.to("cpu")
-    assert torch.equal(read.flat[:-1], torch.from_numpy(np.asarray(states.flat))) and not read.flat[-1].any()
+    assert torch.equal(read.flat[:-1], torch.from_numpy(np.array(states.flat))) and not read.flat[-1].any()
     assert all(torch.equal(read[i], states[i]) for i in range(len(states)))
 
 def test_a_batch_is_gathered_and_padded_like_its_examples(lm, tokenized, tmp_path):

@@ -20,7 +20,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 TOKEN_FEATURES = ("input_ids", "attention_mask", "token_type_ids", "word_ids")
 IGNORE_INDEX = -100  # label of sub-word pieces and padding in token classification (PyTorch's cross-entropy default)
-READ_SLICE_ROWS = 65_536  # rows of a memory-mapped entry read into RAM at a time
+READ_SLICE_ROWS = 16_384  # rows of a memory-mapped entry read into RAM at a time (25 MiB of bert-base's)
 
 
 class Examples(Dataset):
@@ -153,10 +153,11 @@ def _with_zero_row(mapped: np.memmap, pin: bool = False) -> torch.Tensor:
     """A memory-mapped entry read into RAM (``pin``: page-locked, for copies to a GPU), one row of zeros after its
     rows (what padding reads). Read a slice at a time into the buffer: its size in RAM once, not twice."""
     rows, hidden = mapped.shape
-    flat = torch.empty((rows + 1, hidden), dtype=_as_tensor(np.asarray(mapped[:0])).dtype, pin_memory=pin)
+    dtype = _as_tensor(np.empty(0, mapped.dtype)).dtype  # as stored (bfloat16 is stored as uint16)
+    flat = torch.empty((rows + 1, hidden), dtype=dtype, pin_memory=pin)
     for start in range(0, rows, READ_SLICE_ROWS):
         end = min(start + READ_SLICE_ROWS, rows)
-        flat[start:end] = _as_tensor(np.asarray(mapped[start:end]))
+        flat[start:end] = _as_tensor(np.array(mapped[start:end]))  # a writable copy of the slice (torch wants one)
     flat[-1] = 0
     return flat
 
