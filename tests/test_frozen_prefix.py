@@ -4,6 +4,7 @@ import errno
 import logging
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -450,6 +451,23 @@ def test_the_pass_runs_no_layer_above_the_highest_boundary(lm, tokenized, tmp_pa
     assert ran == [0, 1, 2, 3]
     assert meta(cache(tmp_path), cache(tmp_path).key(lm, tokenized["train"], 2))["pass"]["forward_s_per_token"] > 0
 
+
+
+def test_the_pass_records_the_forward_of_its_batches_after_the_first(lm, tokenized, tmp_path, monkeypatch):
+    """`"auto"` reuses what a pass measured as the cost of recomputing the frozen layers: their forward, not a GPU's
+    warm-up in the first batch (on an H200 it made the estimate 9x the measured epoch)."""
+    forward, calls = lm.boundary_states, []
+
+    def slow_first(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.0)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(lm, "boundary_states", slow_first)
+    cache(tmp_path, batch_size=8).build(lm, tokenized["train"], [2])
+    measured = meta(cache(tmp_path), cache(tmp_path).key(lm, tokenized["train"], 2))["pass"]
+    assert len(calls) > 2 and 0 < measured["forward_s_per_token"] * measured["tokens"] < 0.5, measured
 
 @pytest.mark.parametrize("memory_mb", [None, 1e-6], ids=["resident", "over-budget"])
 def test_states_go_to_the_device_when_they_fit_the_budget_and_train_the_same_when_not(tiny_bert, tmp_path, memory_mb,

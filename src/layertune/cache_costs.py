@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from layertune.batching import BoundaryStates, Examples
-from layertune.training_config import TrainingConfig, autocast_context, placed_on
+from layertune.training_config import TrainingConfig, autocast_context, placed_on, synchronize
 
 MARGIN = 0.9
 READ_ON_CPU = 0.011  # reading a token's cached states from RAM, as a share of computing it (see the docstring)
@@ -118,12 +118,12 @@ def _timed(batches: list, run, device: torch.device) -> float:
     """Seconds per padded token of ``run(batch)`` over ``batches``, the first one left out as a warm-up."""
     timed = batches[1:] or batches
     run(batches[0])
-    _synchronize(device)
+    synchronize(device)
     started = time.perf_counter()
     padded = 0
     for batch in timed:
         padded += run(batch)
-    _synchronize(device)
+    synchronize(device)
     return (time.perf_counter() - started) / max(padded, 1)
 
 
@@ -162,7 +162,3 @@ def _time_read(examples: Examples, batches: list, hidden_size: int, dtype: torch
 
     return _timed(batches, read, device)
 
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

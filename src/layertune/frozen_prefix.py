@@ -49,7 +49,7 @@ from layertune.batching import BoundaryStates, Examples
 from layertune.io import (DiskFull, atomic_directory, cache_root, check_writable, dataset_digest, file_digest,
                           write_json)
 from layertune.tokenization import tokenize_corpus
-from layertune.training_config import TrainingConfig, autocast_context, cache_decision, placed_on
+from layertune.training_config import TrainingConfig, autocast_context, cache_decision, placed_on, synchronize
 
 logger = logging.getLogger(__name__)
 
@@ -313,23 +313,28 @@ class FrozenPrefixCache:
         says where each example's begin). Returns ``starts`` and what the pass measured."""
         order = np.argsort(examples.lengths, kind="stable")  # similar lengths together: little padding
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        starts, cursor, forward_s = np.zeros(len(order), dtype=np.int64), 0, 0.0
+        starts, cursor = np.zeros(len(order), dtype=np.int64), 0
+        forward_s, timed_tokens = 0.0, 0  # what `"auto"` reuses: the frozen layers' forward alone
         description = f"caching layers < {max(arrays)} ({len(examples):,} examples)"
-        for indices in tqdm(batches, desc=description, disable=None if self.progress else True, leave=False):
+        for number, indices in enumerate(tqdm(batches, desc=description, disable=None if self.progress else True,
+                                              leave=False)):
             batch = examples.batch(indices)
             sizes = examples.sizes_on_device[torch.as_tensor(indices, device=device)]
             real = torch.arange(batch["input_ids"].shape[1], device=device) < sizes[:, None]
             started = time.perf_counter()
             with autocast_context(device, self.autocast):
                 states = encoder.boundary_states(batch, list(arrays))
-            packed = {b: s[real].to(stored).cpu() for b, s in states.items()}  # waits for the device: timed
-            forward_s += time.perf_counter() - started
+            synchronize(device)  # the forward's end, before the copy to the host below (not the forward's cost)
             lengths = np.asarray(examples.lengths)[indices]
+            if number > 0 or len(batches) == 1:  # the first batch warms a GPU up (kernels loaded, memory allocated)
+                forward_s += time.perf_counter() - started
+                timed_tokens += int(lengths.sum())
             starts[indices] = cursor + np.cumsum(lengths) - lengths
-            for b, rows in packed.items():
+            for b, s in states.items():
+                rows = s[real].to(stored).cpu()
                 arrays[b][cursor : cursor + len(rows)] = _as_numpy(rows)
             cursor += int(lengths.sum())
-        measured = {"device": device.type, "forward_s_per_token": forward_s / max(cursor, 1), "tokens": cursor}
+        measured = {"device": device.type, "forward_s_per_token": forward_s / max(timed_tokens, 1), "tokens": cursor}
         return starts, measured
 
     def _finish_entry(self, folder: Path, boundary: int, encoder, starts: np.ndarray, tokens: int,

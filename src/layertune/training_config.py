@@ -218,6 +218,15 @@ def placed_on(module, device):
         module.to(original)
 
 
+
+def synchronize(device) -> None:
+    """Wait for the work queued on ``device`` (a torch.device): a GPU computes asynchronously, so a clock read before
+    this times the launch, not the work. A no-op on the CPU."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
 @contextlib.contextmanager
 def autocast_context(device, dtype):
     """What every forward of a run on ``device`` (a torch.device) computing in ``dtype`` (None: float32) runs under:
