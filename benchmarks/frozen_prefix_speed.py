@@ -48,7 +48,8 @@ from layertune.frozen_prefix import FrozenPrefixCache  # noqa: E402
 from layertune.model_paths import resolve_model_path  # noqa: E402
 from layertune.metrics import compute_metrics  # noqa: E402
 from layertune.tokenization import tokenize_corpus  # noqa: E402
-from layertune.training_config import autocast_dtype, resolve_mixed_precision  # noqa: E402
+from layertune.training_config import (autocast_context, autocast_dtype, resolve_mixed_precision,  # noqa: E402
+                                       synchronize)
 from machine_speed import reference  # noqa: E402  (benchmarks/: the machine's reference figure)
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -459,7 +460,8 @@ def benchmark(args: argparse.Namespace) -> dict:
 def interleaved_steps(tokenized: dict, tokenizer, layers: int, args: argparse.Namespace) -> list[dict]:
     """Seconds per training step of (a), (b), (c), the three taken in turn (rotating order) on the same batches.
 
-    Each step is what the training loops do per batch: collate, forward, backward, clip, optimizer step. (a) is
+    Each step is what the training loops do per batch, under the whole runs' autocast (bf16 on a GPU), on the
+    training device and timed to its end there: collate, forward, backward, clip, optimizer step. (a) is
     the Hugging Face model with its frozen part in train mode; (b) and (c) are layertune's model; all three use
     fused AdamW, the default of both `Trainer` and `ModelTrainer`. Loop overheads of the two
     trainers are left out: comparing with the whole-run figures shows what they cost.
@@ -503,9 +505,9 @@ def interleaved_steps(tokenized: dict, tokenizer, layers: int, args: argparse.Na
             names = names[step % len(names):] + names[: step % len(names)]
             for name in names:
                 started = time.perf_counter()
-                steppers[name](batch)
-                if args.device == "cuda":
-                    torch.cuda.synchronize()  # a GPU step has ended only when its kernels have
+                with autocast_context(torch.device(args.device), args.autocast):  # as the whole runs train
+                    steppers[name](batch)
+                synchronize(torch.device(args.device))  # a GPU step has ended only when its kernels have
                 times[name].append(time.perf_counter() - started)
         entry = {"tunable_layers": k, "ideal_ratio": ideal_ratio(k, layers),
                  **{f"{v}_step_s": median(t[1:]) for v, t in times.items()}}  # the first step warms up

@@ -7,6 +7,7 @@ import shutil
 import time
 
 import numpy as np
+import psutil
 import pytest
 import torch
 import transformers
@@ -452,7 +453,6 @@ def test_the_pass_runs_no_layer_above_the_highest_boundary(lm, tokenized, tmp_pa
     assert meta(cache(tmp_path), cache(tmp_path).key(lm, tokenized["train"], 2))["pass"]["forward_s_per_token"] > 0
 
 
-
 def test_the_pass_records_the_forward_of_its_batches_after_the_first(lm, tokenized, tmp_path, monkeypatch):
     """`"auto"` reuses what a pass measured as the cost of recomputing the frozen layers: their forward, not a GPU's
     warm-up in the first batch (on an H200 it made the estimate 9x the measured epoch)."""
@@ -469,27 +469,34 @@ def test_the_pass_records_the_forward_of_its_batches_after_the_first(lm, tokeniz
     measured = meta(cache(tmp_path), cache(tmp_path).key(lm, tokenized["train"], 2))["pass"]
     assert len(calls) > 2 and 0 < measured["forward_s_per_token"] * measured["tokens"] < 0.5, measured
 
-@pytest.mark.parametrize("memory_mb", [None, 1e-6], ids=["resident", "over-budget"])
-def test_states_go_to_the_device_when_they_fit_the_budget_and_train_the_same_when_not(tiny_bert, tmp_path, memory_mb,
+
+@pytest.mark.parametrize("budgets", ["resident", "over-budget", "over-both-budgets"])
+def test_states_go_to_the_device_when_they_fit_the_budget_and_train_the_same_when_not(tiny_bert, tmp_path, budgets,
                                                                                      monkeypatch, device):
+    """Resident on the device, else (for a GPU) in pinned host memory, else (beyond the host's budget too) in the
+    memory map; on the CPU, resident or memory-mapped. Where the states live changes no number."""
     steps = record_steps(monkeypatch)
     corpus = toy_sentiment_corpus(40, 12)
-    transformers.set_seed(0)
-    model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=1, hidden_dropout_prob=0.2), 2)
-    result = ModelTrainer(model, corpus, cache_dir=tmp_path / "shared").train(
-        seed=0, epochs=2, batch_size=8, frozen_prefix_cache=True, cache_memory_mb=memory_mb, progress=False)
-    placement = result.frozen_prefix_cache["placement"]
-    beyond = "memory-mapped from disk" if device.type == "cpu" else "in pinned host memory"
-    assert placement.startswith(f"resident on {device.type}" if memory_mb is None else beyond), placement
-    steps_here = list(steps)
-    steps.clear()
-    transformers.set_seed(0)
-    model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=1, hidden_dropout_prob=0.2), 2)
-    other = ModelTrainer(model, corpus, cache_dir=tmp_path / "shared").train(
-        seed=0, epochs=2, batch_size=8, frozen_prefix_cache=True, cache_memory_mb=None if memory_mb else 1e-6,
-        progress=False)
-    assert steps == steps_here and other.predictions == result.predictions  # where states live changes no number
 
+    def train(memory_mb):
+        transformers.set_seed(0)
+        model = TextClassifier(LanguageModel(tiny_bert, tunable_layers=1, hidden_dropout_prob=0.2), 2)
+        return ModelTrainer(model, corpus, cache_dir=tmp_path / "shared").train(
+            seed=0, epochs=2, batch_size=8, frozen_prefix_cache=True, cache_memory_mb=memory_mb, progress=False)
+
+    resident = train(None)
+    assert resident.frozen_prefix_cache["placement"].startswith(f"resident on {device.type}")
+    steps_resident = list(steps)
+    steps.clear()
+    if budgets == "over-both-budgets":  # the host has 1 KiB to spare (the tokens stay on the device all the same)
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 2048})())
+    result = train(None if budgets == "resident" else 1e-6)
+    beyond = {"resident": f"resident on {device.type}", "over-budget": "in pinned host memory",
+              "over-both-budgets": "memory-mapped from disk, copied per batch"}[budgets]
+    placement = result.frozen_prefix_cache["placement"]
+    assert placement.startswith("memory-mapped from disk" if device.type == "cpu" and budgets != "resident"
+                                else beyond), placement
+    assert steps == steps_resident and result.predictions == resident.predictions
 
 
 def test_states_beyond_the_gpu_and_the_host_budget_stay_memory_mapped_and_go_to_the_gpu_per_batch(
@@ -498,7 +505,7 @@ def test_states_beyond_the_gpu_and_the_host_budget_stay_memory_mapped_and_go_to_
     memory-mapped entry and each batch is gathered from it for the GPU (on a CPU machine too: nothing touches CUDA)."""
     states, _ = cache(tmp_path).states(lm, tokenized["train"], 2)
     examples = Examples(tokenized["train"], lm.tokenizer.pad_token_id, states)
-    monkeypatch.setattr(frozen_prefix.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 1024})())
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 1024})())
     gpu = torch.device("cuda", 0)
     placement = frozen_prefix.place([examples], gpu, budget=0)
     assert placement.startswith("memory-mapped from disk, copied per batch (beyond the host's budget too)"), placement
@@ -508,16 +515,35 @@ def test_states_beyond_the_gpu_and_the_host_budget_stay_memory_mapped_and_go_to_
     assert torch.equal(batch["boundary_states"][1, : examples.lengths[1]], states[1])
 
 
+def test_states_for_a_gpu_are_pinned_where_the_host_holds_them_as_torch_counts_pinned_memory(lm, tokenized, tmp_path,
+                                                                                             monkeypatch):
+    """torch's pinned allocator rounds each buffer up to a power of two: 3 MiB of states take 4 MiB pinned."""
+    gpu = torch.device("cuda", 0)
+    for available_mib, home in [(7, "mapped"), (8, "pinned")]:  # the host's budget is half of what is available
+        memory = type("Memory", (), {"available": available_mib * 2**20})()
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)
+        assert batching.states_home([3 * 2**20], gpu, budget=0) == home
+        assert batching.states_home([3 * 2**20], torch.device("cpu"), budget=0) == "mapped"  # RAM is the CPU's device
+    assert batching.states_home([3 * 2**20], gpu, budget=3 * 2**20) == "device"
+    pinned = []  # and place() pins them (pinning itself needs CUDA: recorded here)
+    monkeypatch.setattr(BoundaryStates, "pinned", lambda self, target: pinned.append(target) or self)
+    states, _ = cache(tmp_path).states(lm, tokenized["train"], 2)
+    examples = Examples(tokenized["train"], lm.tokenizer.pad_token_id, states)
+    assert frozen_prefix.place([examples], gpu, budget=0).startswith("in pinned host memory")
+    assert pinned == [gpu]
+
+
 def test_an_entry_read_into_memory_a_slice_at_a_time_holds_every_row_and_a_zero_row_after(lm, tokenized, tmp_path,
                                                                                         monkeypatch):
-    """Resident states (and pinned ones, for a GPU) are read from the memory map in slices; 7 rows at a time here,
-    so the last slice is short."""
+    """Resident states (and pinned ones, for a GPU) are read from the memory map in slices; here of 7 rows, or the
+    first size from 7 up that leaves the last slice short."""
     states, _ = cache(tmp_path).states(lm, tokenized["train"], 2)
-    monkeypatch.setattr(batching, "READ_SLICE_ROWS", 7)
-    assert len(states.flat) % 7
+    rows = len(states.flat)
+    monkeypatch.setattr(batching, "READ_SLICE_ROWS", next(n for n in range(7, rows) if rows % n))
     read = states.to("cpu")
     assert torch.equal(read.flat[:-1], torch.from_numpy(np.array(states.flat))) and not read.flat[-1].any()
     assert all(torch.equal(read[i], states[i]) for i in range(len(states)))
+
 
 def test_a_batch_is_gathered_and_padded_like_its_examples(lm, tokenized, tmp_path):
     states, _ = cache(tmp_path).states(lm, tokenized["train"], 2)

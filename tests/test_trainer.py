@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 import transformers
+from accelerate import Accelerator
 
 from layertune import LanguageModel, ModelTrainer, TaskModel, TextClassifier, TextRegressor
 from layertune.batching import batch_to
@@ -213,14 +214,18 @@ def test_a_non_finite_loss_stops_training_with_a_clear_error(tiny_bert, tmp_path
     assert not (tmp_path / "run").exists()
 
 
-
-def test_an_interrupted_run_leaves_the_model_computing_as_it_was_built(tiny_bert, toy_corpus, tmp_path,
-                                                                      monkeypatch):
-    """accelerate wraps the model's forward in the run's autocast; a run stopped mid-training (Ctrl-C in a notebook,
-    an error) hands the model back unwrapped all the same: a caller who goes on with it computes as before, not in
-    bf16."""
+@pytest.mark.parametrize("stopped_in", ["training", "prepare"])
+def test_an_interrupted_run_leaves_the_model_computing_as_it_was_built(tiny_bert, toy_corpus, tmp_path, monkeypatch,
+                                                                      stopped_in):
+    """accelerate's prepare wraps the model's forward in the run's autocast, then prepares the loader; a run stopped
+    after that (Ctrl-C in a notebook, an error; in training or in prepare itself) hands the model back unwrapped all
+    the same: a caller who goes on with it computes as before, not in bf16."""
     monkeypatch.setattr("layertune.training_config.cpu_has_native_bf16", lambda: True)  # bf16 autocast on any CPU
-    monkeypatch.setattr(ModelTrainer, "_train_epoch", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+    interrupt = lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt)  # noqa: E731
+    if stopped_in == "training":
+        monkeypatch.setattr(ModelTrainer, "_train_epoch", interrupt)
+    else:
+        monkeypatch.setattr(Accelerator, "prepare_data_loader", interrupt)
     model = build(tiny_bert, 1)
     with pytest.raises(KeyboardInterrupt):
         ModelTrainer(model, toy_corpus, cache_dir=tmp_path).train(progress=False, mixed_precision="bf16", **FAST)
@@ -228,6 +233,7 @@ def test_an_interrupted_run_leaves_the_model_computing_as_it_was_built(tiny_bert
     batch = batch_to(model.encoder.tokenize(["a film", "a longer film than that"]), device_of(model))
     with torch.no_grad():
         torch.testing.assert_close(model(batch), TaskModel.forward(model, batch), rtol=0, atol=0)
+
 
 def test_scoring_dev_only_after_the_last_epoch_keeps_the_last_weights(tiny_bert, toy_corpus, tmp_path):
     result = ModelTrainer(build(tiny_bert, 2), toy_corpus, cache_dir=tmp_path).train(

@@ -5,14 +5,18 @@ long it is; a batch is a gather of those rows into a (batch, longest) grid, padd
 With the examples on the training device (`Examples.to`) a batch never leaves it: no per-example Python, no host
 copy per step. The frozen prefix's cached states (`BoundaryStates`, written by `layertune.frozen_prefix`) are held
 the same way, one flat array of rows, and gathered into the same grid. Where they do not fit on the training device,
-they stay in host memory (pinned for a GPU) and each batch is gathered on the host and copied ahead of its step
-(`make_loader`'s ``pin_memory`` and accelerate's ``non_blocking``).
+they stay in host memory (for a GPU: pinned where they fit the host's budget, else in the entry's memory map) and
+each batch is gathered on the host and copied ahead of its step (`make_loader`'s ``pin_memory`` and accelerate's
+``non_blocking``); `states_home` decides which.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import datasets
 import numpy as np
+import psutil
 import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
@@ -20,7 +24,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 TOKEN_FEATURES = ("input_ids", "attention_mask", "token_type_ids", "word_ids")
 IGNORE_INDEX = -100  # label of sub-word pieces and padding in token classification (PyTorch's cross-entropy default)
-READ_SLICE_ROWS = 16_384  # rows of a memory-mapped entry read into RAM at a time (25 MiB of bert-base's)
+READ_SLICE_ROWS = 16_384  # rows of a memory-mapped entry read at a time (48 MiB of bert-base's float32 states)
 
 
 class Examples(Dataset):
@@ -99,7 +103,7 @@ class BoundaryStates:
 
     ``flat`` is a memory map of the entry's file, or a tensor (in RAM or on a GPU) that ends in one row of zeros,
     which the padding of a batch reads; ``target`` is the device that trains from them (a GPU whose memory they did
-    not fit keeps them in pinned host memory)."""
+    not fit keeps them in pinned host memory or in the memory map: `states_home`)."""
 
     def __init__(self, flat: torch.Tensor | np.memmap, starts: torch.Tensor, lengths: np.ndarray,
                  dtype: torch.dtype, target: torch.device | None = None) -> None:
@@ -112,7 +116,10 @@ class BoundaryStates:
 
     @property
     def nbytes(self) -> int:
-        return int(self.flat.nbytes)
+        """Bytes the states take read into memory (a memory-mapped entry gains the zero row there)."""
+        if isinstance(self.flat, torch.Tensor):
+            return int(self.flat.nbytes)
+        return int((self.flat.shape[0] + 1) * self.flat.shape[1] * self.flat.itemsize)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -134,13 +141,15 @@ class BoundaryStates:
         return torch.index_select(self.flat, 0, index.view(-1)).view(*index.shape, -1).to(self.dtype)
 
     def to(self, device: torch.device | str) -> BoundaryStates:
-        """The states held in ``device``'s memory (read into RAM first when memory-mapped)."""
-        flat = self.flat if isinstance(self.flat, torch.Tensor) else _with_zero_row(self.flat)
-        return BoundaryStates(flat.to(device), self.starts.to(device), self.lengths, self.dtype, torch.device(device))
+        """The states held in ``device``'s memory (a memory-mapped entry read straight into it, a slice at a time)."""
+        device = torch.device(device)
+        flat = self.flat.to(device) if isinstance(self.flat, torch.Tensor) else _with_zero_row(self.flat, device)
+        return BoundaryStates(flat, self.starts.to(device), self.lengths, self.dtype, device)
 
     def pinned(self, target: torch.device) -> BoundaryStates:
         """The states in pinned host memory, for batches copied to ``target`` without blocking."""
-        flat = self.flat.cpu().pin_memory() if isinstance(self.flat, torch.Tensor) else _with_zero_row(self.flat, True)
+        flat = (self.flat.cpu().pin_memory() if isinstance(self.flat, torch.Tensor)
+                else _with_zero_row(self.flat, torch.device("cpu"), pin=True))
         return BoundaryStates(flat, self.starts.cpu(), self.lengths, self.dtype, target)
 
     def mapped_for(self, target: torch.device) -> BoundaryStates:
@@ -149,17 +158,36 @@ class BoundaryStates:
         return BoundaryStates(self.flat, self.starts.cpu(), self.lengths, self.dtype, target)
 
 
-def _with_zero_row(mapped: np.memmap, pin: bool = False) -> torch.Tensor:
-    """A memory-mapped entry read into RAM (``pin``: page-locked, for copies to a GPU), one row of zeros after its
-    rows (what padding reads). Read a slice at a time into the buffer: its size in RAM once, not twice."""
+def _with_zero_row(mapped: np.memmap, device: torch.device, pin: bool = False) -> torch.Tensor:
+    """A memory-mapped entry read into ``device``'s memory (``pin``: page-locked host memory, for copies to a GPU),
+    one row of zeros after its rows (what padding reads). Read a slice at a time, straight into the buffer: no copy
+    of the whole entry in host memory on the way (for a GPU) or beside it (pinning)."""
     rows, hidden = mapped.shape
     dtype = _as_tensor(np.empty(0, mapped.dtype)).dtype  # as stored (bfloat16 is stored as uint16)
-    flat = torch.empty((rows + 1, hidden), dtype=dtype, pin_memory=pin)
+    flat = torch.empty((rows + 1, hidden), dtype=dtype, device=device, pin_memory=pin)
     for start in range(0, rows, READ_SLICE_ROWS):
         end = min(start + READ_SLICE_ROWS, rows)
         flat[start:end] = _as_tensor(np.array(mapped[start:end]))  # a writable copy of the slice (torch wants one)
     flat[-1] = 0
     return flat
+
+
+def states_home(split_bytes: Iterable[int], device: torch.device, budget: int) -> str:
+    """Where a run's cached states live, given each split's bytes: "device" when they all fit ``budget`` there;
+    else, on the CPU, "mapped" (gathered per batch from the entry's memory map); for a GPU, "pinned" host memory
+    when they fit `host_budget` as torch counts pinned memory (its allocator rounds each buffer up to a power of
+    two), else "mapped", each batch gathered from the memory map and copied."""
+    split_bytes = list(split_bytes)
+    if sum(split_bytes) <= budget:
+        return "device"
+    if device.type != "cpu" and sum(1 << max(n - 1, 0).bit_length() for n in split_bytes) <= host_budget():
+        return "pinned"
+    return "mapped"
+
+
+def host_budget() -> int:
+    """Bytes of host memory that cached states may take: half of what is available now."""
+    return psutil.virtual_memory().available // 2
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:

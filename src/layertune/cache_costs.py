@@ -11,8 +11,9 @@ runs uncached. The costs per token:
 
 - on a GPU, timed on a few of the run's own training batches under its autocast: the prefix's forward (or, for an
   existing entry built on a GPU, what its pass measured) against gathering states of that shape from where they
-  would live (the GPU's memory when they all fit its budget, else pinned host memory plus the copy), the pass
-  also paying for writing its states (1 GB/s assumed). There recomputing a few layers is cheap and reading from
+  would live (`layertune.batching.states_home`: the GPU's memory when they all fit its budget, else pinned host
+  memory plus the copy, else the memory map plus reading them back from disk at 1 GB/s, assumed), the pass also
+  paying for writing its states (1 GB/s assumed). There recomputing a few layers is cheap and reading from
   host memory is not, which is what this weighs; a run near the margin may decide otherwise in another process
   (timings vary): pass True or False to pin it.
 - on the CPU, in units of one token through the prefix, reading costing READ_ON_CPU of it: the per-step ratio
@@ -28,13 +29,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from layertune.batching import BoundaryStates, Examples
+from layertune.batching import BoundaryStates, Examples, states_home
 from layertune.training_config import TrainingConfig, autocast_context, placed_on, synchronize
 
 MARGIN = 0.9
 READ_ON_CPU = 0.011  # reading a token's cached states from RAM, as a share of computing it (see the docstring)
 PROBE_BATCHES = 3  # the first is a warm-up (lazy initialisation, kernel choice), the others are timed
 WRITE_BYTES_PER_S = 1e9  # the pass writes its states to disk: assumed 1 GB/s (the page cache of a local disk)
+READ_BYTES_PER_S = 1e9  # states beyond the host's budget are read back from disk per batch: assumed 1 GB/s
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,10 @@ def estimate(lm, splits: dict[str, Examples], boundary: int, args: TrainingConfi
                                                                                    for i in b)
     tokens = {split: sum(examples.lengths) for split, examples in splits.items()}
     state_bytes = lm.hidden_size * torch.finfo(state_dtype).bits // 8  # one token's states
-    resident = sum(tokens.values()) * state_bytes <= budget
+    home = states_home([(n + 1) * state_bytes for n in tokens.values()], device, budget)  # each with its zero row
     missing = sum(tokens[split] for split, record in zip(splits, built) if record is None)
     forward, read, unit = per_token_costs(lm, train, batches, boundary, device=device, autocast=autocast,
-                                          built=built, state_dtype=state_dtype, resident=resident)
+                                          built=built, state_dtype=state_dtype, home=home)
     pass_s = forward * missing + (missing * state_bytes / WRITE_BYTES_PER_S if unit == "s" else 0.0)
     # The selection split (the validation slice, else dev) is scored every epoch, at most; dev and test once.
     selection = "validation" if "validation" in splits else "dev"
@@ -89,13 +91,15 @@ def estimate(lm, splits: dict[str, Examples], boundary: int, args: TrainingConfi
     return CacheCosts(
         forward_s_per_epoch=forward * tokens["train"] * padding, read_s_per_epoch=read * tokens["train"] * padding,
         uncached_s=forward * per_run, cached_s=pass_s + read * per_run, pass_s=pass_s, epochs=args.epochs,
-        states_at=f"{device.type} memory" if resident or device.type == "cpu" else "pinned host memory", unit=unit)
+        states_at=f"{device.type} memory" if home == "device" or device.type == "cpu" else
+        {"pinned": "pinned host memory", "mapped": "the memory-mapped entry on disk"}[home], unit=unit)
 
 
 def per_token_costs(lm, train: Examples, batches: list, boundary: int, *, device: torch.device,
                     autocast: torch.dtype | None, built: list[dict | None], state_dtype: torch.dtype,
-                    resident: bool) -> tuple[float, float, str]:
-    """The frozen prefix's forward and reading its cached states, per padded token, and their unit."""
+                    home: str) -> tuple[float, float, str]:
+    """The frozen prefix's forward and reading its cached states from ``home`` (`states_home`), per padded token,
+    and their unit."""
     if device.type == "cpu":
         return 1.0, READ_ON_CPU, "token passes"
     known = [record for record in built if record is not None and record["device"] == device.type]
@@ -103,7 +107,10 @@ def per_token_costs(lm, train: Examples, batches: list, boundary: int, *, device
         forward = max(record["forward_s_per_token"] for record in known)
     else:
         forward = _time_forward(lm, train, batches, boundary, device, autocast)
-    return forward, _time_read(train, batches, lm.hidden_size, state_dtype, device, resident), "s"
+    read = _time_read(train, batches, lm.hidden_size, state_dtype, device, home)
+    if home == "mapped":
+        read += lm.hidden_size * torch.finfo(state_dtype).bits // 8 / READ_BYTES_PER_S
+    return forward, read, "s"
 
 
 def _probe_batches(examples: Examples, batch_size: int) -> list[list[int]]:
@@ -143,14 +150,14 @@ def _time_forward(lm, examples: Examples, batches: list, boundary: int, device: 
 
 
 def _time_read(examples: Examples, batches: list, hidden_size: int, dtype: torch.dtype, device: torch.device,
-               resident: bool) -> float:
+               home: str) -> float:
     """Seconds per padded token of gathering cached states for ``batches``: from the device's memory, or from
-    pinned host memory and copied to the device."""
+    host memory (pinned, or as a memory map's rows once read) and copied to the device."""
     lengths = np.asarray(examples.lengths)
-    where = device if resident or device.type == "cpu" else torch.device("cpu")
+    where = device if home == "device" or device.type == "cpu" else torch.device("cpu")
     starts = torch.zeros(len(examples), dtype=torch.long)  # every example reads rows 0…: only the shape matters
     states = BoundaryStates(torch.zeros(lengths.max() + 1, hidden_size, dtype=dtype), starts, lengths, dtype)
-    states = states.to(where) if where == device else states.pinned(device)
+    states = states.to(where) if where == device or home == "mapped" else states.pinned(device)
 
     def read(indices: list[int]) -> int:
         index = torch.as_tensor(indices, device=where)

@@ -38,14 +38,13 @@ from pathlib import Path
 
 import datasets
 import numpy as np
-import psutil
 import pyarrow as pa
 import torch
 import xxhash
 from tqdm.auto import tqdm
 
 from layertune import cache_costs, timing
-from layertune.batching import BoundaryStates, Examples
+from layertune.batching import BoundaryStates, Examples, host_budget, states_home
 from layertune.io import (DiskFull, atomic_directory, cache_root, check_writable, dataset_digest, file_digest,
                           write_json)
 from layertune.tokenization import tokenize_corpus
@@ -128,12 +127,13 @@ def _tokenized(lm: torch.nn.Module, corpus, max_length: int | None, cache_dir) -
                            cache_dir=cache_dir and Path(cache_dir) / "tokenized")
 
 
-def memory_budget(device: torch.device, model: torch.nn.Module | None, cap_mb: float | None = None) -> int:
+def memory_budget(device: torch.device, model: torch.nn.Module, cap_mb: float | None = None) -> int:
     """Bytes that cached states may take on ``device``, at most ``cap_mb`` MiB.
 
     On a GPU: what is free there now, less what training will still put there (the weights not yet moved, and for
     each trainable weight its gradient and AdamW's two moments in float32) and a quarter of the GPU for the
-    activations of a batch and the allocator's slack. On the CPU (RAM is its memory): half of what is available."""
+    activations of a batch and the allocator's slack. On the CPU (RAM is its memory): `host_budget`, half of what
+    is available."""
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device()) if device.index is None else device  # as p.device
         free, total = torch.cuda.mem_get_info(device)
@@ -142,32 +142,31 @@ def memory_budget(device: torch.device, model: torch.nn.Module | None, cap_mb: f
         training = sum(3 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
         budget = free - weights - training - total // 4
     else:
-        budget = psutil.virtual_memory().available // 2
+        budget = host_budget()
     if cap_mb is not None:
         budget = min(budget, int(cap_mb * 2**20))
     return max(int(budget), 0)
 
 
 def place(splits: Iterable[Examples], device: torch.device, budget: int) -> str:
-    """Put the splits and their states on ``device`` when all states fit ``budget``, and say where they went.
-
-    Otherwise the states stay in host memory: on the CPU read from the memory-mapped entry; for a GPU copied once
-    into pinned memory when they fit the host's budget too (`memory_budget` of the CPU), from which each batch is
-    gathered and sent ahead of its step (`layertune.batching`), else gathered from the memory map per batch."""
+    """Put the splits and their states where `states_home` says, and say where they went: on ``device`` when all
+    states fit ``budget``; else in host memory, each batch gathered there and sent ahead of its step
+    (`layertune.batching`): on the CPU from the memory-mapped entry; for a GPU from pinned memory, or from the
+    memory map where they fit the host's budget neither. (``cache_memory_mb`` caps the device's budget only.)"""
     splits = list(splits)
-    needed = sum(e.boundary_states.nbytes for e in splits if e.boundary_states is not None)
-    if needed <= budget:
+    sizes = [e.boundary_states.nbytes for e in splits if e.boundary_states is not None]
+    needed, home = sum(sizes), states_home(sizes, device, budget)
+    if home == "device":
         for examples in splits:
             examples.to(device)
         return f"resident on {device.type} ({needed / 2**20:,.1f} MiB of a {budget / 2**20:,.0f} MiB budget)"
-    pin = device.type != "cpu" and needed <= memory_budget(torch.device("cpu"), None)
     for examples in splits:  # batches are gathered on the host: from pinned memory, or from the memory map
         examples.to("cpu", states=False)
         if device.type != "cpu" and examples.boundary_states is not None:
             states = examples.boundary_states
-            examples.boundary_states = states.pinned(device) if pin else states.mapped_for(device)
-    where = ("in pinned host memory, copied per batch" if pin else "memory-mapped from disk" if device.type == "cpu"
-             else "memory-mapped from disk, copied per batch (beyond the host's budget too)")
+            examples.boundary_states = states.pinned(device) if home == "pinned" else states.mapped_for(device)
+    where = ("in pinned host memory, copied per batch" if home == "pinned" else "memory-mapped from disk"
+             if device.type == "cpu" else "memory-mapped from disk, copied per batch (beyond the host's budget too)")
     return f"{where} ({needed / 2**20:,.1f} MiB over a {budget / 2**20:,.0f} MiB budget on {device.type})"
 
 

@@ -454,13 +454,13 @@ def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 @contextlib.contextmanager
 def _prepared(accelerator: Accelerator, model, optimizer, loader, scheduler):
-    """accelerate's ``prepare`` for the block. It wraps the model's own forward in the run's autocast: after the
-    block, however it ends (a finished run, an error, Ctrl-C), the model computes as it was built."""
-    prepared = accelerator.prepare(model, optimizer, loader, scheduler)
+    """accelerate's ``prepare`` for the block. It wraps the model's own forward in the run's autocast first: after
+    the block, however it ends (a finished run, an error or Ctrl-C, in the block or in ``prepare`` itself), the model
+    computes as it was built (a model never wrapped is left as it is)."""
     try:
-        yield prepared
+        yield accelerator.prepare(model, optimizer, loader, scheduler)
     finally:
-        accelerator.unwrap_model(prepared[0], keep_fp32_wrapper=False)
+        accelerator.unwrap_model(model, keep_fp32_wrapper=False)
 
 
 def _accelerator(args: TrainingConfig) -> Accelerator:

@@ -218,7 +218,6 @@ def placed_on(module, device):
         module.to(original)
 
 
-
 def synchronize(device) -> None:
     """Wait for the work queued on ``device`` (a torch.device): a GPU computes asynchronously, so a clock read before
     this times the launch, not the work. A no-op on the CPU."""
@@ -226,6 +225,7 @@ def synchronize(device) -> None:
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
 
 @contextlib.contextmanager
 def autocast_context(device, dtype):
