@@ -177,8 +177,7 @@ def cache_pass(args: argparse.Namespace, tokenized: dict, boundaries: list[int],
     started = time.perf_counter()
     keys = [key for split in ("train", "dev") for key in cache.build(encoder, tokenized[split], boundaries,
                                                                      device=args.device)]
-    if args.device == "cuda":
-        torch.cuda.synchronize()
+    synchronize(torch.device(args.device))
     seconds = time.perf_counter() - started
     return seconds, sum(f.stat().st_size for key in keys for f in (root / key).iterdir()) / 2**20
 

@@ -49,6 +49,7 @@ from layertune.frozen_prefix import FrozenPrefixCache
 from layertune.metrics import compute_metrics
 from layertune.model_paths import resolve_model_path
 from layertune.tokenization import tokenize_corpus
+from layertune.training_config import synchronize
 from machine_speed import reference  # noqa: E402  (benchmarks/: the machine's reference figure)
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -177,8 +178,7 @@ def cache_build(tokenized: dict, k: int, args: argparse.Namespace) -> tuple[floa
     keys = [key for split in ("train", "dev") for key in cache.build(encoder, tokenized[split],
                                                                        [encoder.frozen_prefix_layers],
                                                                        device=args.device)]
-    if args.device == "cuda":
-        torch.cuda.synchronize()
+    synchronize(torch.device(args.device))
     return time.perf_counter() - started, keys
 
 

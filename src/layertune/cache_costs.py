@@ -91,8 +91,9 @@ def estimate(lm, splits: dict[str, Examples], boundary: int, args: TrainingConfi
     return CacheCosts(
         forward_s_per_epoch=forward * tokens["train"] * padding, read_s_per_epoch=read * tokens["train"] * padding,
         uncached_s=forward * per_run, cached_s=pass_s + read * per_run, pass_s=pass_s, epochs=args.epochs,
-        states_at=f"{device.type} memory" if home == "device" or device.type == "cpu" else
-        {"pinned": "pinned host memory", "mapped": "the memory-mapped entry on disk"}[home], unit=unit)
+        states_at=f"{device.type} memory" if device.type == "cpu" else {
+            "device": f"{device.type} memory", "pinned": "pinned host memory",
+            "mapped": "the memory-mapped entry on disk"}[home], unit=unit)
 
 
 def per_token_costs(lm, train: Examples, batches: list, boundary: int, *, device: torch.device,

@@ -165,8 +165,8 @@ def place(splits: Iterable[Examples], device: torch.device, budget: int) -> str:
         if device.type != "cpu" and examples.boundary_states is not None:
             states = examples.boundary_states
             examples.boundary_states = states.pinned(device) if home == "pinned" else states.mapped_for(device)
-    where = ("in pinned host memory, copied per batch" if home == "pinned" else "memory-mapped from disk"
-             if device.type == "cpu" else "memory-mapped from disk, copied per batch (beyond the host's budget too)")
+    where = {"pinned": "in pinned host memory, copied per batch", "mapped": "memory-mapped from disk" if device.type
+             == "cpu" else "memory-mapped from disk, copied per batch (beyond the host's budget too)"}[home]
     return f"{where} ({needed / 2**20:,.1f} MiB over a {budget / 2**20:,.0f} MiB budget on {device.type})"
 
 
