@@ -34,7 +34,7 @@ from layertune.training_config import TrainingConfig, autocast_context, placed_o
 
 MARGIN = 0.9
 READ_ON_CPU = 0.011  # reading a token's cached states from RAM, as a share of computing it (see the docstring)
-PROBE_BATCHES = 3  # the first is a warm-up (lazy initialisation, kernel choice), the others are timed
+PROBE_BATCHES = 3  # batches timed, each once seen (`seconds_per_padded_token`)
 WRITE_BYTES_PER_S = 1e9  # the pass writes its states to disk: assumed 1 GB/s (the page cache of a local disk)
 READ_BYTES_PER_S = 1e9  # states beyond the host's budget are read back from disk per batch: assumed 1 GB/s
 
@@ -122,15 +122,15 @@ def _probe_batches(examples: Examples, batch_size: int) -> list[list[int]]:
         or [order.tolist()]
 
 
-def _timed(batches: list, run, device: torch.device) -> float:
-    """Seconds per padded token of ``run(batch)`` over ``batches``, the first one left out as a warm-up."""
-    timed = batches[1:] or batches
-    run(batches[0])
+def seconds_per_padded_token(batches: list, run, device: torch.device) -> float:
+    """Seconds per padded token of ``run(batch)`` over ``batches``, each batch run once untimed before: a GPU's first
+    batch of a shape pays for choosing its kernels and allocating its memory (on an H200, a bert-base batch took 7x
+    as long the first time its shape came: 2026-12-04, benchmarks/README.md), which a run's later epochs do not."""
+    for batch in batches:
+        run(batch)
     synchronize(device)
     started = time.perf_counter()
-    padded = 0
-    for batch in timed:
-        padded += run(batch)
+    padded = sum(run(batch) for batch in batches)
     synchronize(device)
     return (time.perf_counter() - started) / max(padded, 1)
 
@@ -147,7 +147,7 @@ def _time_forward(lm, examples: Examples, batches: list, boundary: int, device: 
         return batch["input_ids"].numel()
 
     with placed_on(lm, device):
-        return _timed(batches, forward, device)
+        return seconds_per_padded_token(batches, forward, device)
 
 
 def _time_read(examples: Examples, batches: list, hidden_size: int, dtype: torch.dtype, device: torch.device,
@@ -168,5 +168,5 @@ def _time_read(examples: Examples, batches: list, hidden_size: int, dtype: torch
         rows.to(device, non_blocking=True)
         return rows.shape[0] * rows.shape[1]
 
-    return _timed(batches, read, device)
+    return seconds_per_padded_token(batches, read, device)
 

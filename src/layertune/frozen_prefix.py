@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import shutil
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from layertune.batching import BoundaryStates, Examples, host_budget, states_hom
 from layertune.io import (DiskFull, atomic_directory, cache_root, check_writable, dataset_digest, file_digest,
                           write_json)
 from layertune.tokenization import tokenize_corpus
-from layertune.training_config import TrainingConfig, autocast_context, cache_decision, placed_on, synchronize
+from layertune.training_config import TrainingConfig, autocast_context, cache_decision, placed_on
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +209,8 @@ class FrozenPrefixCache:
         return list(keys.values())
 
     def pass_record(self, key: str) -> dict | None:
-        """What building entry ``key`` measured (device, seconds per token of the frozen prefix), if it exists."""
+        """What building entry ``key`` measured (device, seconds per padded token of the frozen prefix: None where a
+        CPU built it), if it exists."""
         try:
             return json.loads((self.root / key / "meta.json").read_text())["pass"]
         except (OSError, ValueError, KeyError):
@@ -313,28 +313,40 @@ class FrozenPrefixCache:
         order = np.argsort(examples.lengths, kind="stable")  # similar lengths together: little padding
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         starts, cursor = np.zeros(len(order), dtype=np.int64), 0
-        forward_s, timed_tokens = 0.0, 0  # what `"auto"` reuses: the frozen layers' forward alone
         description = f"caching layers < {max(arrays)} ({len(examples):,} examples)"
-        for number, indices in enumerate(tqdm(batches, desc=description, disable=None if self.progress else True,
-                                              leave=False)):
+        for indices in tqdm(batches, desc=description, disable=None if self.progress else True, leave=False):
             batch = examples.batch(indices)
             sizes = examples.sizes_on_device[torch.as_tensor(indices, device=device)]
             real = torch.arange(batch["input_ids"].shape[1], device=device) < sizes[:, None]
-            started = time.perf_counter()
             with autocast_context(device, self.autocast):
                 states = encoder.boundary_states(batch, list(arrays))
-            synchronize(device)  # the forward's end, before the copy to the host below (not the forward's cost)
             lengths = np.asarray(examples.lengths)[indices]
-            if number > 0 or len(batches) == 1:  # the first batch warms a GPU up (kernels loaded, memory allocated)
-                forward_s += time.perf_counter() - started
-                timed_tokens += int(lengths.sum())
             starts[indices] = cursor + np.cumsum(lengths) - lengths
             for b, s in states.items():
                 rows = s[real].to(stored).cpu()
                 arrays[b][cursor : cursor + len(rows)] = _as_numpy(rows)
             cursor += int(lengths.sum())
-        measured = {"device": device.type, "forward_s_per_token": forward_s / max(timed_tokens, 1), "tokens": cursor}
-        return starts, measured
+        return starts, {"device": device.type, "tokens": cursor,
+                        "forward_s_per_token": self._forward_cost(encoder, examples, batches, list(arrays), device)}
+
+    def _forward_cost(self, encoder, examples: Examples, batches: list, boundaries: list[int], device) -> float | None:
+        """What `"auto"` reuses on a GPU as the cost of recomputing the prefix: seconds per padded token of its
+        forward, timed again after the pass on a few batches across the lengths. The pass's own batches cannot say:
+        each has a length no batch before it had, and a GPU's first batch of a shape costs it several warm ones
+        (on an H200, 1.2 s an epoch of bert-base measured against 5.1 s estimated from the pass, 2026-12-04). None
+        on a CPU, whose `"auto"` counts token passes and reads no timing (`cache_costs.per_token_costs`)."""
+        if device.type == "cpu":
+            return None
+
+        def forward(indices) -> int:
+            batch = examples.batch(indices)
+            with autocast_context(device, self.autocast):
+                encoder.boundary_states(batch, boundaries)
+            return batch["input_ids"].numel()
+
+        spread = [batches[i] for i in sorted({round(i) for i in np.linspace(0, len(batches) - 1,
+                                                                             cache_costs.PROBE_BATCHES)})]
+        return cache_costs.seconds_per_padded_token(spread, forward, device)
 
     def _finish_entry(self, folder: Path, boundary: int, encoder, starts: np.ndarray, tokens: int,
                       stored: torch.dtype, computed: torch.dtype, measured: dict) -> None:
