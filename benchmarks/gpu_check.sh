@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check (#26), prepared here and run on a lent GPU machine (2026-12-04: the first run, 134 s, stopped early by
-# a library bug since fixed; the second, 282 s, every part through; benchmarks/README.md):
+# a library bug since fixed; the second, 282 s, and the third, 310 s, every part through; benchmarks/README.md):
 #   1. the library's tests on CUDA (the `device` fixture of tests/conftest.py picks it up);
 #   2. the cached/uncached agreement under bf16 on the real paraphrase-MiniLM-L3-v2 (carried in float16);
 #   3. the frozen-prefix benchmark on a bert-base-shaped encoder built from its config: the common recipe,
