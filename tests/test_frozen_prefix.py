@@ -478,7 +478,7 @@ def test_a_pass_records_its_forward_timed_warm_and_a_cpu_pass_times_nothing(lm, 
 
 
 def test_the_probe_times_each_batch_shape_after_its_first_sight(device):
-    """The estimate's own timing of a run's batches (`_time_forward`, `_time_read`): a shape's first batch is slow on
+    """The estimate's own timing of a run's batches (`time_forward`, `_time_read`): a shape's first batch is slow on
     a GPU, and the run's later epochs see that shape again. Timing only the first batch's again measured the rest
     cold."""
     from layertune.cache_costs import seconds_per_padded_token

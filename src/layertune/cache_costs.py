@@ -107,7 +107,7 @@ def per_token_costs(lm, train: Examples, batches: list, boundary: int, *, device
     if len(known) == len(built):  # every entry exists: its pass measured the prefix on this kind of device
         forward = max(record["forward_s_per_token"] for record in known)
     else:
-        forward = _time_forward(lm, train, batches, boundary, device, autocast)
+        forward = time_forward(lm, train, batches, boundary, device, autocast)
     read = _time_read(train, batches, lm.hidden_size, state_dtype, device, home)
     if home == "mapped":
         read += lm.hidden_size * torch.finfo(state_dtype).bits // 8 / READ_BYTES_PER_S
@@ -135,7 +135,7 @@ def seconds_per_padded_token(batches: list, run, device: torch.device) -> float:
     return (time.perf_counter() - started) / max(padded, 1)
 
 
-def _time_forward(lm, examples: Examples, batches: list, boundary: int, device: torch.device,
+def time_forward(lm, examples: Examples, batches: list, boundary: int, device: torch.device,
                   autocast: torch.dtype | None) -> float:
     """Seconds per padded token of the frozen prefix's forward (eval mode, no gradient, the run's autocast)."""
     examples = examples.to(device)

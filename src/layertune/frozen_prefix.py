@@ -337,16 +337,9 @@ class FrozenPrefixCache:
         on a CPU, whose `"auto"` counts token passes and reads no timing (`cache_costs.per_token_costs`)."""
         if device.type == "cpu":
             return None
-
-        def forward(indices) -> int:
-            batch = examples.batch(indices)
-            with autocast_context(device, self.autocast):
-                encoder.boundary_states(batch, boundaries)
-            return batch["input_ids"].numel()
-
         spread = [batches[i] for i in sorted({round(i) for i in np.linspace(0, len(batches) - 1,
                                                                              cache_costs.PROBE_BATCHES)})]
-        return cache_costs.seconds_per_padded_token(spread, forward, device)
+        return cache_costs.time_forward(encoder, examples, spread, max(boundaries), device, self.autocast)
 
     def _finish_entry(self, folder: Path, boundary: int, encoder, starts: np.ndarray, tokens: int,
                       stored: torch.dtype, computed: torch.dtype, measured: dict) -> None:
